@@ -1,0 +1,299 @@
+"""Run one submission's code in an isolated, disposable process.
+
+A :class:`Sandbox` starts ``harness.py`` in a scratch folder that holds only
+what the student received, and talks to it over two pipes (see :mod:`wire`).
+Where the machine allows (root and ``unshare``), the process also gets
+
+* its own network namespace with no interfaces but a down loopback (no network),
+* its own PID namespace (killing the harness kills everything it started),
+* its own mount namespace in which the course, the submissions, the grading
+  folder, ``/root``, ``/home`` and ``/tmp`` are hidden behind empty tmpfs
+  mounts and only the Python installation and the scratch folder are visible
+  (the Python installation read-only),
+* an unprivileged user (``nobody``) with no new privileges.
+
+Everywhere it gets resource limits (address space, processes, file size, open
+files, no core dumps), a wall-clock limit on every request and on the whole
+notebook, enforced from outside with SIGKILL, and a byte cap on what it prints.
+:attr:`Sandbox.isolation` lists what was applied, for the grading log.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autograder import wire
+
+HERE = Path(__file__).resolve().parent
+NOBODY = 65534
+
+
+@dataclass
+class Limits:
+    """Resource limits for one submission; every field can be set from the command line."""
+
+    cell_timeout: float = 60.0  # seconds for one notebook cell
+    call_timeout: float = 30.0  # seconds for one call into the student's code
+    notebook_timeout: float = 600.0  # seconds for everything one submission runs
+    memory_bytes: int = 6 << 30  # address space of the student's process
+    max_processes: int = 512  # threads and processes of the sandbox user
+    file_bytes: int = 64 << 20  # largest file the student's process may write
+    reply_bytes: int = 256 << 20  # largest reply accepted from the sandbox
+    start_timeout: float = 120.0  # seconds to start Python and import torch
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not answer: it timed out, died or broke the protocol."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind  # "timeout", "crash", "protocol"
+
+
+def _can_isolate() -> bool:
+    if os.environ.get("AUTOGRADER_NO_NAMESPACES") or sys.platform != "linux" or os.geteuid() != 0:
+        return False
+    if not shutil.which("unshare") or not shutil.which("setpriv") or not shutil.which("mount"):
+        return False
+    try:
+        subprocess.run(["unshare", "--net", "--mount", "--pid", "--fork", "true"], check=True, timeout=20,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except (subprocess.SubprocessError, OSError):
+        return False
+    return True
+
+
+_ISOLATE: bool | None = None
+
+
+def can_isolate() -> bool:
+    """True when namespaces and an unprivileged user are available (checked once per process)."""
+    global _ISOLATE
+    if _ISOLATE is None:
+        _ISOLATE = _can_isolate()
+    return _ISOLATE
+
+
+def _top_level(paths: list[Path]) -> list[Path]:
+    """Drop paths that lie inside another path of the list."""
+    paths = sorted({p for p in paths if p.exists()}, key=lambda p: len(p.parts))
+    out: list[Path] = []
+    for p in paths:
+        if not any(p == q or q in p.parents for q in out):
+            out.append(p)
+    return out
+
+
+@dataclass
+class Sandbox:
+    """One student's process. Use as a context manager; it is killed and its files removed on exit."""
+
+    files: Path | None = None  # folder whose contents the student received (copied into the scratch folder)
+    limits: Limits = field(default_factory=Limits)
+    hide: list[Path] = field(default_factory=list)  # extra folders to hide (course, submissions, grading state)
+    device: str = "cpu"
+    isolation: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.root = Path(tempfile.mkdtemp(prefix="attn-sbx-"))
+        self.deadline = time.monotonic() + self.limits.notebook_timeout
+        self._r = self._w = -1
+
+    # -- lifecycle -----------------------------------------------------------------
+    def __enter__(self) -> "Sandbox":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _prepare(self) -> Path:
+        os.chmod(self.root, 0o755)
+        tools = self.root / "harness"
+        tools.mkdir()
+        for name in ("harness.py", "wire.py"):
+            shutil.copy2(HERE / name, tools / name)
+        work = self.root / "work"
+        if self.files is not None and self.files.is_dir():
+            shutil.copytree(self.files, work, ignore=shutil.ignore_patterns("*.ipynb", ".*", "__pycache__"))
+        else:
+            work.mkdir()
+        (work / "tmp").mkdir(exist_ok=True)
+        return work
+
+    def start(self) -> None:
+        work = self._prepare()
+        isolate = can_isolate()
+        py = sys.executable
+        site_dirs = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(work),
+            "TMPDIR": str(work / "tmp"),
+            "MPLBACKEND": "Agg",
+            "MPLCONFIGDIR": str(work / "tmp"),
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONHASHSEED": "0",
+            # -S skips site.py, so editable installs (attnkit, the autograder) are not importable;
+            # the installed packages are reached through this path instead.
+            "PYTHONPATH": os.pathsep.join(dict.fromkeys(site_dirs)),
+            "LANG": "C.UTF-8",
+        }
+        if self.device.startswith("cuda"):
+            env["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "0")
+        r_req, w_req = os.pipe()
+        r_rep, w_rep = os.pipe()
+        harness_cmd = [py, "-S", "-B", str(self.root / "harness" / "harness.py"), str(r_req), str(w_rep), self.device]
+        if isolate:
+            expose = [Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), self.root]
+            expose += [Path(d).resolve() for d in site_dirs]
+            hide = _top_level([Path(p) for p in ("/root", "/home", "/tmp", "/var/tmp", "/dev/shm", "/srv", "/mnt", "/media")]
+                              + [p.resolve() for p in self.hide])
+            script = ["set -e", "mount --make-rprivate /", "mount -t tmpfs -o size=1m tmpfs /mnt"]
+            keep = _top_level(expose)
+            for i, p in enumerate(keep):
+                script += [f"mkdir /mnt/{i}", f"mount --rbind '{p}' /mnt/{i}"]
+            for h in hide:
+                if h != Path("/mnt"):
+                    script.append(f"mount -t tmpfs -o mode=755,size=16m tmpfs '{h}'")
+            for i, p in enumerate(keep):
+                script += [f"mkdir -p '{p}'", f"mount --rbind /mnt/{i} '{p}'"]
+                if p != self.root:
+                    script.append(f"mount -o remount,bind,ro '{p}'")
+            script.append("umount -l /mnt")
+            script.append(f"chown {NOBODY}:{NOBODY} '{work}' '{work / 'tmp'}' && chmod 700 '{work}'")
+            script.append(
+                f"cd '{work}' && exec setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups --no-new-privs -- "
+                + " ".join(f"'{a}'" for a in harness_cmd)
+            )
+            cmd = ["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "--",
+                   "/bin/sh", "-c", "\n".join(script)]
+            self.isolation = ["network namespace (no network)", "pid namespace", "mount namespace (course hidden)",
+                              "user nobody", "rlimits"]
+        else:
+            cmd = harness_cmd
+            self.isolation = ["rlimits only: namespaces or root unavailable, so no network or filesystem isolation"]
+        limits = self.limits
+
+        def preexec() -> None:
+            os.setsid()
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+            if not self.device.startswith("cuda"):
+                resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+            resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
+
+        self._log = open(self.root / "process.log", "wb")
+        self.proc = subprocess.Popen(
+            cmd, cwd=str(work), env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            pass_fds=(r_req, w_rep), preexec_fn=preexec, close_fds=True,
+        )
+        os.close(r_req)
+        os.close(w_rep)
+        self._w, self._r = w_req, r_rep
+        # A first round trip proves Python and torch started.
+        self.request({"op": "names"}, timeout=self.limits.start_timeout)
+
+    def close(self) -> None:
+        self.kill()
+        for fd in (self._r, self._w):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._r = self._w = -1
+        if hasattr(self, "_log"):
+            self._log.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.proc.wait()
+
+    def log_tail(self, n: int = 2000) -> str:
+        try:
+            with open(self.root / "process.log", "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - n))
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    # -- requests ----------------------------------------------------------------------
+    def request(self, msg: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Send one request and wait for its reply, at most ``timeout`` seconds (and the notebook's budget)."""
+        if self.proc is None or self.proc.poll() is not None:
+            raise SandboxError("crash", self._death_reason())
+        budget = min(timeout, self.deadline - time.monotonic())
+        if budget <= 0:
+            self.kill()
+            raise SandboxError("timeout", f"the notebook used up its total time limit of {self.limits.notebook_timeout:.0f} s")
+        try:
+            wire.send(self._w, msg)
+        except (BrokenPipeError, OSError):
+            raise SandboxError("crash", self._death_reason()) from None
+        ready, _, _ = select.select([self._r], [], [], budget)
+        if not ready:
+            self.kill()
+            limit = "its total time limit" if budget < timeout else f"the limit of {timeout:.0f} s"
+            raise SandboxError("timeout", f"still running after {budget:.0f} s: stopped at {limit}")
+        try:
+            reply = self._recv_with_deadline(time.monotonic() + max(budget, 5.0))
+        except EOFError:
+            self.proc.wait()
+            raise SandboxError("crash", self._death_reason()) from None
+        except wire.WireError as e:
+            self.kill()
+            raise SandboxError("protocol", f"the notebook's process sent a malformed reply ({e})") from None
+        if not isinstance(reply, dict) or not isinstance(reply.get("ok"), bool):
+            self.kill()
+            raise SandboxError("protocol", "the notebook's process sent a malformed reply")
+        return reply
+
+    def _recv_with_deadline(self, deadline: float) -> Any:
+        # The reply has started to arrive; a process that stalls half-way is killed at the deadline.
+        import threading
+
+        timer = threading.Timer(max(0.0, deadline - time.monotonic()), self.kill)
+        timer.start()
+        try:
+            return wire.recv(self._r, self.limits.reply_bytes)
+        finally:
+            timer.cancel()
+
+    def _death_reason(self) -> str:
+        code = self.proc.poll() if self.proc else None
+        if code is None:
+            return "the notebook's process stopped answering"
+        tail = self.log_tail(600)
+        if code < 0:
+            sig = signal.Signals(-code).name
+            why = {"SIGKILL": "killed (often: memory exhausted)", "SIGSEGV": "crashed (segmentation fault)",
+                   "SIGXFSZ": "stopped for writing a file over the size limit"}.get(sig, f"ended by {sig}")
+            msg = f"the notebook's process was {why}"
+        else:
+            msg = f"the notebook's process exited with status {code} (sys.exit, os._exit or a crash)"
+        if "MemoryError" in tail or "Cannot allocate memory" in tail or "std::bad_alloc" in tail:
+            msg = "the notebook's process ran out of memory (limit %d MiB)" % (self.limits.memory_bytes >> 20)
+        return msg

@@ -1,0 +1,180 @@
+"""The message format between the trusted judge and the sandboxed student process.
+
+A message is a 4-byte length, a JSON header and the raw bytes of any arrays it
+carries. Nothing is ever unpickled: arrays are rebuilt with ``numpy.frombuffer``
+from an allow-listed dtype and a checked shape, so a hostile sandbox can send
+wrong numbers but never code, objects or oversized buffers.
+
+This module is copied into the sandbox next to the harness, so it imports only
+the standard library and numpy.
+
+Values on the wire: ``None``, bool, int, float (including nan/inf), str, lists,
+tuples, dicts with str keys, numpy arrays (see ``DTYPES``) and references to
+objects that live in the sandbox (``Ref``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+DTYPES = ("float16", "float32", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
+MAX_HEADER = 8 << 20
+MAX_DEPTH = 16
+
+
+class WireError(ValueError):
+    """A message that does not follow the format (treated as a broken submission)."""
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A handle to an object (a student's module) that stays in the sandbox."""
+
+    id: int
+
+
+def _enc(v: Any, bufs: list[bytes], depth: int = 0) -> Any:
+    if depth > MAX_DEPTH:
+        raise WireError("value nested too deeply")
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, int):
+        return {"$int": str(v)}
+    if isinstance(v, float):
+        return v if math.isfinite(v) else {"$float": repr(v)}
+    if isinstance(v, Ref):
+        return {"$ref": v.id}
+    if isinstance(v, np.ndarray):
+        name = v.dtype.name
+        if name not in DTYPES:
+            raise WireError(f"array dtype {name} is not allowed")
+        bufs.append(np.ascontiguousarray(v).tobytes())
+        return {"$a": len(bufs) - 1, "dtype": name, "shape": list(v.shape)}
+    if isinstance(v, tuple):
+        return {"$tuple": [_enc(x, bufs, depth + 1) for x in v]}
+    if isinstance(v, list):
+        return [_enc(x, bufs, depth + 1) for x in v]
+    if isinstance(v, dict):
+        if not all(isinstance(k, str) for k in v):
+            raise WireError("dict keys must be strings")
+        return {"$dict": [[k, _enc(x, bufs, depth + 1)] for k, x in v.items()]}
+    raise WireError(f"cannot send a value of type {type(v).__name__}")
+
+
+def _dec(v: Any, bufs: list[memoryview], depth: int = 0) -> Any:
+    if depth > MAX_DEPTH:
+        raise WireError("value nested too deeply")
+    if v is None or isinstance(v, (bool, str, float)):
+        return v
+    if isinstance(v, int):
+        return v
+    if isinstance(v, list):
+        return [_dec(x, bufs, depth + 1) for x in v]
+    if not isinstance(v, dict) or len(v) == 0:
+        raise WireError("malformed value")
+    if "$int" in v:
+        s = v["$int"]
+        if not isinstance(s, str) or len(s) > 40:
+            raise WireError("malformed int")
+        return int(s)
+    if "$float" in v:
+        if v["$float"] not in ("nan", "inf", "-inf"):
+            raise WireError("malformed float")
+        return float(v["$float"])
+    if "$ref" in v:
+        if not isinstance(v["$ref"], int):
+            raise WireError("malformed ref")
+        return Ref(v["$ref"])
+    if "$tuple" in v:
+        if not isinstance(v["$tuple"], list):
+            raise WireError("malformed tuple")
+        return tuple(_dec(x, bufs, depth + 1) for x in v["$tuple"])
+    if "$dict" in v:
+        items = v["$dict"]
+        if not isinstance(items, list) or not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) for p in items):
+            raise WireError("malformed dict")
+        return {k: _dec(x, bufs, depth + 1) for k, x in items}
+    if "$a" in v:
+        idx, dtype, shape = v.get("$a"), v.get("dtype"), v.get("shape")
+        if not isinstance(idx, int) or not 0 <= idx < len(bufs):
+            raise WireError("malformed array index")
+        if dtype not in DTYPES:
+            raise WireError(f"array dtype {dtype!r} is not allowed")
+        if not isinstance(shape, list) or len(shape) > 8 or not all(isinstance(s, int) and s >= 0 for s in shape):
+            raise WireError("malformed array shape")
+        np_dtype = np.dtype(dtype)
+        count = math.prod(shape)
+        if count * np_dtype.itemsize != len(bufs[idx]):
+            raise WireError("array shape and byte count disagree")
+        return np.frombuffer(bufs[idx], dtype=np_dtype).reshape(shape).copy()
+    raise WireError("malformed value")
+
+
+def encode(msg: Any) -> bytes:
+    """Serialise one message (header plus array payloads) to bytes."""
+    bufs: list[bytes] = []
+    header = json.dumps({"body": _enc(msg, bufs), "sizes": [len(b) for b in bufs]}).encode()
+    return struct.pack("<Q", len(header)) + header + b"".join(bufs)
+
+
+def send(fd: int, msg: Any) -> None:
+    data = memoryview(encode(msg))
+    struct_len = struct.pack("<Q", len(data))
+    _write_all(fd, struct_len)
+    _write_all(fd, data)
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            raise EOFError("the other side closed the channel")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def recv(fd: int, max_bytes: int) -> Any:
+    """Read one message; refuse anything larger than ``max_bytes``."""
+    (total,) = struct.unpack("<Q", _read_exact(fd, 8))
+    if total > max_bytes:
+        raise WireError(f"message of {total} bytes exceeds the limit of {max_bytes}")
+    return decode(_read_exact(fd, total))
+
+
+def decode(data: bytes) -> Any:
+    if len(data) < 8:
+        raise WireError("truncated message")
+    (hlen,) = struct.unpack("<Q", data[:8])
+    if hlen > MAX_HEADER or 8 + hlen > len(data):
+        raise WireError("bad header length")
+    try:
+        header = json.loads(data[8 : 8 + hlen])
+    except (ValueError, RecursionError) as e:
+        raise WireError(f"header is not JSON: {e}") from None
+    if not isinstance(header, dict) or not isinstance(header.get("sizes"), list):
+        raise WireError("malformed header")
+    sizes = header["sizes"]
+    if not all(isinstance(s, int) and s >= 0 for s in sizes) or 8 + hlen + sum(sizes) != len(data):
+        raise WireError("payload sizes do not match the message")
+    view = memoryview(data)
+    bufs, pos = [], 8 + hlen
+    for s in sizes:
+        bufs.append(view[pos : pos + s])
+        pos += s
+    return _dec(header.get("body"), bufs)

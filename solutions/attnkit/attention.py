@@ -1,0 +1,111 @@
+"""Scaled dot-product attention, the core of every chapter (chapter 01).
+
+Shape legend: ``...`` any leading batch dimensions, ``n`` queries, ``m`` keys
+and values, ``d_k`` the query/key width, ``d_v`` the value width.
+
+The conventions follow :func:`torch.nn.functional.scaled_dot_product_attention`:
+a boolean ``mask`` broadcastable to ``(..., n, m)`` where ``True`` means "may
+attend". A query row with no allowed key returns a zero output row and zero
+weights instead of NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["softmax", "scaled_dot_product_attention", "check_mask"]
+
+
+def softmax(x: Tensor, dim: int = -1) -> Tensor:
+    """Numerically stable softmax along ``dim`` (chapter 01).
+
+    Subtracting the maximum before exponentiating leaves the result unchanged
+    (the factor ``exp(-max)`` cancels) but keeps ``exp`` from overflowing, so
+    scores of size ``1e4`` are fine. A slice that is entirely ``-inf`` (every
+    key masked) gives zeros, not NaN.
+
+    Args:
+        x: scores of any shape, floating point.
+        dim: the axis to normalise over.
+
+    Returns:
+        A tensor of ``x``'s shape whose slices along ``dim`` sum to 1 (or are all
+        zero where every entry was ``-inf``).
+    """
+    if not torch.is_floating_point(x):
+        raise TypeError(f"softmax expects a floating-point tensor, got dtype {x.dtype}")
+    x_max = x.amax(dim=dim, keepdim=True)
+    x_max = torch.where(torch.isfinite(x_max), x_max, torch.zeros_like(x_max))
+    e = torch.exp(x - x_max)
+    total = e.sum(dim=dim, keepdim=True)
+    return e / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def check_mask(mask: Tensor, n: int, m: int, batch_shape: tuple[int, ...]) -> None:
+    """Raise a clear error unless ``mask`` is a bool tensor broadcastable to ``(*batch_shape, n, m)``."""
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+        raise TypeError(f"mask must be a bool tensor (True = may attend), got {got}")
+    target = (*batch_shape, n, m)
+    try:
+        torch.broadcast_shapes(mask.shape, target)
+        ok = len(mask.shape) <= len(target)
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to (..., n_queries, n_keys) = {target}"
+        )
+
+
+def scaled_dot_product_attention(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Attention ``softmax(Q K^T / sqrt(d_k)) V`` (Vaswani et al., 2017, eq. 1), chapter 01.
+
+    Args:
+        query: ``(..., n, d_k)``.
+        key: ``(..., m, d_k)``.
+        value: ``(..., m, d_v)``.
+        mask: optional bool tensor broadcastable to ``(..., n, m)``; True = may attend.
+
+    Returns:
+        ``(output, weights)``: output ``(..., n, d_v)``, weights ``(..., n, m)``.
+        Each row of ``weights`` sums to 1, or is all zero if its mask row is all False.
+    """
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have shape (..., seq, dim), got {tuple(t.shape)}")
+        if not torch.is_floating_point(t):
+            raise TypeError(f"{name} must be floating point, got dtype {t.dtype}")
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            f"query and key must share their last dimension d_k: query {tuple(query.shape)}, key {tuple(key.shape)}"
+        )
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(
+            f"key and value must have the same number of positions m: key {tuple(key.shape)}, value {tuple(value.shape)}"
+        )
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(f"query, key and value must share one dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+    if query.device != key.device or key.device != value.device:
+        raise ValueError(f"query, key and value are on different devices: {query.device}, {key.device}, {value.device}")
+    try:
+        batch_shape = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"batch dimensions do not broadcast: query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+        ) from None
+
+    n, m, d_k = query.shape[-2], key.shape[-2], query.shape[-1]
+    scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (..., n, m)
+    if mask is not None:
+        check_mask(mask, n, m, tuple(batch_shape))
+        scores = scores.masked_fill(~mask.to(scores.device), float("-inf"))
+    weights = softmax(scores, dim=-1)  # (..., n, m)
+    return weights @ value, weights  # (..., n, d_v), (..., n, m)
