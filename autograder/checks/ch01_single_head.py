@@ -1,0 +1,225 @@
+"""Graded checks for exercise 01_single_head: ``softmax`` and ``scaled_dot_product_attention``."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from attnkit import scaled_dot_product_attention as ref_attention
+from attnkit import softmax as ref_softmax
+from autograder.checks import CheckFailed, Suite, Trial, expect_close, expect_pair, expect_tensor
+
+SUITE = Suite("01_single_head")
+SOFTMAX, SDPA = "softmax", "scaled_dot_product_attention"
+# The softmax exercise is to write the softmax: torch's own earns nothing there (it is fine elsewhere).
+SUITE.forbidden = {SOFTMAX: {name: f"torch's {name}" for name in ("softmax", "log_softmax", "Softmax")}}
+
+
+# -- softmax ------------------------------------------------------------------------------------
+
+
+def _softmax_mistakes(x: torch.Tensor, dim: int) -> dict[str, torch.Tensor]:
+    other = 0 if dim in (-1, x.dim() - 1) else -1
+    e = torch.exp(x - x.amax(dim=dim, keepdim=True))
+    return {
+        f"it normalises over dim={other} instead of dim={dim}: use the dim argument": ref_softmax(x, dim=other),
+        "it normalises over the whole tensor instead of along dim": e / e.sum(),
+        "it returns exp(x) without dividing by the sum": e,
+    }
+
+
+@SUITE.check("test_softmax_basic", parts=[SOFTMAX])
+def softmax_basic(t: Trial) -> None:
+    """Softmax of a hand-computed row and of random matrices; rows sum to 1."""
+    x = torch.tensor([[0.0, math.log(2.0)], [1.0, 1.0]])
+    expect_close(t.call(SOFTMAX, x), torch.tensor([[1 / 3, 2 / 3], [0.5, 0.5]]), "softmax([[0, ln 2], [1, 1]])",
+                 _softmax_mistakes(x, -1))
+    for shape in [(3, 7), (2, 4, 5), (9,)]:
+        x = t.randn(*shape, scale=3.0)
+        y = expect_tensor(t.call(SOFTMAX, x), shape, f"softmax of a {shape} tensor")
+        if not torch.allclose(y.sum(-1).double(), torch.ones(shape[:-1], dtype=torch.float64), atol=1e-5):
+            raise CheckFailed("softmax rows do not sum to 1 along the last axis: did you normalise over the right axis?")
+        expect_close(y, ref_softmax(x), f"softmax of a {shape} tensor", _softmax_mistakes(x, -1))
+
+
+@SUITE.check("test_softmax_dim", parts=[SOFTMAX])
+def softmax_dim(t: Trial) -> None:
+    """The ``dim`` argument chooses the axis, for every axis of a 3-D tensor."""
+    x = t.randn(3, 4, 5, scale=2.0)
+    for dim in (0, 1, 2, -2):
+        expect_close(t.call(SOFTMAX, x, dim=dim), ref_softmax(x, dim=dim), f"softmax(x, dim={dim})",
+                     _softmax_mistakes(x, dim))
+
+
+@SUITE.check("test_softmax_stable", parts=[SOFTMAX])
+def softmax_stable(t: Trial) -> None:
+    """Large scores (around 1e4, positive and negative) give finite, exact results."""
+    x = torch.tensor([[1e4, 1e4 - 1.0, 1e4 - 2.0], [-1e4, -1e4 + 1.0, -1e4 + 3.0]])
+    y = t.call(SOFTMAX, x)
+    if isinstance(y, torch.Tensor) and not torch.isfinite(y).all():
+        raise CheckFailed("softmax gives NaN or inf for scores near 1e4: exp overflows. Subtract the row maximum first "
+                          "(it cancels in the ratio).")
+    # float32 resolves 1e4 only to about 1e-3, so a correct answer computed another way differs by that much.
+    expect_close(y, ref_softmax(x), "softmax of scores near ±1e4", atol=3e-3)
+    x = t.randn(4, 6, scale=5e3)
+    expect_close(t.call(SOFTMAX, x), ref_softmax(x), "softmax of random scores of size 1e4", atol=3e-3)
+
+
+# -- scaled dot-product attention --------------------------------------------------------------
+
+
+def _attention_mistakes(q, k, v, mask=None) -> dict[str, torch.Tensor]:
+    d_k, d_v = q.shape[-1], v.shape[-1]
+    s = q @ k.transpose(-2, -1)
+    if mask is not None:
+        s_masked = s.masked_fill(~mask, float("-inf"))
+    out: dict[str, torch.Tensor] = {}
+
+    def add(msg: str, scores: torch.Tensor, axis: int = -1, values: torch.Tensor = v) -> None:
+        if values.shape[-2] != scores.shape[-1]:
+            return
+        w = ref_softmax(scores, dim=axis)
+        out[msg] = w @ values
+
+    sm = s_masked if mask is not None else s
+    add("the scores are not scaled: divide Q K^T by sqrt(d_k)", sm)
+    add("the scores are divided by d_k; the scale is 1/sqrt(d_k)", sm / d_k)
+    if d_v != d_k:
+        add("the scores are scaled by sqrt(d_v); the scale uses the key width d_k", sm / math.sqrt(d_v))
+    add("the softmax runs over the queries (dim=-2); it must run over the keys (dim=-1)", sm / math.sqrt(d_k), axis=-2)
+    if d_v == d_k:
+        out["the weights multiply the keys; they must multiply the values"] = ref_softmax(sm / math.sqrt(d_k)) @ k
+    if mask is not None:
+        add("the mask polarity is inverted: True means 'may attend', so fill where the mask is False",
+            s.masked_fill(mask, float("-inf")) / math.sqrt(d_k))
+        w_after = ref_softmax(s / math.sqrt(d_k)) * mask
+        out["the mask is applied after the softmax, so the remaining weights no longer sum to 1: mask the scores "
+            "(fill with -inf) before the softmax"] = w_after @ v
+        out["the mask is applied after the softmax and renormalised; mask the scores before the softmax"] = (
+            w_after / w_after.sum(-1, keepdim=True).clamp_min(1e-30)) @ v
+    return out
+
+
+def _weights_mistakes(q, k, d_v: int, mask=None) -> dict[str, torch.Tensor]:
+    d_k = q.shape[-1]
+    s = q @ k.transpose(-2, -1)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return {
+        **({"the scores are scaled by sqrt(d_v); the scale uses the key width d_k": ref_softmax(s / math.sqrt(d_v))}
+           if d_v != d_k else {}),
+        "the scores are not scaled: divide Q K^T by sqrt(d_k)": ref_softmax(s),
+        "the scores are divided by d_k; the scale is 1/sqrt(d_k)": ref_softmax(s / d_k),
+        "the softmax runs over the queries (dim=-2); it must run over the keys (dim=-1)": ref_softmax(s / math.sqrt(d_k), dim=-2),
+    }
+
+
+def _attend(t: Trial, q, k, v, mask=None, what: str = "scaled_dot_product_attention"):
+    args = (q, k, v) if mask is None else (q, k, v, mask)
+    out, w = expect_pair(t.call(SDPA, *args), SDPA)
+    exp_out, exp_w = ref_attention(q, k, v, mask)
+    expect_tensor(w, tuple(exp_w.shape), f"the weights of {what}")
+    expect_tensor(out, tuple(exp_out.shape), f"the output of {what}")
+    return out, w, exp_out, exp_w
+
+
+@SUITE.check("test_sdpa_shapes", parts=[SDPA])
+def sdpa_shapes(t: Trial) -> None:
+    """Returns (output, weights) with shapes (B, n, d_v) and (B, n, m), for n != m and d_v != d_k."""
+    for b, n, m, dk, dv in [(2, 3, 5, 4, 6), (1, 7, 2, 3, 1)]:
+        q, k, v = t.randn(b, n, dk), t.randn(b, m, dk), t.randn(b, m, dv)
+        out, w = expect_pair(t.call(SDPA, q, k, v), SDPA)
+        expect_tensor(out, (b, n, dv), f"the output for query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}")
+        expect_tensor(w, (b, n, m), f"the weights for query {tuple(q.shape)}, key {tuple(k.shape)}")
+
+
+@SUITE.check("test_sdpa_values", parts=[SDPA])
+def sdpa_values(t: Trial) -> None:
+    """Output and weights equal torch.nn.functional.scaled_dot_product_attention on random inputs."""
+    for b, n, m, dk, dv in [(2, 4, 6, 8, 8), (3, 5, 3, 4, 7)]:
+        q, k, v = t.randn(b, n, dk, scale=1.5), t.randn(b, m, dk, scale=1.5), t.randn(b, m, dv)
+        out, w, _, exp_w = _attend(t, q, k, v)
+        if not torch.allclose(w.sum(-1).double(), torch.ones(b, n, dtype=torch.float64), atol=1e-4):
+            raise CheckFailed("the weights do not sum to 1 over the keys: did you apply the softmax over the right axis (dim=-1)?")
+        expect_close(w, exp_w, "the attention weights", _weights_mistakes(q, k, v.shape[-1]))
+        expect_close(out, F.scaled_dot_product_attention(q, k, v), "the attention output", _attention_mistakes(q, k, v))
+
+
+@SUITE.check("test_sdpa_batch_dims", parts=[SDPA])
+def sdpa_batch_dims(t: Trial) -> None:
+    """Works for any number of leading dimensions: none (n, d), one (B, n, d) and two (B, H, n, d)."""
+    for lead in [(), (2, 3), (2, 1, 2)]:
+        q, k, v = t.randn(*lead, 4, 5), t.randn(*lead, 6, 5), t.randn(*lead, 6, 3)
+        try:
+            out, w, exp_out, exp_w = _attend(t, q, k, v, what=f"attention on {len(lead) + 2}-D inputs")
+        except CheckFailed as e:
+            if str(e).startswith("not implemented"):
+                raise
+            raise CheckFailed(f"{e}. Inputs with {len(lead)} leading dimension(s) must work too: use "
+                              "transpose(-2, -1) and @ (or matmul), not bmm or transpose(1, 2)") from None
+        expect_close(out, exp_out, f"the output for inputs of shape {tuple(q.shape)}", _attention_mistakes(q, k, v))
+        expect_close(w, exp_w, f"the weights for inputs of shape {tuple(q.shape)}")
+
+
+@SUITE.check("test_sdpa_mask", parts=[SDPA])
+def sdpa_mask(t: Trial) -> None:
+    """A boolean mask (True = may attend), broadcast over the batch, matches torch's masked attention."""
+    b, n, m, d = 2, 5, 6, 4
+    q, k, v = t.randn(b, n, d), t.randn(b, m, d), t.randn(b, m, d + 1)
+    mask = t.rand_mask(n, m, p=0.6)
+    mask[:, 0] = True  # every query may attend to at least one key
+    out, w, exp_out, exp_w = _attend(t, q, k, v, mask, what="masked attention")
+    if bool((w.masked_select(~mask.expand_as(w)).abs() > 1e-6).any()):
+        if bool((w.masked_select(mask.expand_as(w)).abs() < 1e-9).all()):
+            raise CheckFailed("the mask polarity is inverted: True means 'may attend', so the keys where the mask is "
+                              "False must get weight 0")
+        raise CheckFailed("masked keys (mask False) get non-zero weight: fill their scores with -inf before the softmax")
+    expect_close(w, exp_w, "the masked attention weights",
+                 {"the mask is applied after the softmax: masked weights are zero but the rest no longer sum to 1. "
+                  "Fill the scores with -inf before the softmax": ref_softmax(q @ k.transpose(-2, -1) / math.sqrt(d)) * mask})
+    expect_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), "the masked attention output",
+                 _attention_mistakes(q, k, v, mask))
+    per_batch = t.rand_mask(b, n, m, p=0.5)
+    per_batch[..., -1] = True
+    q2 = t.randn(b, n, d)
+    _, w2, _, exp_w2 = _attend(t, q2, k, v, per_batch, what="attention with a (B, n, m) mask")
+    expect_close(w2, exp_w2, "the weights with a per-example (B, n, m) mask")
+
+
+@SUITE.check("test_sdpa_fully_masked", parts=[SDPA])
+def sdpa_fully_masked(t: Trial) -> None:
+    """A query row with no allowed key gives zero weights and a zero output row, not NaN."""
+    q, k, v = t.randn(1, 3, 4), t.randn(1, 5, 4), t.randn(1, 5, 2)
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    mask[1] = False
+    out, w = expect_pair(t.call(SDPA, q, k, v, mask), SDPA)
+    for name, val in (("weights", w), ("output", out)):
+        if isinstance(val, torch.Tensor) and torch.isnan(val).any():
+            raise CheckFailed(f"the {name} contain NaN for a query whose keys are all masked: softmax over a row of "
+                              "-inf divides 0 by 0. The contract asks for a zero row instead (for example, replace "
+                              "the row's max by 0 when it is -inf and divide by the sum only where it is positive)")
+    exp_out, exp_w = ref_attention(q, k, v, mask)
+    expect_close(w, exp_w, "the weights with one fully masked query row")
+    expect_close(out, exp_out, "the output with one fully masked query row")
+
+
+@SUITE.check("test_sdpa_dtype_stability", parts=[SDPA])
+def sdpa_dtype_stability(t: Trial) -> None:
+    """float64 in gives float64 out; large scores (1e4 after scaling) stay finite and exact."""
+    q, k, v = (t.randn(2, 3, 4, dtype=torch.float64), t.randn(2, 5, 4, dtype=torch.float64),
+               t.randn(2, 5, 3, dtype=torch.float64))
+    out, w = expect_pair(t.call(SDPA, q, k, v), SDPA)
+    exp_out, exp_w = ref_attention(q, k, v)
+    expect_tensor(out, tuple(exp_out.shape), "the output for float64 inputs", dtype=torch.float64)
+    expect_tensor(w, tuple(exp_w.shape), "the weights for float64 inputs", dtype=torch.float64)
+    expect_close(out, exp_out, "the output for float64 inputs", atol=1e-8, rtol=1e-8)
+    q, k, v = t.randn(2, 3, 4, scale=100.0), t.randn(2, 6, 4, scale=100.0), t.randn(2, 6, 3)
+    out, w = expect_pair(t.call(SDPA, q, k, v), SDPA)
+    if isinstance(w, torch.Tensor) and not torch.isfinite(w).all():
+        raise CheckFailed("the weights overflow to NaN/inf for large scores (around 1e4): use a numerically stable "
+                          "softmax that subtracts the row maximum")
+    exp_out, exp_w = ref_attention(q, k, v)
+    expect_close(w, exp_w, "the weights for large scores", atol=1e-4)
+    expect_close(out, exp_out, "the output for large scores", atol=1e-3)

@@ -1,0 +1,216 @@
+"""Grade one submitted notebook: run the student's code in a sandbox, judge the results here.
+
+The flow for one notebook:
+
+1. read it defensively (:mod:`autograder.notebook`); a broken file scores 0 with a reason;
+2. plan the cells: the student's answers, with read-only cells from the source and no test cells;
+3. scan the answers for delegation to ``attnkit`` or torch's attention (:mod:`autograder.authorship`);
+4. start a sandbox, run the planned cells one by one (a cell that hangs or kills the process
+   is skipped on a fresh sandbox, so later answers still count);
+5. run each check of the assignment's suite against the sandbox; a check that hangs or crashes
+   the process fails with that reason and the next check gets a fresh sandbox.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autograder import authorship
+from autograder.checks import Backend, CheckFailed, StudentError, Trial, describe_error, load_suite, seed_for
+from autograder.notebook import BadNotebook, Plan, SourceNotebook, plan_cells, read_notebook
+from autograder.sandbox import Limits, Sandbox, SandboxError
+from autograder.wire import Ref
+
+MAX_RESTARTS = 4
+
+
+@dataclass
+class TestResult:
+    grade_id: str
+    description: str
+    points: float
+    max_points: float
+    message: str = ""  # empty when passed
+
+
+@dataclass
+class NotebookResult:
+    notebook: str
+    tests: list[TestResult] = field(default_factory=list)
+    reason: str = ""  # why the submission could not be graded normally ("" when it could)
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def score(self) -> float:
+        return sum(t.points for t in self.tests)
+
+    @property
+    def max_score(self) -> float:
+        return sum(t.max_points for t in self.tests)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"notebook": self.notebook, "reason": self.reason, "log": self.log,
+                "tests": [asdict(t) for t in self.tests]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "NotebookResult":
+        return cls(data["notebook"], [TestResult(**t) for t in data["tests"]], data.get("reason", ""), data.get("log", []))
+
+
+class SandboxBackend(Backend):
+    """Forwards a check's requests to the student's process."""
+
+    def __init__(self, box: Sandbox, limits: Limits) -> None:
+        self.box, self.limits = box, limits
+
+    def _ask(self, msg: dict[str, Any]) -> Any:
+        reply = self.box.request(msg, timeout=self.limits.call_timeout)
+        if not reply["ok"]:
+            raise StudentError(describe_error(str(reply.get("error", "an error"))))
+        return reply.get("value")
+
+    def call(self, target, args, kwargs, attr=None, keep=False):
+        value = self._ask({"op": "call", "target": target, "attr": attr, "args": args, "kwargs": kwargs, "keep": keep})
+        if keep and not isinstance(value, Ref):
+            raise StudentError("the object could not be created")
+        return value
+
+    def grad(self, target, args, kwargs, wrt, probe, attr=None):
+        return self._ask({"op": "call", "target": target, "attr": attr, "args": args, "kwargs": kwargs, "grad": wrt,
+                          "probe": probe})
+
+    def params(self, target):
+        value = self._ask({"op": "params", "target": target})
+        if not isinstance(value, dict):
+            raise StudentError("the module's parameters could not be read")
+        return value
+
+    def load(self, target, state):
+        self._ask({"op": "load", "target": target, "state": state})
+
+
+class Session:
+    """A sandbox with the planned cells already run; restarted (skipping bad cells) when it dies."""
+
+    def __init__(self, plan: Plan, files: Path | None, hide: list[Path], limits: Limits, result: NotebookResult) -> None:
+        self.plan, self.files, self.hide, self.limits, self.result = plan, files, hide, limits, result
+        self.skip: set[int] = set()
+        self.box: Sandbox | None = None
+        self.restarts = 0
+        self.deadline = time.monotonic() + limits.notebook_timeout
+
+    def ready(self) -> Sandbox | None:
+        """A live sandbox with every runnable cell executed, or None once the notebook's budget is spent."""
+        while self.box is None:
+            if self.restarts > MAX_RESTARTS or time.monotonic() >= self.deadline:
+                return None
+            self.restarts += 1
+            box = Sandbox(files=self.files, limits=self.limits, hide=self.hide)
+            box.deadline = self.deadline
+            try:
+                box.start()
+            except SandboxError as e:
+                box.close()
+                self.result.log.append(f"the sandbox did not start: {e}")
+                if e.kind == "timeout":
+                    return None
+                continue
+            self.result.log.append("isolation: " + "; ".join(box.isolation)) if self.restarts == 1 else None
+            self.box = box
+            for i, (label, code) in enumerate(self.plan.cells):
+                if i in self.skip:
+                    continue
+                try:
+                    reply = box.request({"op": "exec", "code": code, "label": f"<{label}>"}, timeout=self.limits.cell_timeout)
+                except SandboxError as e:
+                    self.skip.add(i)
+                    self._note(f"{label} was stopped and skipped: {e}")
+                    box.close()
+                    self.box = None
+                    break
+                if not reply["ok"]:
+                    self._note(f"{label} raised {reply.get('error', 'an error')}")
+        return self.box
+
+    def _note(self, text: str) -> None:
+        if text not in self.result.log:
+            self.result.log.append(text)
+
+    def lost(self) -> None:
+        if self.box is not None:
+            self.box.close()
+        self.box = None
+
+    def close(self) -> None:
+        self.lost()
+
+
+def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *, files: Path | None = None,
+                   hide: list[Path] | None = None, limits: Limits | None = None, secret: str = "") -> NotebookResult:
+    """Grade the notebook at ``path`` (``None``: missing) against ``source``'s test cells."""
+    limits = limits or Limits()
+    suite = load_suite(assignment)
+    result = NotebookResult(source.name)
+    tests = source.tests()
+
+    def fail_all(reason: str) -> NotebookResult:
+        result.reason = reason
+        result.tests = [TestResult(c.grade_id, suite.checks[c.grade_id].doc if c.grade_id in suite.checks else c.grade_id,
+                                   0.0, c.points, reason) for c in tests]
+        return result
+
+    if path is None:
+        return fail_all(f"no notebook named {source.name}.ipynb was submitted")
+    try:
+        nb = read_notebook(path)
+    except BadNotebook as e:
+        return fail_all(str(e))
+    plan = plan_cells(source, nb)
+    result.log += plan.notes
+    if not plan.answers:
+        return fail_all("the notebook has no answer cells: nothing to grade")
+
+    parts = [c.grade_id for c in source.solutions()]
+    student_code = "\n".join(code for label, code in plan.cells if not label.startswith("setup cell"))
+    delegated = authorship.delegations(student_code, parts, getattr(suite, "forbidden", {}))
+
+    session = Session(plan, files, hide or [], limits, result)
+    crashed_reasons: list[str] = []
+    try:
+        for cell in tests:
+            check = suite.checks.get(cell.grade_id)
+            if check is None:
+                raise KeyError(f"test cell {cell.grade_id!r} has no check in autograder/checks/ch{assignment}.py")
+            bad = [delegated[p] for p in check.parts if p in delegated]
+            if bad:
+                result.tests.append(TestResult(cell.grade_id, check.doc, 0.0, cell.points,
+                                               f"earns no points: {bad[0]}; write it yourself"))
+                continue
+            box = session.ready()
+            if box is None:
+                reason = "the notebook used up its time limit" if time.monotonic() >= session.deadline else \
+                    "the notebook's process could not be kept running"
+                result.tests.append(TestResult(cell.grade_id, check.doc, 0.0, cell.points, reason))
+                crashed_reasons.append(reason)
+                continue
+            trial = Trial(SandboxBackend(box, limits), seed_for(secret, assignment, cell.grade_id))
+            try:
+                check.fn(trial)
+                result.tests.append(TestResult(cell.grade_id, check.doc, cell.points, cell.points))
+            except CheckFailed as e:
+                result.tests.append(TestResult(cell.grade_id, check.doc, 0.0, cell.points, str(e)))
+            except SandboxError as e:
+                msg = {"timeout": "your code did not finish in time", "crash": "your code stopped the process",
+                       "protocol": "your code broke the grader's channel"}[e.kind]
+                result.tests.append(TestResult(cell.grade_id, check.doc, 0.0, cell.points, f"{msg}: {e}"))
+                crashed_reasons.append(f"{cell.grade_id}: {e}")
+                session.lost()
+    finally:
+        session.close()
+    skipped = [line for line in result.log if "was stopped and skipped" in line]
+    if skipped or crashed_reasons:
+        result.reason = "; ".join(skipped + crashed_reasons)[:500]
+    return result

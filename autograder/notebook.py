@@ -1,0 +1,174 @@
+"""Reading submissions defensively and deciding which of their cells to run.
+
+The student's notebook is data, never trusted: only the code of its answer cells
+(and cells the student added) is taken from it. Test cells and read-only cells
+always come from the source notebook, whatever the student did to them (edited,
+blanked, deleted, reordered, metadata changed), and test cells are not run in
+the student's process at all: the judge grades them.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MAX_NOTEBOOK_BYTES = 32 << 20
+
+
+class BadNotebook(ValueError):
+    """The submission cannot be read as a notebook."""
+
+
+def _text(source: Any) -> str:
+    if isinstance(source, list):
+        return "".join(s for s in source if isinstance(s, str))
+    return source if isinstance(source, str) else ""
+
+
+def read_notebook(path: Path) -> dict:
+    """Parse ``path`` as a notebook, refusing anything that is not plainly one."""
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise BadNotebook(f"the notebook could not be read ({e.strerror})") from None
+    if size == 0:
+        raise BadNotebook("the notebook file is empty")
+    if size > MAX_NOTEBOOK_BYTES:
+        raise BadNotebook(f"the notebook file is {size >> 20} MiB, over the {MAX_NOTEBOOK_BYTES >> 20} MiB limit")
+    try:
+        nb = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise BadNotebook(f"the notebook is not valid JSON ({str(e)[:120]})") from None
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise BadNotebook("the file is JSON but not a notebook (no list of cells)")
+    return nb
+
+
+def nbgrader_meta(cell: dict) -> dict:
+    meta = cell.get("metadata") if isinstance(cell, dict) else None
+    nbg = meta.get("nbgrader") if isinstance(meta, dict) else None
+    return nbg if isinstance(nbg, dict) else {}
+
+
+def _norm(code: str) -> str:
+    return "\n".join(line.rstrip() for line in code.strip().splitlines())
+
+
+def defined_names(code: str) -> set[str]:
+    """Top-level functions and classes a cell defines (empty if it does not parse)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return set()
+    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+
+
+@dataclass
+class SourceCell:
+    kind: str  # "solution", "test", "setup" (read-only code), "markdown"
+    grade_id: str
+    code: str
+    points: float = 0.0
+    cell_id: str = ""
+
+
+@dataclass
+class SourceNotebook:
+    """A source notebook reduced to what grading needs."""
+
+    name: str
+    cells: list[SourceCell]
+
+    @classmethod
+    def load(cls, path: Path, release_path: Path | None = None) -> "SourceNotebook":
+        nb = json.loads(path.read_text())
+        release = json.loads(release_path.read_text()) if release_path and release_path.exists() else None
+        visible = {nbgrader_meta(c).get("grade_id"): _text(c.get("source")) for c in (release or {}).get("cells", [])}
+        cells = []
+        for c in nb["cells"]:
+            meta = nbgrader_meta(c)
+            gid = meta.get("grade_id", "")
+            code = _text(c.get("source"))
+            if c.get("cell_type") != "code":
+                kind = "markdown"
+            elif meta.get("solution"):
+                kind = "solution"
+            elif meta.get("grade"):
+                kind = "test"
+                code = visible.get(gid, code)  # the version students see: hidden tests stripped
+            else:
+                kind = "setup"
+            cells.append(SourceCell(kind, gid, code, float(meta.get("points", 0) or 0), str(c.get("id", ""))))
+        return cls(path.stem, cells)
+
+    def tests(self) -> list[SourceCell]:
+        return [c for c in self.cells if c.kind == "test"]
+
+    def solutions(self) -> list[SourceCell]:
+        return [c for c in self.cells if c.kind == "solution"]
+
+
+@dataclass
+class Plan:
+    """What runs in the student's process, in order, and which code answers which part."""
+
+    cells: list[tuple[str, str]] = field(default_factory=list)  # (label, code)
+    answers: dict[str, str] = field(default_factory=dict)  # part (solution grade_id) -> the student's code
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_cells(source: SourceNotebook, student: dict) -> Plan:
+    """Match the student's cells to the source and list the code to run.
+
+    A student cell is taken as a test cell (and skipped) when its grade_id names a
+    source test, or its text is that of a source test; as a read-only cell (and
+    replaced by the source's text) when its grade_id or text is that of a source
+    setup cell. Everything else is the student's own code and runs in their order:
+    answer cells are matched to parts by grade_id, or failing that by the
+    function or class they define.
+    """
+    tests = {c.grade_id: c for c in source.tests()}
+    test_texts = {_norm(c.code) for c in tests.values()}
+    setups = {c.grade_id: c for c in source.cells if c.kind == "setup"}
+    setup_texts = {_norm(c.code): c for c in setups.values()}
+    parts = {c.grade_id for c in source.solutions()}
+    plan = Plan()
+    used_setup: set[str] = set()
+    pending_setup = [c for c in source.cells if c.kind == "setup"]
+
+    for i, cell in enumerate(student["cells"]):
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+            continue
+        code = _text(cell.get("source"))
+        meta = nbgrader_meta(cell)
+        gid = meta.get("grade_id") if isinstance(meta.get("grade_id"), str) else ""
+        if gid in tests or _norm(code) in test_texts:
+            continue
+        setup = setups.get(gid) or setup_texts.get(_norm(code))
+        if setup is not None and gid not in parts:
+            if setup.grade_id not in used_setup:
+                # Source setup cells run in source order up to and including this one.
+                while pending_setup:
+                    s = pending_setup.pop(0)
+                    used_setup.add(s.grade_id)
+                    plan.cells.append((f"setup cell {s.grade_id!r}", s.code))
+                    if s is setup:
+                        break
+            continue
+        if not code.strip():
+            continue
+        label = f"cell {i + 1}" + (f" ({gid})" if gid else "")
+        plan.cells.append((label, code))
+        part = gid if gid in parts else next((p for p in sorted(defined_names(code)) if p in parts), None)
+        if part is not None:
+            plan.answers[part] = plan.answers.get(part, "") + code + "\n"
+    if pending_setup:
+        missing = [s.grade_id for s in pending_setup]
+        plan.notes.append(f"read-only cells restored from the assignment: {', '.join(missing)}")
+        plan.cells[0:0] = [(f"setup cell {s.grade_id!r}", s.code) for s in pending_setup]
+    for part in parts - set(plan.answers):
+        plan.notes.append(f"no answer cell found for {part!r}")
+    return plan

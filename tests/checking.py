@@ -1,0 +1,57 @@
+"""Run a grading suite in-process on a namespace made from code (fast: no sandbox, no kernel).
+
+The sandboxed path is tested end to end in ``test_grader.py``; these helpers test
+the judge's checks themselves: the reference passes everything, each classic
+mistake fails the checks it should, with a message that names it.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+from autograder.checks import CheckFailed, LocalBackend, Trial, load_suite, seed_for
+from autograder.authorship import delegations
+
+
+def namespace(code: str) -> dict:
+    ns: dict = {"__name__": "__main__"}
+    exec(compile(textwrap.dedent(code), "<answer>", "exec"), ns)
+    return ns
+
+
+def run_suite(assignment: str, code: str, secret: str = "test") -> dict[str, str]:
+    """grade_id -> "" when the check passes, else its failure message (delegation included)."""
+    suite = load_suite(assignment)
+    ns = namespace(code)
+    parts = {p for c in suite.checks.values() for p in c.parts}
+    delegated = delegations(textwrap.dedent(code), parts, suite.forbidden)
+    results = {}
+    for gid, check in suite.checks.items():
+        bad = [delegated[p] for p in check.parts if p in delegated]
+        if bad:
+            results[gid] = "earns no points: " + bad[0]
+            continue
+        try:
+            check.fn(Trial(LocalBackend(ns), seed_for(secret, assignment, gid)))
+            results[gid] = ""
+        except CheckFailed as e:
+            results[gid] = str(e) or "failed"
+    return results
+
+
+def source_code(assignment: str) -> str:
+    """The reference answer: setup and solution cells of the source notebook, in order."""
+    from autograder.course import source_notebooks
+    from autograder.notebook import SourceNotebook
+
+    code = []
+    for path in source_notebooks(assignment):
+        nb = SourceNotebook.load(path)
+        code += [c.code for c in nb.cells if c.kind in ("setup", "solution")]
+    return "\n\n".join(code)
+
+
+def mutate(code: str, old: str, new: str) -> str:
+    """``code`` with ``old`` replaced by ``new``; fails loudly if ``old`` is not there (the mutant would be void)."""
+    assert old in code, f"mutation target not found: {old!r}"
+    return code.replace(old, new)

@@ -1,0 +1,114 @@
+"""Exercise 01's graded checks: full marks for correct answers however written, named failures for classic mistakes."""
+
+from __future__ import annotations
+
+import pytest
+
+from checking import mutate, run_suite, source_code
+
+A = "01_single_head"
+REF = source_code(A)
+
+SETUP = "import math\nimport torch\n"
+
+EINSUM_FLOAT64 = SETUP + '''
+def softmax(x, dim=-1):
+    return torch.exp(x - torch.logsumexp(x, dim=dim, keepdim=True)).nan_to_num(0.0)
+
+def scaled_dot_product_attention(query, key, value, mask=None):
+    q, k, v = query.double(), key.double(), value.double()
+    scores = torch.einsum("...nd,...md->...nm", q, k) / q.shape[-1] ** 0.5
+    if mask is not None:
+        scores = scores.masked_fill(mask.logical_not(), -float("inf"))
+    w = softmax(scores, dim=-1)
+    return torch.einsum("...nm,...mv->...nv", w, v).to(query.dtype), w.to(query.dtype)
+'''
+
+LOOP = SETUP + '''
+def softmax(x, dim=-1):
+    x = x.movedim(dim, -1)
+    flat = x.reshape(-1, x.shape[-1])
+    rows = []
+    for row in flat:
+        if torch.isinf(row).all() and (row < 0).all():
+            rows.append(torch.zeros_like(row))
+            continue
+        e = torch.exp(row - row.max())
+        rows.append(e / e.sum())
+    return torch.stack(rows).reshape(x.shape).movedim(-1, dim)
+
+def scaled_dot_product_attention(query, key, value, mask=None):
+    scores = torch.matmul(query, key.mT) * (1.0 / math.sqrt(key.size(-1)))
+    if mask is not None:
+        scores = torch.where(mask, scores, torch.full_like(scores, float("-inf")))
+    weights = softmax(scores)
+    return torch.matmul(weights, value), weights
+'''
+
+
+def test_reference_gets_full_marks():
+    assert run_suite(A, REF) == {gid: "" for gid in run_suite(A, REF)}
+
+
+@pytest.mark.parametrize("code", [EINSUM_FLOAT64, LOOP], ids=["einsum-logsumexp-float64", "loops-matmul-where"])
+def test_unusual_correct_answers_get_full_marks(code):
+    results = run_suite(A, code)
+    assert all(msg == "" for msg in results.values()), results
+
+
+SDPA_SCALE = "scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)"
+MISTAKES = {
+    # name: (mutated code, a check that must fail, words its message must contain)
+    "no scaling": (mutate(REF, SDPA_SCALE, "scores = query @ key.transpose(-2, -1)"), "test_sdpa_values", "not scaled"),
+    "scale by d_k": (mutate(REF, SDPA_SCALE, "scores = query @ key.transpose(-2, -1) / d_k"), "test_sdpa_values", "divided by d_k"),
+    "scale by sqrt(d_v)": (mutate(REF, SDPA_SCALE, "scores = query @ key.transpose(-2, -1) / math.sqrt(value.shape[-1])"),
+                           "test_sdpa_values", "d_v"),
+    "softmax over queries": (mutate(REF, "weights = softmax(scores, dim=-1)", "weights = softmax(scores, dim=-2)"),
+                             "test_sdpa_values", "over the keys"),
+    "only 3-D inputs": (mutate(REF, "query @ key.transpose(-2, -1)", "torch.bmm(query, key.transpose(1, 2))"),
+                        "test_sdpa_batch_dims", "leading dimension"),
+    "mask polarity": (mutate(REF, "masked_fill(~mask,", "masked_fill(mask,"), "test_sdpa_mask", "polarity"),
+    "mask after softmax": (mutate(REF, '''        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = softmax(scores, dim=-1)  # (..., n, m)''', '''        pass
+    weights = softmax(scores, dim=-1)  # (..., n, m)
+    if mask is not None:
+        weights = weights * mask'''), "test_sdpa_mask", "after the softmax"),
+    "NaN for fully masked row": (mutate(REF, '''    x_max = torch.where(torch.isfinite(x_max), x_max, torch.zeros_like(x_max))
+    e = torch.exp(x - x_max)
+    total = e.sum(dim=dim, keepdim=True)
+    return e / torch.where(total > 0, total, torch.ones_like(total))''', '''    e = torch.exp(x - x_max)
+    return e / e.sum(dim=dim, keepdim=True)'''), "test_sdpa_fully_masked", "NaN"),
+    "weights applied to keys": (mutate(REF, "return weights @ value, weights", "return weights @ key, weights"),
+                                "test_sdpa_values", "keys"),
+    "unstable softmax": (mutate(REF, '''    x_max = x.amax(dim=dim, keepdim=True)
+    x_max = torch.where(torch.isfinite(x_max), x_max, torch.zeros_like(x_max))
+    e = torch.exp(x - x_max)''', '''    e = torch.exp(x)'''), "test_softmax_stable", "overflow"),
+    "softmax ignores dim": (mutate(REF, "x_max = x.amax(dim=dim, keepdim=True)", "dim = -1\n    x_max = x.amax(dim=dim, keepdim=True)"),
+                            "test_softmax_dim", "dim"),
+}
+
+
+@pytest.mark.parametrize("name", list(MISTAKES))
+def test_classic_mistake_loses_points_with_named_message(name):
+    code, gid, words = MISTAKES[name]
+    results = run_suite(A, code)
+    assert results[gid], f"{name}: {gid} passed but should fail"
+    assert words.lower() in results[gid].lower(), f"{name}: message does not name the mistake: {results[gid]!r}"
+    assert sum(1 for m in results.values() if m) < len(results), f"{name}: lost every point, expected partial credit"
+
+
+@pytest.mark.parametrize("code, part", [
+    (SETUP + "from attnkit import softmax\n" + REF.split("def scaled_dot_product_attention")[0].split("def softmax")[0]
+     + "def scaled_dot_product_attention" + REF.split("def scaled_dot_product_attention")[1], "softmax"),
+    (REF + "\nimport torch.nn.functional as F\ndef scaled_dot_product_attention(q, k, v, mask=None):\n"
+           "    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), None\n", "scaled_dot_product_attention"),
+    (REF + "\ndef softmax(x, dim=-1):\n    return torch.softmax(x, dim)\n", "softmax"),
+    (REF + "\nimport importlib\ndef _helper(*a):\n    return getattr(importlib.import_module('attn' + 'kit'), 'scaled_dot_product_attention')(*a)\n"
+           "def scaled_dot_product_attention(q, k, v, mask=None):\n    return _helper(q, k, v, mask)\n", "scaled_dot_product_attention"),
+], ids=["import-attnkit", "torch-sdpa", "torch-softmax", "helper-getattr"])
+def test_delegation_earns_nothing_for_that_part(code, part):
+    results = run_suite(A, code)
+    mine = [gid for gid, msg in results.items() if msg.startswith("earns no points")]
+    assert mine, results
+    assert all(part in results[g] for g in mine)
+    assert any(msg == "" for msg in results.values()), "the honest part must keep its points"
