@@ -3,11 +3,18 @@
 One module per concept, in the order the book teaches them:
 
 * :mod:`attnkit.attention`: ``softmax``, ``scaled_dot_product_attention`` (chapter 01)
+* :mod:`attnkit.multihead`: ``split_heads``, ``merge_heads``, ``MultiHeadAttention`` (chapter 02)
+* :mod:`attnkit.self_attention`: ``SelfAttention`` (chapter 03)
+* :mod:`attnkit.masks`: ``causal_mask``, ``padding_mask`` (chapter 04)
 * :mod:`attnkit.plotting`: attention heatmaps used throughout the book
 """
 
 from attnkit.attention import scaled_dot_product_attention, softmax
 from attnkit.device import default_device
+from attnkit.masks import causal_mask, padding_mask
+from attnkit.multihead import MultiHeadAttention, merge_heads, split_heads
+from attnkit.self_attention import SelfAttention
 
-__all__ = ["softmax", "scaled_dot_product_attention", "default_device"]
+__all__ = ["softmax", "scaled_dot_product_attention", "default_device",
+           "split_heads", "merge_heads", "MultiHeadAttention", "SelfAttention", "causal_mask", "padding_mask"]
 __version__ = "0.1.0"

@@ -1,0 +1,40 @@
+"""Masks that say which keys each query may see (chapter 04).
+
+Shape legend: ``B`` batch, ``n`` positions. Every mask is a bool tensor where
+``True`` means "may attend", the convention of
+:func:`torch.nn.functional.scaled_dot_product_attention`. Combine masks with
+``&``: ``causal_mask(n) & padding_mask(lengths, n)`` is ``(B, n, n)``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["causal_mask", "padding_mask"]
+
+
+def causal_mask(n: int, device: torch.device | str | None = None) -> Tensor:
+    """``(n, n)`` bool mask, True on and below the diagonal: position ``i`` sees ``0..i`` (chapter 04).
+
+    Used by decoders, which must not look at the future they are trained to predict.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"causal_mask expects a sequence length n >= 0, got {n!r}")
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()  # (n, n)
+
+
+def padding_mask(lengths: Tensor | list[int], max_len: int) -> Tensor:
+    """``(B, 1, max_len)`` bool mask, True at the first ``lengths[b]`` (real) tokens of example ``b`` (chapter 04).
+
+    The singleton axis broadcasts over the queries, so every query of example
+    ``b`` ignores its padding keys. The mask lives on ``lengths``' device.
+    """
+    lengths = torch.as_tensor(lengths)
+    if lengths.dim() != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+        raise ValueError(f"lengths must be a 1-D integer tensor (one length per example), got shape "
+                         f"{tuple(lengths.shape)} and dtype {lengths.dtype}")
+    if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > max_len):
+        raise ValueError(f"lengths must lie in [0, max_len={max_len}], got {lengths.tolist()}")
+    positions = torch.arange(max_len, device=lengths.device)  # (max_len,)
+    return (positions < lengths[:, None])[:, None, :]  # (B, 1, max_len)
