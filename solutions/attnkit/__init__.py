@@ -14,7 +14,11 @@ from attnkit.device import default_device
 from attnkit.masks import causal_mask, padding_mask
 from attnkit.multihead import MultiHeadAttention, merge_heads, split_heads
 from attnkit.self_attention import SelfAttention
+from attnkit.positional import (LearnedPositionalEmbedding, SinusoidalPositionalEncoding, apply_rotary_embedding,
+                                position_shift_matrix, sinusoidal_positional_encoding)
 
 __all__ = ["softmax", "scaled_dot_product_attention", "default_device",
            "split_heads", "merge_heads", "MultiHeadAttention", "SelfAttention", "causal_mask", "padding_mask"]
+__all__ += ["sinusoidal_positional_encoding", "position_shift_matrix", "SinusoidalPositionalEncoding",
+            "LearnedPositionalEmbedding", "apply_rotary_embedding"]
 __version__ = "0.1.0"
