@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from autograder import course
+from autograder.batch import add_grade_parser
 
 
 def _release(args: argparse.Namespace) -> int:
@@ -28,12 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     rel.add_argument("--all", action="store_true", help="every assignment")
     rel.add_argument("--out", default=str(course.RELEASE), help="release folder (default: exercises/)")
     rel.set_defaults(func=_release)
-    try:
-        from autograder.batch import add_grade_parser
-    except ImportError:  # pragma: no cover - the grading half is optional while developing
-        pass
-    else:
-        add_grade_parser(sub)
+    add_grade_parser(sub)
     return parser
 
 

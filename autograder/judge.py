@@ -42,6 +42,7 @@ class NotebookResult:
     tests: list[TestResult] = field(default_factory=list)
     reason: str = ""  # why the submission could not be graded normally ("" when it could)
     log: list[str] = field(default_factory=list)
+    answers: dict[str, str] = field(default_factory=dict)  # part -> the student's code, for the feedback
 
     @property
     def score(self) -> float:
@@ -52,12 +53,13 @@ class NotebookResult:
         return sum(t.max_points for t in self.tests)
 
     def to_json(self) -> dict[str, Any]:
-        return {"notebook": self.notebook, "reason": self.reason, "log": self.log,
+        return {"notebook": self.notebook, "reason": self.reason, "log": self.log, "answers": self.answers,
                 "tests": [asdict(t) for t in self.tests]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "NotebookResult":
-        return cls(data["notebook"], [TestResult(**t) for t in data["tests"]], data.get("reason", ""), data.get("log", []))
+        return cls(data["notebook"], [TestResult(**t) for t in data["tests"]], data.get("reason", ""),
+                   data.get("log", []), data.get("answers", {}))
 
 
 class SandboxBackend(Backend):
@@ -170,6 +172,7 @@ def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *
         return fail_all(str(e))
     plan = plan_cells(source, nb)
     result.log += plan.notes
+    result.answers = {part: code[:20000] for part, code in plan.answers.items()}
     if not plan.answers:
         return fail_all("the notebook has no answer cells: nothing to grade")
 

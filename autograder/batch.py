@@ -1,0 +1,405 @@
+"""Grade a whole class: ``python -m autograder grade SUBMISSIONS --assignment NN_topic --out grades.csv``.
+
+``SUBMISSIONS/<student>/<assignment>/*.ipynb`` is nbgrader's layout. For every
+student the batch
+
+1. fingerprints the submission (its notebooks, the source notebooks, the checks
+   and the harness); a result with the same fingerprint is reused, so an
+   interrupted batch resumes where it stopped and a re-run changes nothing,
+   while a re-submission (new fingerprint) is graded again;
+2. grades each notebook with :func:`autograder.judge.grade_notebook` (student
+   code in a sandbox, verdicts here);
+3. writes the result atomically to ``WORKDIR/results/<assignment>/<student>.json``;
+4. records the scores in nbgrader's gradebook and writes the feedback notebook
+   that nbgrader's ``generate_feedback`` renders to HTML;
+5. rewrites the CSV (atomically) from the gradebook, with a ``reason`` column for
+   submissions that could not be graded normally.
+
+A failure while grading one student is recorded as that student's reason and
+the batch goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import copy
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+import secrets
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autograder import course
+from autograder.judge import NotebookResult, TestResult, grade_notebook
+from autograder.notebook import SourceNotebook, nbgrader_meta
+from autograder.sandbox import Limits
+
+HERE = Path(__file__).resolve().parent
+STUDENT_ID = re.compile(r"^[A-Za-z0-9_.@+-]{1,128}$")
+
+
+# -- small utilities ------------------------------------------------------------------------------
+
+
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _hash_files(h: "hashlib._Hash", paths: list[Path]) -> None:
+    for p in paths:
+        h.update(p.name.encode() + b"\0")
+        try:
+            h.update(p.read_bytes())
+        except OSError as e:
+            h.update(f"unreadable:{e.errno}".encode())
+        h.update(b"\0")
+
+
+def grader_version(assignment: str) -> str:
+    """A hash of everything that decides a grade besides the submission itself."""
+    h = hashlib.sha256()
+    _hash_files(h, course.source_notebooks(assignment))
+    _hash_files(h, sorted(HERE.glob("*.py")) + sorted((HERE / "checks").glob("*.py")))
+    return h.hexdigest()
+
+
+@dataclass
+class Job:
+    student: str
+    folder: Path  # SUBMISSIONS/<student>/<assignment> (may not exist)
+
+
+@dataclass
+class Context:
+    assignment: str
+    sources: list[SourceNotebook]
+    release: Path
+    hide: list[Path]
+    limits: Limits
+    secret: str
+    version: str
+
+
+def submission_files(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.suffix == ".ipynb" and p.is_file() and not p.is_symlink())
+
+
+def fingerprint(job: Job, ctx: Context) -> str:
+    h = hashlib.sha256(ctx.version.encode() + ctx.secret.encode())
+    _hash_files(h, submission_files(job.folder))
+    return h.hexdigest()
+
+
+def pick_notebooks(job: Job, ctx: Context) -> tuple[dict[str, Path | None], list[str]]:
+    """Map each source notebook to the student's file; a lone renamed notebook is used with a note."""
+    files = submission_files(job.folder)
+    by_name = {p.stem: p for p in files}
+    chosen: dict[str, Path | None] = {}
+    notes: list[str] = []
+    for src in ctx.sources:
+        chosen[src.name] = by_name.get(src.name)
+    missing = [n for n, p in chosen.items() if p is None]
+    extra = [p for p in files if p.stem not in chosen]
+    if len(missing) == 1 and len(extra) == 1:
+        chosen[missing[0]] = extra[0]
+        notes.append(f"graded {extra[0].name} in place of the expected {missing[0]}.ipynb")
+    return chosen, notes
+
+
+def grade_job(job: Job, ctx: Context) -> dict[str, Any]:
+    """Grade one student (runs in a worker process); always returns a result, never raises."""
+    started = time.monotonic()
+    try:
+        if not job.folder.is_dir():
+            results = [grade_notebook(None, src, ctx.assignment, secret=ctx.secret) for src in ctx.sources]
+            reason = f"no submission folder {job.student}/{ctx.assignment}"
+            notes: list[str] = []
+        else:
+            chosen, notes = pick_notebooks(job, ctx)
+            results = [grade_notebook(chosen[src.name], src, ctx.assignment, files=ctx.release, hide=ctx.hide,
+                                      limits=ctx.limits, secret=ctx.secret) for src in ctx.sources]
+            reason = ""
+        reasons = [r.reason for r in results if r.reason]
+        reason = "; ".join(([reason] if reason else []) + notes + reasons)
+    except Exception:  # noqa: BLE001 - a grader bug must not stop the class
+        tb = traceback.format_exc()
+        results = [NotebookResult(src.name, [TestResult(c.grade_id, c.grade_id, 0.0, c.points, "internal grader error")
+                                             for c in src.tests()]) for src in ctx.sources]
+        reason = "internal grader error (see the log): " + tb.strip().splitlines()[-1][:200]
+        for r in results:
+            r.log.append(tb)
+    return {"student": job.student, "assignment": ctx.assignment, "fingerprint": fingerprint(job, ctx),
+            "reason": reason[:1000], "seconds": round(time.monotonic() - started, 2),
+            "notebooks": [r.to_json() for r in results]}
+
+
+# -- gradebook and feedback -------------------------------------------------------------------------
+
+
+class Records:
+    """The grading folder: results, nbgrader gradebook, autograded notebooks and feedback."""
+
+    def __init__(self, workdir: Path, assignment: str) -> None:
+        self.workdir = workdir.resolve()
+        self.assignment = assignment
+        self.results = self.workdir / "results" / assignment
+        self.results.mkdir(parents=True, exist_ok=True)
+        self.db = self.workdir / "gradebook.db"
+        self.config = course.nbgrader_config(
+            submitted_directory=str(self.workdir / "submitted"),
+            autograded_directory=str(self.workdir / "autograded"),
+            feedback_directory=str(self.workdir / "feedback"),
+            db_url=f"sqlite:///{self.db}",
+        )
+
+    def secret(self) -> str:
+        """The seed of the private test inputs: random once per grading folder, then fixed (re-runs agree)."""
+        path = self.workdir / "secret"
+        if not path.exists():
+            atomic_write(path, secrets.token_hex(16))
+            os.chmod(path, 0o600)
+        return path.read_text().strip()
+
+    def load(self, student: str) -> dict[str, Any] | None:
+        path = self.results / f"{student}.json"
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and data.get("student") == student else None
+
+    def save(self, result: dict[str, Any]) -> None:
+        atomic_write(self.results / f"{result['student']}.json", json.dumps(result, indent=1))
+
+    def prepare_gradebook(self) -> None:
+        """Record the assignment's cells and points in the gradebook (nbgrader generate_assignment does it)."""
+        from nbgrader.api import Gradebook
+
+        with Gradebook(f"sqlite:///{self.db}") as gb:
+            try:
+                gb.find_assignment(self.assignment)
+                known = True
+            except Exception:  # noqa: BLE001 - MissingEntry
+                known = False
+        if not known:
+            with tempfile.TemporaryDirectory() as tmp:
+                course.generate_release(self.assignment, Path(tmp), db_path=self.db)
+
+    def record(self, result: dict[str, Any]) -> None:
+        """Store the scores in the gradebook (idempotent: the same result gives the same rows)."""
+        from nbgrader.api import Gradebook
+
+        student = result["student"]
+        with Gradebook(f"sqlite:///{self.db}") as gb, warnings.catch_warnings():
+            # nbgrader's add_submission trips SQLAlchemy's autoflush warnings; they are harmless here.
+            warnings.simplefilter("ignore")
+            gb.update_or_create_student(student)
+            try:
+                gb.find_submission(self.assignment, student)
+            except Exception:  # noqa: BLE001 - MissingEntry
+                gb.add_submission(self.assignment, student)
+            for nb in result["notebooks"]:
+                for t in nb["tests"]:
+                    grade = gb.find_grade(t["grade_id"], nb["notebook"], self.assignment, student)
+                    grade.auto_score = float(min(t["points"], t["max_points"]))
+                    grade.manual_score = None
+                    grade.needs_manual_grade = False
+            gb.db.commit()
+
+    def scores(self) -> dict[str, tuple[float, float]]:
+        from nbgrader.api import Gradebook
+
+        with Gradebook(f"sqlite:///{self.db}") as gb:
+            out = {}
+            for sub in gb.find_assignment(self.assignment).submissions:
+                out[sub.student.id] = (float(sub.score), float(sub.max_score))
+            return out
+
+    def feedback(self, result: dict[str, Any]) -> Path:
+        """Write the autograded notebook and render it to HTML with nbgrader's generate_feedback."""
+        from nbgrader.apps import NbGraderAPI
+
+        student = result["student"]
+        folder = self.workdir / "autograded" / student / self.assignment
+        folder.mkdir(parents=True, exist_ok=True)
+        for nb in result["notebooks"]:
+            atomic_write(folder / f"{nb['notebook']}.ipynb", feedback_notebook(self.assignment, nb, result))
+        api = NbGraderAPI(config=copy.deepcopy(self.config))
+        res = api.generate_feedback(self.assignment, student, force=True)
+        if not res["success"]:
+            raise RuntimeError(f"generate_feedback failed for {student}: {res.get('error') or res['log'][-500:]}")
+        return self.workdir / "feedback" / student / self.assignment
+
+
+def feedback_notebook(assignment: str, nb: dict[str, Any], result: dict[str, Any]) -> str:
+    """The released notebook with the student's answers and, under each test cell, the judge's verdict."""
+    import nbformat
+
+    release = course.RELEASE / assignment / f"{nb['notebook']}.ipynb"
+    book = nbformat.read(str(release), as_version=4)
+    tests = {t["grade_id"]: t for t in nb["tests"]}
+    answers = nb.get("answers", {})
+    for cell in book.cells:
+        meta = nbgrader_meta(cell)
+        gid = meta.get("grade_id")
+        if meta.get("solution") and gid in answers:
+            cell.source = answers[gid]
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+        if gid in tests:
+            t = tests[gid]
+            head = f"{t['description']}\n{t['points']:g} / {t['max_points']:g} points"
+            if t["message"]:
+                cell.outputs = [nbformat.v4.new_output("error", ename="Failed", evalue=t["message"],
+                                                       traceback=[head, "Failed: " + t["message"]])]
+            else:
+                cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=head + "\npassed\n")]
+    summary = [f"**Autograded**: {sum(t['points'] for t in nb['tests']):g} / {sum(t['max_points'] for t in nb['tests']):g} points."]
+    if result.get("reason"):
+        summary.append(f"\n\n**Note**: {result['reason']}")
+    book.cells.insert(0, nbformat.v4.new_markdown_cell("".join(summary)))
+    buf = io.StringIO()
+    nbformat.write(book, buf)
+    return buf.getvalue()
+
+
+def write_csv(path: Path, records: Records, results: dict[str, dict[str, Any]]) -> None:
+    """One row per student; scores come from the gradebook so the CSV and the gradebook agree."""
+    scores = records.scores()
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(["student", "assignment", "score", "max_score", "reason"])
+    for student in sorted(results):
+        score, max_score = scores.get(student, (0.0, 0.0))
+        writer.writerow([student, records.assignment, f"{score:g}", f"{max_score:g}", results[student].get("reason", "")])
+    atomic_write(path, buf.getvalue())
+
+
+# -- the command -----------------------------------------------------------------------------------------
+
+
+def discover(submissions: Path, assignment: str) -> tuple[list[Job], list[str]]:
+    jobs, skipped = [], []
+    for entry in sorted(submissions.iterdir()):
+        if not entry.is_dir() or entry.name.startswith("."):
+            continue
+        if not STUDENT_ID.match(entry.name):
+            skipped.append(entry.name)
+            continue
+        jobs.append(Job(entry.name, entry / assignment))
+    return jobs, skipped
+
+
+def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = None, limits: Limits | None = None,
+        workers: int = 1, force: bool = False, log=print) -> dict[str, dict[str, Any]]:
+    """Grade every student under ``submissions``; returns ``student -> result``."""
+    if assignment not in course.assignments():
+        raise SystemExit(f"unknown assignment {assignment!r}; known: {', '.join(course.assignments())}")
+    if not submissions.is_dir():
+        raise SystemExit(f"no submissions folder at {submissions}")
+    workdir = (workdir or out.resolve().parent / "grading").resolve()
+    records = Records(workdir, assignment)
+    records.prepare_gradebook()
+    release = course.RELEASE / assignment
+    sources = [SourceNotebook.load(p, release / p.name) for p in course.source_notebooks(assignment)]
+    ctx = Context(assignment, sources, release, sorted({course.ROOT, submissions.resolve(), workdir}),
+                  limits or Limits(), records.secret(), grader_version(assignment))
+    jobs, skipped = discover(submissions, assignment)
+    for name in skipped:
+        log(f"skipped folder {name!r}: not a valid student id")
+    results: dict[str, dict[str, Any]] = {}
+    todo: list[Job] = []
+    for job in jobs:
+        old = None if force else records.load(job.student)
+        if old is not None and old.get("fingerprint") == fingerprint(job, ctx):
+            results[job.student] = old
+        else:
+            todo.append(job)
+    log(f"{assignment}: {len(jobs)} students, {len(jobs) - len(todo)} already graded, {len(todo)} to grade")
+
+    def finish(result: dict[str, Any]) -> None:
+        records.save(result)  # first: a result on disk is never lost
+        records.record(result)
+        try:
+            records.feedback(result)
+        except Exception as e:  # noqa: BLE001 - feedback failing must not lose the grade
+            result["reason"] = (result.get("reason", "") + f"; feedback could not be rendered: {e}").strip("; ")
+            records.save(result)
+        results[result["student"]] = result
+        write_csv(out, records, results)
+        nb_score = sum(t["points"] for nb in result["notebooks"] for t in nb["tests"])
+        nb_max = sum(t["max_points"] for nb in result["notebooks"] for t in nb["tests"])
+        log(f"  {result['student']}: {nb_score:g}/{nb_max:g} in {result['seconds']:.1f} s" +
+            (f" ({result['reason'][:120]})" if result["reason"] else ""))
+
+    # Results reused from an earlier run still go through the gradebook and feedback (idempotent),
+    # so a batch killed between saving a result and recording it heals itself.
+    for student in sorted(results):
+        records.record(results[student])
+        if not (workdir / "feedback" / student / assignment).is_dir():
+            records.feedback(results[student])
+    if workers <= 1:
+        for job in todo:
+            finish(grade_job(job, ctx))
+    else:
+        with cf.ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = [pool.submit(grade_job, job, ctx) for job in todo]
+            for fut in cf.as_completed(futures):
+                finish(fut.result())
+    write_csv(out, records, results)
+    return results
+
+
+def add_grade_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("grade", help="grade every SUBMISSIONS/<student>/<assignment>/*.ipynb")
+    p.add_argument("submissions", type=Path, help="folder of student folders (nbgrader's layout)")
+    p.add_argument("--assignment", required=True, help="assignment name, e.g. 01_single_head")
+    p.add_argument("--out", type=Path, required=True, help="CSV file to write")
+    p.add_argument("--workdir", type=Path, help="grading state: gradebook, results, feedback (default: OUT's folder/grading)")
+    p.add_argument("--workers", type=int, default=1, help="submissions graded at once")
+    p.add_argument("--force", action="store_true", help="grade again even when a result with the same fingerprint exists")
+    d = Limits()
+    p.add_argument("--cell-timeout", type=float, default=d.cell_timeout, help="seconds per notebook cell")
+    p.add_argument("--call-timeout", type=float, default=d.call_timeout, help="seconds per call into student code")
+    p.add_argument("--notebook-timeout", type=float, default=d.notebook_timeout, help="seconds per notebook in all")
+    p.add_argument("--memory-mb", type=int, default=d.memory_bytes >> 20, help="address-space limit of student code")
+    p.add_argument("--max-processes", type=int, default=d.max_processes, help="process/thread limit of student code")
+    p.set_defaults(func=_grade)
+
+
+def _grade(args: argparse.Namespace) -> int:
+    limits = Limits(cell_timeout=args.cell_timeout, call_timeout=args.call_timeout,
+                    notebook_timeout=args.notebook_timeout, memory_bytes=args.memory_mb << 20,
+                    max_processes=args.max_processes)
+    results = run(args.submissions, args.assignment, args.out, args.workdir, limits, args.workers, args.force,
+                  log=lambda s: print(s, file=sys.stderr, flush=True))
+    print(f"wrote {args.out} ({len(results)} students)")
+    return 0
