@@ -1,0 +1,141 @@
+"""Exercise 06's graded checks: full marks for correct answers however written, named failures for classic mistakes."""
+
+from __future__ import annotations
+
+import pytest
+
+from checking import mutate, run_suite, source_code
+
+A = "06_positional_encoding"
+REF = source_code(A)
+
+SETUP = "import math\nimport torch\nfrom torch import nn\n"
+
+# Slicing assignment, float64 results, a shift matrix from torch.block_diag and a bare nn.Parameter table.
+SLICES_FLOAT64 = SETUP + '''
+def sinusoidal_positional_encoding(num_positions, dim):
+    if dim % 2 == 1:
+        raise ValueError("dim must be even")
+    pos = torch.arange(num_positions, dtype=torch.float64).unsqueeze(1)
+    div = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64) * (-math.log(10000.0) / dim))
+    pe = torch.zeros(num_positions, dim, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(pos * div)
+    pe[:, 1::2] = torch.cos(pos * div)
+    return pe
+
+def position_shift_matrix(delta, dim):
+    if dim % 2:
+        raise ValueError("odd dim")
+    blocks = []
+    for j in range(dim // 2):
+        b = torch.tensor(delta / 10000 ** (2 * j / dim), dtype=torch.float64)
+        blocks.append(torch.stack([torch.stack([b.cos(), -b.sin()]), torch.stack([b.sin(), b.cos()])]))
+    return torch.block_diag(*blocks)
+
+class LearnedPositionalEmbedding(nn.Module):
+    def __init__(self, max_len, dim):
+        super().__init__()
+        self.pos = nn.Parameter(torch.randn(max_len, dim) * 0.02)
+
+    def forward(self, x):
+        if x.size(1) > self.pos.size(0):
+            raise ValueError(f"at most {self.pos.size(0)} positions")
+        return x + self.pos[: x.size(1)].unsqueeze(0)
+'''
+
+# Complex numbers for the table and the shift (multiplying by e^{i delta w} rotates), an index_select for the rows.
+COMPLEX = SETUP + '''
+def _w(dim):
+    if dim % 2 != 0:
+        raise ValueError("need an even dim")
+    return 10000.0 ** (-2 * torch.arange(dim // 2, dtype=torch.float64) / dim)
+
+def sinusoidal_positional_encoding(num_positions, dim):
+    z = torch.polar(torch.ones(num_positions, dim // 2, dtype=torch.float64),
+                    torch.arange(num_positions, dtype=torch.float64)[:, None] * _w(dim))
+    return torch.view_as_real(z).flip(-1).reshape(num_positions, dim).float()   # (sin, cos) = (imag, real)
+
+def position_shift_matrix(delta, dim):
+    w = _w(dim)
+    M = torch.zeros(dim, dim)
+    c, s = torch.cos(delta * w).float(), torch.sin(delta * w).float()
+    idx = torch.arange(0, dim, 2)
+    M[idx, idx], M[idx + 1, idx + 1] = c, c
+    M[idx, idx + 1], M[idx + 1, idx] = -s, s
+    return M
+
+class LearnedPositionalEmbedding(nn.Module):
+    def __init__(self, max_len, dim):
+        super().__init__()
+        self.max_len = max_len
+        self.table = nn.Embedding(max_len, dim)
+
+    def forward(self, x):
+        B, n, _ = x.shape
+        if n > self.max_len:
+            raise ValueError(f"n = {n} > max_len = {self.max_len}")
+        rows = self.table.weight.index_select(0, torch.arange(n, device=x.device))
+        return x + rows.expand(B, n, -1)
+'''
+
+
+def test_reference_gets_full_marks():
+    results = run_suite(A, REF)
+    assert all(msg == "" for msg in results.values()), results
+
+
+@pytest.mark.parametrize("code", [SLICES_FLOAT64, COMPLEX], ids=["slices-float64-parameter", "complex-index-select"])
+def test_unusual_correct_answers_get_full_marks(code):
+    results = run_suite(A, code)
+    assert all(msg == "" for msg in results.values()), results
+
+
+STACK = "P = torch.stack([angles.sin(), angles.cos()], dim=-1)"
+W = "w = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)"
+ODD = '''    if dim % 2:
+        raise ValueError(f"dim must be even (sin/cos pairs), got {dim}")
+    i = torch.arange'''
+MISTAKES = {
+    # name: (mutated code, a check that must fail, words its message must contain)
+    "sin/cos swapped": (mutate(REF, STACK, "P = torch.stack([angles.cos(), angles.sin()], dim=-1)"),
+                        "test_sinusoidal_values", "swapped"),
+    "exponent without the 2": (mutate(REF, W, "w = 10000.0 ** (-torch.arange(0, dim // 2, dtype=torch.float64) / dim)"),
+                               "test_sinusoidal_values", "factor 2"),
+    "exponent with column index": (mutate(REF, W, "w = 10000.0 ** (-2 * torch.arange(0, dim, 2, dtype=torch.float64) / dim)"),
+                                   "test_sinusoidal_values", "pair index"),
+    "exponent sign": (mutate(REF, W, "w = 10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)"),
+                      "test_sinusoidal_values", "wrong sign"),
+    "concatenated, not interleaved": (mutate(REF, STACK, "P = torch.cat([angles.sin(), angles.cos()], dim=-1)"),
+                                      "test_sinusoidal_values", "interleave"),
+    "odd dim accepted": (mutate(REF, ODD, "    i = torch.arange").replace(
+        "dim, 2, dtype=torch.float64) / dim)  # (dim/2,)", "dim + dim % 2, 2, dtype=torch.float64) / dim)  # (dim/2,)"),
+        "test_sinusoidal_odd_dim", "ValueError"),
+    "shift rotates the wrong way": (mutate(REF, '''        M[2 * j, 2 * j], M[2 * j, 2 * j + 1] = math.cos(b), -math.sin(b)
+        M[2 * j + 1, 2 * j], M[2 * j + 1, 2 * j + 1] = math.sin(b), math.cos(b)''', '''        M[2 * j, 2 * j], M[2 * j, 2 * j + 1] = math.cos(b), math.sin(b)
+        M[2 * j + 1, 2 * j], M[2 * j + 1, 2 * j + 1] = -math.sin(b), math.cos(b)'''),
+        "test_shift_matrix_property", "wrong way"),
+    "shift ignores delta": (mutate(REF, "b = delta * 10000.0 ** (-2 * j / dim)", "b = 10000.0 ** (-2 * j / dim)"),
+                            "test_shift_matrix_property", "ignore delta"),
+    "positions from the batch axis": (mutate(REF, "n = x.shape[-2]", "n = x.shape[0]"), "test_learned_embedding", "batch axis"),
+    "embedding not added to x": (mutate(REF, "return x + self.embedding(positions)", "return self.embedding(positions).expand_as(x)"),
+                                 "test_learned_embedding", "without adding x"),
+    "no max_len error": (mutate(REF, '''        if n > self.max_len:
+            raise ValueError(f"sequence of length {n} is longer than max_len={self.max_len}")
+''', ""), "test_learned_embedding_max_len", "ValueError"),
+}
+
+
+@pytest.mark.parametrize("name", list(MISTAKES))
+def test_classic_mistake_loses_points_with_named_message(name):
+    code, gid, words = MISTAKES[name]
+    results = run_suite(A, code)
+    assert results[gid], f"{name}: {gid} passed but should fail"
+    assert words.lower() in results[gid].lower(), f"{name}: message does not name the mistake: {results[gid]!r}"
+    assert sum(1 for m in results.values() if m) < len(results), f"{name}: lost every point, expected partial credit"
+
+
+def test_importing_attnkit_earns_nothing_for_that_part():
+    code = REF + "\nfrom attnkit import position_shift_matrix\n"
+    results = run_suite(A, code)
+    assert results["test_shift_matrix_property"].startswith("earns no points"), results
+    assert results["test_sinusoidal_values"] == ""
