@@ -1,0 +1,284 @@
+"""Graded checks for exercise 02_multi_head: ``split_heads``, ``merge_heads`` and ``MultiHeadAttention``.
+
+The student's module gets weights drawn here (copied in with ``Obj.load``), so
+the expected answer is computed in the judge from the same weights, by
+``nn.MultiheadAttention`` and by the reference formula; the classic mistakes
+are computed from those weights too and named when the answer equals one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from attnkit import merge_heads as ref_merge
+from attnkit import softmax as ref_softmax
+from attnkit import split_heads as ref_split
+from autograder.checks import CheckFailed, StudentError, Suite, Trial, expect_close, expect_pair, expect_tensor
+
+SUITE = Suite("02_multi_head")
+SPLIT, MERGE, MHA = "split_heads", "merge_heads", "MultiHeadAttention"
+
+NO_TRANSPOSE_SPLIT = ("it reshapes to (B, H, n, Dh) without the transpose, which mixes positions into heads: "
+                      "view as (B, n, H, Dh) first, then transpose(1, 2)")
+INTERLEAVED_SPLIT = ("the heads are interleaved (head h gets features h, h + H, ...): view the last axis as "
+                     "(H, Dh), not (Dh, H), so head h gets the contiguous block h*Dh:(h+1)*Dh")
+NO_TRANSPOSE_MERGE = ("it reshapes (B, H, n, Dh) to (B, n, H*Dh) without the transpose, which mixes positions "
+                      "into features: transpose(1, 2) back to (B, n, H, Dh) first, then reshape")
+MASK_AXES = ("a (B, n, m) mask lines up with the wrong axes of the (B, H, n, m) scores: add a head axis with "
+             "mask.unsqueeze(1) so the same mask applies to every head")
+
+
+# -- split / merge -------------------------------------------------------------------------------
+
+
+def _split_mistakes(x: Tensor, h: int) -> dict[str, Tensor]:
+    b, n, e = x.shape
+    return {NO_TRANSPOSE_SPLIT: x.reshape(b, h, n, e // h),
+            INTERLEAVED_SPLIT: x.reshape(b, n, e // h, h).permute(0, 3, 1, 2)}
+
+
+@SUITE.check("test_split_heads", parts=[SPLIT])
+def split_heads_check(t: Trial) -> None:
+    """split_heads turns (B, n, H*Dh) into (B, H, n, Dh), head h holding features h*Dh:(h+1)*Dh."""
+    for b, n, h, d in [(2, 3, 2, 4), (1, 5, 4, 2), (3, 4, 1, 3), (2, 1, 3, 2)]:
+        x = t.randn(b, n, h * d)
+        y = t.call(SPLIT, x, h)
+        if isinstance(y, Tensor) and tuple(y.shape) == (b, n, h, d) and (b, n, h, d) != (b, h, n, d):
+            raise CheckFailed(f"split_heads returned shape {(b, n, h, d)} = (B, n, H, Dh): move the head axis in "
+                              "front of the sequence axis with transpose(1, 2)")
+        expect_close(y, ref_split(x, h), f"split_heads of a {tuple(x.shape)} tensor into {h} heads", _split_mistakes(x, h))
+
+
+@SUITE.check("test_merge_heads", parts=[MERGE])
+def merge_heads_check(t: Trial) -> None:
+    """merge_heads turns (B, H, n, Dh) back into (B, n, H*Dh) and undoes split_heads."""
+    for b, h, n, d in [(2, 2, 3, 4), (1, 4, 5, 2), (3, 1, 4, 3), (2, 3, 1, 2)]:
+        x = t.randn(b, h, n, d)
+        y = t.call(MERGE, x)
+        if isinstance(y, Tensor) and tuple(y.shape) == (b, h, n * d) and h != n:
+            raise CheckFailed(f"merge_heads returned shape {(b, h, n * d)}: the result is (B, n, H*Dh), "
+                              "so transpose the head and sequence axes before reshaping")
+        expect_close(y, ref_merge(x), f"merge_heads of a {tuple(x.shape)} tensor",
+                     {NO_TRANSPOSE_MERGE: x.reshape(b, n, h * d)})
+
+
+# -- MultiHeadAttention ---------------------------------------------------------------------------
+
+Params = dict[str, Tensor]
+
+
+def _weights(t: Trial, e: int, bias: bool = True) -> Params:
+    p = {}
+    for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        p[f"{name}.weight"] = t.randn(e, e, scale=1.0 / math.sqrt(e))
+        if bias:
+            p[f"{name}.bias"] = t.randn(e, scale=0.5)
+    return p
+
+
+def _lin(p: Params, name: str, x: Tensor) -> Tensor:
+    y = x.double() @ p[f"{name}.weight"].double().T
+    return y + p[f"{name}.bias"].double() if f"{name}.bias" in p else y
+
+
+def _attend(p: Params, qp: Tensor, kp: Tensor, vp: Tensor, h: int, mask: Tensor | None = None, *,
+            scale: float | None = None, out_proj: bool = True, mask_mode: str = "before",
+            split: Callable[[Tensor, int], Tensor] = ref_split,
+            merge: Callable[[Tensor], Tensor] = ref_merge) -> tuple[Tensor, Tensor]:
+    """Multi-head attention from projected inputs, with switches that reproduce classic mistakes."""
+    q, k, v = split(qp, h), split(kp, h), split(vp, h)  # (B, H, n|m, Dh)
+    s = q @ k.transpose(-2, -1) / math.sqrt(scale or q.shape[-1])  # (B, H, n, m)
+    if mask is not None:
+        mask = mask.unsqueeze(1) if mask.dim() == 3 else mask
+        if mask_mode == "before":
+            s = s.masked_fill(~mask, float("-inf"))
+        elif mask_mode == "inverted":
+            s = s.masked_fill(mask, float("-inf"))
+    w = ref_softmax(s)
+    if mask is not None and mask_mode == "after":
+        w = w * mask
+    o = merge(w @ v)  # (B, n, E)
+    return (_lin(p, "out_proj", o) if out_proj else o), w
+
+
+def reference(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    return _attend(p, _lin(p, "q_proj", q), _lin(p, "k_proj", k), _lin(p, "v_proj", v), h, mask)
+
+
+def torch_reference(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """torch.nn.MultiheadAttention with the same weights (its bool mask means 'may NOT attend')."""
+    e = q.shape[-1]
+    bias = "q_proj.bias" in p
+    m = nn.MultiheadAttention(e, h, bias=bias, batch_first=True).double()
+    with torch.no_grad():
+        m.in_proj_weight.copy_(torch.cat([p["q_proj.weight"], p["k_proj.weight"], p["v_proj.weight"]]))
+        m.out_proj.weight.copy_(p["out_proj.weight"])
+        if bias:
+            m.in_proj_bias.copy_(torch.cat([p["q_proj.bias"], p["k_proj.bias"], p["v_proj.bias"]]))
+            m.out_proj.bias.copy_(p["out_proj.bias"])
+    kw = {}
+    if mask is not None:
+        full = mask.unsqueeze(1) if mask.dim() == 3 else mask
+        full = full.expand(q.shape[0], h, q.shape[1], k.shape[1]).reshape(-1, q.shape[1], k.shape[1])
+        kw["attn_mask"] = ~full  # ours: True = may attend; torch's: True = may not
+    out, w = m(q.double(), k.double(), v.double(), average_attn_weights=False, **kw)
+    return out.detach(), w.detach()
+
+
+def mistakes(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None) -> dict[str, tuple[Tensor, Tensor]]:
+    """message -> (output, weights) a classic mistake would produce on these inputs and weights."""
+    e = q.shape[-1]
+    Q, K, V = _lin(p, "q_proj", q), _lin(p, "k_proj", k), _lin(p, "v_proj", v)
+    out: dict[str, tuple[Tensor, Tensor]] = {}
+
+    def bad_split(x: Tensor, heads: int) -> Tensor:
+        return x.reshape(x.shape[0], heads, x.shape[1], x.shape[2] // heads)
+
+    def interleaved(x: Tensor, heads: int) -> Tensor:
+        return x.reshape(x.shape[0], x.shape[1], x.shape[2] // heads, heads).permute(0, 3, 1, 2)
+
+    def bad_merge(x: Tensor) -> Tensor:
+        return x.reshape(x.shape[0], x.shape[2], x.shape[1] * x.shape[3])
+
+    if h > 1:
+        out[f"the scores are divided by sqrt(embed_dim) = sqrt({e}); each head is a {e // h}-wide attention, so "
+            f"divide by sqrt(head_dim) = sqrt({e // h})"] = _attend(p, Q, K, V, h, mask, scale=e)
+    out["the output projection out_proj is missing: apply it to the concatenated heads"] = _attend(
+        p, Q, K, V, h, mask, out_proj=False)
+    if h > 1:
+        out["splitting the heads: " + NO_TRANSPOSE_SPLIT] = _attend(p, Q, K, V, h, mask, split=bad_split)
+        out["splitting the heads: " + INTERLEAVED_SPLIT] = _attend(p, Q, K, V, h, mask, split=interleaved)
+        out["merging the heads: " + NO_TRANSPOSE_MERGE] = _attend(p, Q, K, V, h, mask, merge=bad_merge)
+        out["the heads are split and merged with reshape but no transpose, which mixes positions into heads: "
+            "view as (B, n, H, Dh), then transpose(1, 2)"] = _attend(p, Q, K, V, h, mask, split=bad_split, merge=bad_merge)
+    wrong = "a projection is applied to the wrong input: "
+    out[wrong + "k_proj and v_proj are swapped (keys must go through k_proj, values through v_proj)"] = _attend(
+        p, Q, _lin(p, "v_proj", k), _lin(p, "k_proj", v), h, mask)
+    out[wrong + "the key and value tensors are swapped (k_proj(value), v_proj(key)); keys are k_proj(key), "
+        "values v_proj(value)"] = _attend(p, Q, _lin(p, "k_proj", v), _lin(p, "v_proj", k), h, mask)
+    out[wrong + "the keys are projected with q_proj; use k_proj"] = _attend(p, Q, _lin(p, "q_proj", k), V, h, mask)
+    out[wrong + "the values are projected with k_proj; use v_proj"] = _attend(p, Q, K, _lin(p, "k_proj", v), h, mask)
+    out[wrong + "the values go through k_proj(key) instead of v_proj(value)"] = _attend(p, Q, K, K, h, mask)
+    out[wrong + "the keys come from the value tensor (k_proj(value)); keys are k_proj(key)"] = _attend(
+        p, Q, _lin(p, "k_proj", v), V, h, mask)
+    out[wrong + "the values come from the key tensor (v_proj(key)); values are v_proj(value)"] = _attend(
+        p, Q, K, _lin(p, "v_proj", k), h, mask)
+    if q.shape == k.shape:
+        out[wrong + "the keys come from the query tensor (k_proj(query)); keys are k_proj(key)"] = _attend(
+            p, Q, _lin(p, "k_proj", q), V, h, mask)
+        out[wrong + "the values come from the query tensor; values are v_proj(value)"] = _attend(
+            p, Q, K, _lin(p, "v_proj", q), h, mask)
+    if mask is not None:
+        out["the mask is ignored: pass it to the attention of every head (True = may attend)"] = _attend(p, Q, K, V, h)
+        out["the mask polarity is inverted: True means 'may attend', so fill the scores where the mask is False"] = \
+            _attend(p, Q, K, V, h, mask, mask_mode="inverted")
+        out["the mask is applied after the softmax: mask the scores with -inf before the softmax"] = _attend(
+            p, Q, K, V, h, mask, mask_mode="after")
+        if mask.dim() == 3 and mask.shape[0] == h:
+            out[MASK_AXES] = _attend(p, Q, K, V, h, mask.unsqueeze(0))  # example b's mask lands on head b
+    return out
+
+
+def _module(t: Trial, e: int, h: int, bias: bool = True):
+    try:
+        obj = t.new(MHA, e, h) if bias else t.new(MHA, e, h, bias=False)
+    except StudentError as err:
+        raise CheckFailed(f"MultiHeadAttention({e}, {h}{'' if bias else ', bias=False'}) could not be created: {err}") from None
+    p = _weights(t, e, bias)
+    obj.load(p)
+    return obj, p
+
+
+def _run(t: Trial, obj, p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None, what: str = ""):
+    args = (q, k, v) if mask is None else (q, k, v, mask)
+    try:
+        out, w = expect_pair(obj(*args), MHA)
+    except StudentError as err:
+        if mask is not None and mask.dim() == 3 and not str(err).startswith("not implemented"):
+            raise CheckFailed(f"{err}{what}. Hint: {MASK_AXES}") from None
+        raise
+    b, n, e = q.shape
+    m = k.shape[1]
+    if isinstance(w, Tensor) and tuple(w.shape) == (b, n, m):
+        raise CheckFailed(f"the weights have shape {(b, n, m)}: return the per-head weights (B, H, n, m) = "
+                          f"{(b, h, n, m)}, not their average")
+    expect_tensor(out, (b, n, e), f"the output of MultiHeadAttention{what}")
+    expect_tensor(w, (b, h, n, m), f"the per-head weights of MultiHeadAttention{what}")
+    exp_out, exp_w = torch_reference(p, q, k, v, h, mask)
+    wrong = mistakes(p, q, k, v, h, mask)
+    expect_close(out, exp_out, f"the output of MultiHeadAttention{what}", {msg: o for msg, (o, _) in wrong.items()})
+    expect_close(w, exp_w, f"the per-head weights of MultiHeadAttention{what}",
+                 {msg: ww for msg, (_, ww) in wrong.items()})
+    return out, w
+
+
+@SUITE.check("test_mha_shapes", parts=[MHA])
+def mha_shapes(t: Trial) -> None:
+    """Attributes q_proj, k_proj, v_proj, out_proj of shape (E, E); output (B, n, E), weights (B, H, n, m); E % H != 0 is refused."""
+    for e, h in [(8, 2), (12, 3)]:
+        try:
+            obj = t.new(MHA, e, h)
+        except StudentError as err:
+            raise CheckFailed(f"MultiHeadAttention({e}, {h}) could not be created: {err}") from None
+        params = obj.params()
+        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            if f"{name}.weight" not in params:
+                raise CheckFailed(f"MultiHeadAttention has no {name} (an nn.Linear(embed_dim, embed_dim)); its "
+                                  f"parameters are: {', '.join(params) or 'none'}")
+            expect_tensor(params[f"{name}.weight"], (e, e), f"{name}.weight")
+            if f"{name}.bias" not in params:
+                raise CheckFailed(f"{name} has no bias: with bias=True (the default) every projection has one")
+        b, n, m = 2, 3, 5
+        out, w = expect_pair(obj(t.randn(b, n, e), t.randn(b, m, e), t.randn(b, m, e)), MHA)
+        if isinstance(w, Tensor) and tuple(w.shape) == (b, n, m):
+            raise CheckFailed(f"the weights have shape {(b, n, m)}: return the per-head weights (B, H, n, m) = {(b, h, n, m)}")
+        expect_tensor(out, (b, n, e), f"the output for query (2, 3, {e}) and key/value (2, 5, {e})")
+        expect_tensor(w, (b, h, n, m), f"the weights for query (2, 3, {e}) and key/value (2, 5, {e}) with {h} heads")
+    params = t.new(MHA, 8, 2, bias=False).params()
+    if any(k.endswith("bias") for k in params):
+        raise CheckFailed("MultiHeadAttention(8, 2, bias=False) still has biases: pass bias=bias to every nn.Linear")
+    for e, h in [(10, 3), (6, 4)]:
+        try:
+            t.new(MHA, e, h)
+        except StudentError as err:
+            if str(err).startswith("not implemented"):
+                raise
+            continue
+        raise CheckFailed(f"MultiHeadAttention({e}, {h}) should raise an error (a ValueError saying embed_dim must be "
+                          f"divisible by num_heads): {e} features cannot be split evenly into {h} heads")
+
+
+@SUITE.check("test_mha_values", parts=[MHA])
+def mha_values(t: Trial) -> None:
+    """With copied weights, output and per-head weights equal torch.nn.MultiheadAttention (n != m, 1 to 4 heads)."""
+    for b, n, m, e, h in [(2, 4, 6, 8, 2), (1, 5, 3, 12, 3), (2, 3, 3, 8, 4), (1, 4, 2, 6, 1)]:
+        obj, p = _module(t, e, h)
+        q, k, v = t.randn(b, n, e), t.randn(b, m, e), t.randn(b, m, e)
+        _run(t, obj, p, q, k, v, h, what=f" (E={e}, H={h}, n={n}, m={m})")
+    obj, p = _module(t, 8, 2, bias=False)
+    x, y = t.randn(2, 3, 8), t.randn(2, 4, 8)
+    _run(t, obj, p, x, y, y, 2, what=" with bias=False")
+
+
+@SUITE.check("test_mha_mask", parts=[MHA])
+def mha_mask(t: Trial) -> None:
+    """A mask (True = may attend) of shape (n, m) or (B, n, m) applies to every head; a (B, H, n, m) one to each head."""
+    b, n, m, e, h = 2, 4, 5, 8, 2
+    obj, p = _module(t, e, h)
+    q, k, v = t.randn(b, n, e), t.randn(b, m, e), t.randn(b, m, e)
+    mask = t.rand_mask(n, m, p=0.6)
+    mask[:, 0] = True
+    _, w = _run(t, obj, p, q, k, v, h, mask, what=" with an (n, m) mask")
+    per_example = t.rand_mask(b, n, m, p=0.6)
+    per_example[..., -1] = True
+    _run(t, obj, p, q, k, v, h, per_example, what=" with a (B, n, m) mask")
+    padding = torch.ones(b, 1, m, dtype=torch.bool)
+    padding[1, 0, 3:] = False
+    _run(t, obj, p, q, k, v, h, padding, what=" with a (B, 1, m) padding mask")
+    per_head = t.rand_mask(b, h, n, m, p=0.5)
+    per_head[..., 1] = True
+    _run(t, obj, p, q, k, v, h, per_head, what=" with a (B, H, n, m) per-head mask")
