@@ -6,7 +6,15 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test install clean exercises
+.PHONY: book test install clean exercises browser
+
+# MathJax is served by the book itself, so math renders offline and no CDN is
+# contacted: the es5/ build of the npm `mathjax` package, copied to _vendor/mathjax
+# (gitignored; _config.yml publishes _vendor/ under _static/).
+MATHJAX_VERSION := 3.2.2
+MATHJAX := _vendor/mathjax/tex-mml-chtml.js
+# The browser test drives Debian's Chromium with Playwright (never `playwright install`).
+CHROMIUM := /usr/bin/chromium
 
 $(STAMP): requirements.txt solutions/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,12 +22,34 @@ $(STAMP): requirements.txt solutions/pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
-install: $(STAMP)
+$(MATHJAX):
+	@command -v npm >/dev/null || { test "$$(id -u)" = 0 && apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q npm; } || \
+	  { echo "npm is needed once, to fetch MathJax: install Node.js and npm"; exit 1; }
+	rm -rf _vendor/mathjax _vendor/.npm
+	npm install --prefix _vendor/.npm --no-save --no-audit --no-fund --loglevel=error mathjax@$(MATHJAX_VERSION)
+	mkdir -p _vendor
+	cp -r _vendor/.npm/node_modules/mathjax/es5 _vendor/mathjax
+	rm -rf _vendor/.npm
+	test -f $(MATHJAX)
 
-book: $(STAMP)
+# Installs Chromium when missing and we are root; otherwise the browser test skips
+# and says why.
+browser:
+	@test -x $(CHROMIUM) || { \
+	  if test "$$(id -u)" = 0 && command -v apt-get >/dev/null; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium || \
+	      echo "WARNING: could not install chromium; the browser test will skip"; \
+	  else echo "WARNING: $(CHROMIUM) missing and not root; the browser test will skip"; fi; }
+
+install: $(STAMP) $(MATHJAX)
+
+# Executes every chapter (cached in _build/.jupyter_cache: an unchanged notebook is
+# not run again); any Sphinx warning, or a cell that raises, fails the build.
+book: $(STAMP) $(MATHJAX)
 	$(BIN)/jupyter-book build . --warningiserror --keep-going
 
-test: $(STAMP)
+test: $(STAMP) $(MATHJAX) browser
 	$(BIN)/python -m pytest
 
 # Regenerate exercises/ from solutions/assignments/ (never edit exercises/ by hand).
