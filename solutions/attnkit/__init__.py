@@ -6,6 +6,8 @@ One module per concept, in the order the book teaches them:
 * :mod:`attnkit.multihead`: ``split_heads``, ``merge_heads``, ``MultiHeadAttention`` (chapter 02)
 * :mod:`attnkit.self_attention`: ``SelfAttention`` (chapter 03)
 * :mod:`attnkit.masks`: ``causal_mask``, ``padding_mask`` (chapter 04)
+* :mod:`attnkit.cross_attention`: ``CrossAttention`` (chapter 05)
+* :mod:`attnkit.positional`: sinusoidal, learned and rotary position encodings (chapter 06)
 * :mod:`attnkit.plotting`: attention heatmaps used throughout the book
 """
 
@@ -14,11 +16,12 @@ from attnkit.device import default_device
 from attnkit.masks import causal_mask, padding_mask
 from attnkit.multihead import MultiHeadAttention, merge_heads, split_heads
 from attnkit.self_attention import SelfAttention
+from attnkit.cross_attention import CrossAttention
 from attnkit.positional import (LearnedPositionalEmbedding, SinusoidalPositionalEncoding, apply_rotary_embedding,
                                 position_shift_matrix, sinusoidal_positional_encoding)
 
 __all__ = ["softmax", "scaled_dot_product_attention", "default_device",
            "split_heads", "merge_heads", "MultiHeadAttention", "SelfAttention", "causal_mask", "padding_mask"]
-__all__ += ["sinusoidal_positional_encoding", "position_shift_matrix", "SinusoidalPositionalEncoding",
+__all__ += ["CrossAttention", "sinusoidal_positional_encoding", "position_shift_matrix", "SinusoidalPositionalEncoding",
             "LearnedPositionalEmbedding", "apply_rotary_embedding"]
 __version__ = "0.1.0"
