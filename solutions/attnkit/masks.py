@@ -30,7 +30,9 @@ def padding_mask(lengths: Tensor | list[int], max_len: int) -> Tensor:
     The singleton axis broadcasts over the queries, so every query of example
     ``b`` ignores its padding keys. The mask lives on ``lengths``' device.
     """
-    lengths = torch.as_tensor(lengths)
+    if not isinstance(lengths, Tensor):
+        lengths = torch.as_tensor(lengths)
+        lengths = lengths.long() if lengths.numel() == 0 else lengths  # [] would be float
     if lengths.dim() != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
         raise ValueError(f"lengths must be a 1-D integer tensor (one length per example), got shape "
                          f"{tuple(lengths.shape)} and dtype {lengths.dtype}")
