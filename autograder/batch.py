@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import copy
 import csv
 import hashlib
 import io
@@ -103,6 +102,7 @@ class Context:
     limits: Limits
     secret: str
     version: str
+    workdir: Path
 
 
 def submission_files(folder: Path) -> list[Path]:
@@ -155,9 +155,14 @@ def grade_job(job: Job, ctx: Context) -> dict[str, Any]:
         reason = "internal grader error (see the log): " + tb.strip().splitlines()[-1][:200]
         for r in results:
             r.log.append(tb)
-    return {"student": job.student, "assignment": ctx.assignment, "fingerprint": fingerprint(job, ctx),
-            "reason": reason[:1000], "seconds": round(time.monotonic() - started, 2),
-            "notebooks": [r.to_json() for r in results]}
+    result = {"student": job.student, "assignment": ctx.assignment, "fingerprint": fingerprint(job, ctx),
+              "reason": reason[:1000], "seconds": round(time.monotonic() - started, 2),
+              "notebooks": [r.to_json() for r in results]}
+    try:
+        render_feedback(ctx.workdir, ctx.assignment, result)
+    except Exception as e:  # noqa: BLE001 - feedback failing must not lose the grade
+        result["reason"] = (result["reason"] + f"; feedback could not be rendered: {e}").strip("; ")
+    return result
 
 
 # -- gradebook and feedback -------------------------------------------------------------------------
@@ -242,22 +247,6 @@ class Records:
                 out[sub.student.id] = (float(sub.score), float(sub.max_score))
             return out
 
-    def feedback(self, result: dict[str, Any]) -> Path:
-        """Write the autograded notebook and render it to HTML with nbgrader's generate_feedback."""
-        from nbgrader.apps import NbGraderAPI
-
-        student = result["student"]
-        folder = self.workdir / "autograded" / student / self.assignment
-        folder.mkdir(parents=True, exist_ok=True)
-        for nb in result["notebooks"]:
-            atomic_write(folder / f"{nb['notebook']}.ipynb", feedback_notebook(self.assignment, nb, result))
-        api = NbGraderAPI(config=copy.deepcopy(self.config))
-        res = api.generate_feedback(self.assignment, student, force=True)
-        if not res["success"]:
-            raise RuntimeError(f"generate_feedback failed for {student}: {res.get('error') or res['log'][-500:]}")
-        return self.workdir / "feedback" / student / self.assignment
-
-
 def feedback_notebook(assignment: str, nb: dict[str, Any], result: dict[str, Any]) -> str:
     """The released notebook with the student's answers and, under each test cell, the judge's verdict."""
     import nbformat
@@ -291,9 +280,60 @@ def feedback_notebook(assignment: str, nb: dict[str, Any], result: dict[str, Any
     return buf.getvalue()
 
 
-def write_csv(path: Path, records: Records, results: dict[str, dict[str, Any]]) -> None:
-    """One row per student; scores come from the gradebook so the CSV and the gradebook agree."""
-    scores = records.scores()
+def render_feedback(workdir: Path, assignment: str, result: dict[str, Any]) -> Path:
+    """Write the autograded notebooks and their HTML feedback for one student.
+
+    The HTML is rendered with nbgrader's own feedback template; the scores are
+    put into the cells the way nbgrader's GetGrades preprocessor does, but from
+    the judge's result rather than a database query, so workers can render in
+    parallel. Hidden tests never appear: the cells come from the released notebook.
+    """
+    import nbformat
+    from nbconvert.exporters import HTMLExporter
+    from traitlets.config import Config
+
+    import nbgrader
+
+    formgrader = Path(nbgrader.__file__).parent / "server_extensions" / "formgrader"
+    config = Config()  # the same template settings as nbgrader's GenerateFeedback
+    config.HTMLExporter.template_name = "feedback"
+    config.HTMLExporter.extra_template_basedirs = [str(formgrader / "templates")]
+    config.HTMLExporter.extra_template_paths = [str(formgrader / "static" / "node_modules" / "bootstrap" / "dist" / "css")]
+    exporter = HTMLExporter(config=config)
+    student = result["student"]
+    graded_dir = workdir / "autograded" / student / assignment
+    feedback_dir = workdir / "feedback" / student / assignment
+    for nb in result["notebooks"]:
+        text = feedback_notebook(assignment, nb, result)
+        atomic_write(graded_dir / f"{nb['notebook']}.ipynb", text)
+        book = nbformat.reads(text, as_version=4)
+        tests = {t["grade_id"]: t for t in nb["tests"]}
+        for cell in book.cells:
+            meta = nbgrader_meta(cell)
+            if meta.get("grade_id") in tests:
+                t = tests[meta["grade_id"]]
+                cell.metadata.nbgrader["score"] = min(t["points"], t["max_points"])
+                cell.metadata.nbgrader["points"] = t["max_points"]
+            elif meta.get("solution"):
+                cell.metadata.nbgrader["comment"] = None
+        score = sum(min(t["points"], t["max_points"]) for t in nb["tests"])
+        resources = {"nbgrader": {"notebook": nb["notebook"], "assignment": assignment, "student": student,
+                                  "score": score, "max_score": sum(t["max_points"] for t in nb["tests"]),
+                                  "late_penalty": 0}}
+        html, _ = exporter.from_notebook_node(book, resources=resources)
+        atomic_write(feedback_dir / f"{nb['notebook']}.html", html)
+    return feedback_dir
+
+
+def total(result: dict[str, Any]) -> tuple[float, float]:
+    tests = [t for nb in result["notebooks"] for t in nb["tests"]]
+    return sum(min(t["points"], t["max_points"]) for t in tests), sum(t["max_points"] for t in tests)
+
+
+def write_csv(path: Path, records: Records, results: dict[str, dict[str, Any]], final: bool = True) -> None:
+    """One row per student. The final CSV takes its scores from the gradebook, so the two agree;
+    the progress CSVs written during a batch take them from the results."""
+    scores = records.scores() if final else {s: total(r) for s, r in results.items()}
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(["student", "assignment", "score", "max_score", "reason"])
@@ -331,7 +371,7 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
     release = course.RELEASE / assignment
     sources = [SourceNotebook.load(p, release / p.name) for p in course.source_notebooks(assignment)]
     ctx = Context(assignment, sources, release, sorted({course.ROOT, submissions.resolve(), workdir}),
-                  limits or Limits(), records.secret(), grader_version(assignment))
+                  limits or Limits(), records.secret(), grader_version(assignment), workdir)
     jobs, skipped = discover(submissions, assignment)
     for name in skipped:
         log(f"skipped folder {name!r}: not a valid student id")
@@ -348,16 +388,11 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
     def finish(result: dict[str, Any]) -> None:
         records.save(result)  # first: a result on disk is never lost
         records.record(result)
-        try:
-            records.feedback(result)
-        except Exception as e:  # noqa: BLE001 - feedback failing must not lose the grade
-            result["reason"] = (result.get("reason", "") + f"; feedback could not be rendered: {e}").strip("; ")
-            records.save(result)
         results[result["student"]] = result
-        write_csv(out, records, results)
-        nb_score = sum(t["points"] for nb in result["notebooks"] for t in nb["tests"])
-        nb_max = sum(t["max_points"] for nb in result["notebooks"] for t in nb["tests"])
-        log(f"  {result['student']}: {nb_score:g}/{nb_max:g} in {result['seconds']:.1f} s" +
+        if len(results) % 10 == 0:
+            write_csv(out, records, results, final=False)
+        score, max_score = total(result)
+        log(f"  {result['student']}: {score:g}/{max_score:g} in {result['seconds']:.1f} s" +
             (f" ({result['reason'][:120]})" if result["reason"] else ""))
 
     # Results reused from an earlier run still go through the gradebook and feedback (idempotent),
@@ -365,7 +400,7 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
     for student in sorted(results):
         records.record(results[student])
         if not (workdir / "feedback" / student / assignment).is_dir():
-            records.feedback(results[student])
+            render_feedback(workdir, assignment, results[student])
     if workers <= 1:
         for job in todo:
             finish(grade_job(job, ctx))

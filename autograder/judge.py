@@ -100,6 +100,7 @@ class Session:
     def __init__(self, plan: Plan, files: Path | None, hide: list[Path], limits: Limits, result: NotebookResult) -> None:
         self.plan, self.files, self.hide, self.limits, self.result = plan, files, hide, limits, result
         self.skip: set[int] = set()
+        self.cell_errors: list[str] = []
         self.box: Sandbox | None = None
         self.restarts = 0
         self.deadline = time.monotonic() + limits.notebook_timeout
@@ -134,7 +135,10 @@ class Session:
                     self.box = None
                     break
                 if not reply["ok"]:
-                    self._note(f"{label} raised {reply.get('error', 'an error')}")
+                    error = f"{label} raised {str(reply.get('error', 'an error'))[:300]}"
+                    self._note(error)
+                    if error not in self.cell_errors:
+                        self.cell_errors.append(error)
         return self.box
 
     def _note(self, text: str) -> None:
@@ -204,7 +208,10 @@ def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *
                 check.fn(trial)
                 result.tests.append(TestResult(cell.grade_id, check.doc, cell.points, cell.points))
             except CheckFailed as e:
-                result.tests.append(TestResult(cell.grade_id, check.doc, 0.0, cell.points, str(e)))
+                message = str(e)
+                if "nothing named" in message and session.cell_errors:
+                    message += f". Your notebook had errors: {'; '.join(session.cell_errors)[:400]}"
+                result.tests.append(TestResult(cell.grade_id, check.doc, 0.0, cell.points, message))
             except SandboxError as e:
                 msg = {"timeout": "your code did not finish in time", "crash": "your code stopped the process",
                        "protocol": "your code broke the grader's channel"}[e.kind]

@@ -21,6 +21,7 @@ c.CourseDirectory.submitted_directory = "grading/submitted"
 c.CourseDirectory.autograded_directory = "grading/autograded"
 c.CourseDirectory.feedback_directory = "grading/feedback"
 c.CourseDirectory.db_url = f"sqlite:///{ROOT / 'grading' / 'gradebook.db'}"
+c.Exchange.root = str(ROOT / "grading" / "exchange")  # unused (no JupyterHub exchange); keeps nbgrader quiet
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", ".*"]
 c.ExecutePreprocessor.timeout = 120
 c.Execute.timeout = 120

@@ -10,7 +10,7 @@ Where the machine allows (root and ``unshare``), the process also gets
   folder, ``/root``, ``/home`` and ``/tmp`` are hidden behind empty tmpfs
   mounts and only the Python installation and the scratch folder are visible
   (the Python installation read-only),
-* an unprivileged user (``nobody``) with no new privileges.
+* an unprivileged user of its own (see :func:`sandbox_uid`) with no new privileges.
 
 Everywhere it gets resource limits (address space, processes, file size, open
 files, no core dumps), a wall-clock limit on every request and on the whole
@@ -37,7 +37,15 @@ from typing import Any
 from autograder import wire
 
 HERE = Path(__file__).resolve().parent
-NOBODY = 65534
+
+
+def sandbox_uid() -> int:
+    """An unprivileged user id of this grading process's own (no passwd entry needed).
+
+    Process limits count per user, so parallel workers use different ids: one
+    student's fork bomb cannot use up another student's processes.
+    """
+    return 100_000 + os.getpid() % 100_000
 
 
 @dataclass
@@ -176,15 +184,16 @@ class Sandbox:
                 if p != self.root:
                     script.append(f"mount -o remount,bind,ro '{p}'")
             script.append("umount -l /mnt")
-            script.append(f"chown {NOBODY}:{NOBODY} '{work}' '{work / 'tmp'}' && chmod 700 '{work}'")
+            uid = sandbox_uid()
+            script.append(f"chown -R {uid}:{uid} '{work}' && chmod 700 '{work}'")
             script.append(
-                f"cd '{work}' && exec setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups --no-new-privs -- "
+                f"cd '{work}' && exec setpriv --reuid={uid} --regid={uid} --clear-groups --no-new-privs -- "
                 + " ".join(f"'{a}'" for a in harness_cmd)
             )
             cmd = ["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "--",
                    "/bin/sh", "-c", "\n".join(script)]
             self.isolation = ["network namespace (no network)", "pid namespace", "mount namespace (course hidden)",
-                              "user nobody", "rlimits"]
+                              f"unprivileged user {uid}", "rlimits"]
         else:
             cmd = harness_cmd
             self.isolation = ["rlimits only: namespaces or root unavailable, so no network or filesystem isolation"]

@@ -1,0 +1,233 @@
+"""Graded checks for exercise 04_masked_attention: ``causal_mask``, ``padding_mask`` and ``masked_attention``.
+
+The notebook's read-only setup gives ``MultiHeadAttention`` and ``SelfAttention``,
+whose heads call the student's ``masked_attention``; the last two checks run
+masked attention through them (weights drawn here), and verify causality by
+perturbing future inputs and by gradients, with the student's own causal mask.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnkit import MultiHeadAttention as RefMHA
+from attnkit import causal_mask as ref_causal
+from attnkit import padding_mask as ref_padding
+from attnkit import scaled_dot_product_attention as ref_attention
+from attnkit import softmax as ref_softmax
+from autograder.checks import CheckFailed, StudentError, Suite, Trial, expect_close, expect_pair, expect_tensor
+from autograder.checks.ch01_single_head import _attention_mistakes
+from autograder.checks.ch02_multi_head import _weights
+
+SUITE = Suite("04_masked_attention")
+CAUSAL, PADDING, MASKED = "causal_mask", "padding_mask", "masked_attention"
+
+INVERTED = "the mask is inverted: True must mean 'may attend'"
+STRICT = ("the diagonal is hidden (a strictly lower triangle): position i may attend to itself, so the mask is True "
+          "on and below the diagonal (tril with diagonal=0)")
+NAN_ROWS = ("a query whose keys are all masked gives NaN: the softmax of a row of -inf is 0/0. The contract asks for "
+            "zero weights and a zero output row (for example torch.nan_to_num, or divide only where the sum is positive)")
+
+
+def expect_bool_mask(value, shape: tuple[int, ...], what: str) -> Tensor:
+    if not isinstance(value, Tensor):
+        raise CheckFailed(f"{what} should be a torch.Tensor, got {type(value).__name__}")
+    if value.dtype != torch.bool:
+        raise CheckFailed(f"{what} has dtype {value.dtype}: return a bool tensor (True = may attend), for example "
+                          "with .bool() or a comparison")
+    if tuple(value.shape) != shape:
+        raise CheckFailed(f"{what} has shape {tuple(value.shape)}, expected {shape}")
+    return value
+
+
+def expect_equal_mask(actual: Tensor, expected: Tensor, what: str, mistakes: dict[str, Tensor]) -> None:
+    if torch.equal(actual, expected):
+        return
+    for message, wrong in mistakes.items():
+        if wrong.shape == actual.shape and torch.equal(actual, wrong):
+            raise CheckFailed(f"{what} is wrong: {message}")
+    bad = (actual != expected).nonzero()[0].tolist()
+    raise CheckFailed(f"{what} is wrong at index {tuple(bad)}: got {bool(actual[tuple(bad)])}, "
+                      f"expected {bool(expected[tuple(bad)])}")
+
+
+# -- masks -----------------------------------------------------------------------------------------
+
+
+@SUITE.check("test_causal_mask", parts=[CAUSAL])
+def causal_mask_check(t: Trial) -> None:
+    """causal_mask(n) is a bool (n, n) tensor, True on and below the diagonal."""
+    for n in (1, 2, 5, 8):
+        m = expect_bool_mask(t.call(CAUSAL, n) if n != 5 else t.call(CAUSAL, n, device="cpu"), (n, n),
+                             f"causal_mask({n})")
+        ones = torch.ones(n, n, dtype=torch.bool)
+        expect_equal_mask(m, ref_causal(n), f"causal_mask({n})", {
+            INVERTED + " (query i may see keys 0..i): yours is True above the diagonal, where attention is "
+                       "forbidden": ~ones.tril(),
+            STRICT: ones.tril(-1),
+            "the triangle is the upper one: query i (row i) may see keys 0..i (columns), so use tril, not triu":
+                ones.triu(),
+            "the mask is all True: nothing is hidden": ones,
+        })
+
+
+@SUITE.check("test_padding_mask", parts=[PADDING])
+def padding_mask_check(t: Trial) -> None:
+    """padding_mask(lengths, max_len) is a bool (B, 1, max_len) tensor, True at the first lengths[b] positions."""
+    for lengths, max_len in [([3, 1, 4], 5), ([2, 2], 2), ([0, 3, 1, 2], 3)]:
+        lt = torch.tensor(lengths, dtype=torch.int64)
+        b = len(lengths)
+        m = t.call(PADDING, lt, max_len)
+        what = f"padding_mask(lengths={lengths}, max_len={max_len})"
+        if isinstance(m, Tensor) and tuple(m.shape) == (b, max_len) and b != 1:
+            raise CheckFailed(f"{what} has shape {(b, max_len)}: add a query axis, (B, 1, max_len), so the mask "
+                              "broadcasts over the queries of each example (mask[:, None, :])")
+        if isinstance(m, Tensor) and tuple(m.shape) == (b, max_len, 1):
+            raise CheckFailed(f"{what} has shape {(b, max_len, 1)}: the singleton axis goes in the middle, "
+                              "(B, 1, max_len), so that the mask hides keys (columns), not queries")
+        m = expect_bool_mask(m, (b, 1, max_len), what)
+        pos = torch.arange(max_len)
+        expect_equal_mask(m, ref_padding(lt, max_len), what, {
+            "off by one: a sequence of length L has real tokens at positions 0..L-1, so use position < L, "
+            "not position <= L": (pos <= lt[:, None])[:, None],
+            "off by one: a sequence of length L has real tokens at positions 0..L-1 (all L of them), "
+            "so use position < L, not position < L - 1": (pos < lt[:, None] - 1)[:, None],
+            INVERTED + ": it is True at the padding": (pos >= lt[:, None])[:, None],
+        })
+
+
+# -- masked attention ----------------------------------------------------------------------------
+
+
+def _attend(t: Trial, q, k, v, mask, what: str):
+    out, w = expect_pair(t.call(MASKED, q, k, v, mask), MASKED)
+    exp_out, exp_w = ref_attention(q, k, v, mask)
+    for name, val in (("weights", w), ("output", out)):
+        if isinstance(val, Tensor) and val.is_floating_point() and torch.isnan(val).any():
+            raise CheckFailed(f"the {name} of {what} contain NaN: {NAN_ROWS}")
+    expect_tensor(w, tuple(exp_w.shape), f"the weights of {what}")
+    expect_tensor(out, tuple(exp_out.shape), f"the output of {what}")
+    return out, w, exp_out, exp_w
+
+
+def _weight_mistakes(q, k, mask) -> dict[str, Tensor]:
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    after = ref_softmax(s) * mask
+    return {
+        "the mask is applied after the softmax, so the remaining weights no longer sum to 1: fill the masked "
+        "scores with -inf before the softmax": after,
+        "the mask is applied after the softmax and the weights renormalised; fill the masked scores with -inf "
+        "before the softmax": after / after.sum(-1, keepdim=True).clamp_min(1e-30),
+        INVERTED + ", so fill the scores where the mask is False": ref_softmax(s.masked_fill(mask, float("-inf"))),
+        "the mask is ignored: fill the scores where the mask is False with -inf": ref_softmax(s),
+    }
+
+
+@SUITE.check("test_masked_attention", parts=[MASKED])
+def masked_attention_check(t: Trial) -> None:
+    """masked_attention equals torch's masked scaled_dot_product_attention for (n, m), causal and (B, 1, m) masks."""
+    b, n, m, d = 2, 5, 6, 4
+    q, k, v = t.randn(b, n, d), t.randn(b, m, d), t.randn(b, m, d + 2)
+    random_mask = t.rand_mask(n, m, p=0.6)
+    random_mask[:, 0] = True
+    causal = ref_causal(6)
+    qs = t.randn(b, 6, d)
+    padding = ref_padding(torch.tensor([6, 3]), m)  # (B, 1, m)
+    for (qq, mask, what) in [(q, random_mask, "attention with an (n, m) mask"),
+                             (qs, causal, "attention with a causal mask"),
+                             (q, padding, "attention with a (B, 1, m) padding mask")]:
+        out, w, exp_out, exp_w = _attend(t, qq, k, v, mask, what)
+        full = mask.expand_as(w)
+        if bool((w.masked_select(~full).abs() > 1e-6).any()):
+            if bool((w.masked_select(full).abs() < 1e-9).all()):
+                raise CheckFailed(f"{what}: {INVERTED}, so the keys where the mask is False must get weight 0")
+            raise CheckFailed(f"{what}: masked keys (mask False) get non-zero weight: fill their scores with -inf "
+                              "before the softmax")
+        expect_close(w, exp_w, f"the weights of {what}", _weight_mistakes(qq, k, mask))
+        expect_close(out, F.scaled_dot_product_attention(qq, k, v, attn_mask=mask), f"the output of {what}",
+                     _attention_mistakes(qq, k, v, mask))
+
+
+@SUITE.check("test_masked_attention_fully_masked", parts=[MASKED])
+def fully_masked_check(t: Trial) -> None:
+    """A query row with every key masked gives zero weights and a zero output row, never NaN."""
+    q, k, v = t.randn(2, 4, 3), t.randn(2, 5, 3), t.randn(2, 5, 2)
+    mask = torch.ones(2, 4, 5, dtype=torch.bool)
+    mask[0, 1] = False  # one fully masked row
+    mask[1] = False  # a whole example masked (a sequence of length 0)
+    out, w, exp_out, exp_w = _attend(t, q, k, v, mask, "attention with fully masked rows")
+    expect_close(w, exp_w, "the weights with fully masked rows (they should be all zero)")
+    expect_close(out, exp_out, "the output with fully masked rows (they should be all zero)")
+
+
+def _ref_module(p: dict[str, Tensor], e: int, h: int) -> RefMHA:
+    ref = RefMHA(e, h).double()
+    ref.load_state_dict({k: v.double() for k, v in p.items()})
+    return ref
+
+
+@SUITE.check("test_masked_mha", parts=[MASKED])
+def masked_mha_check(t: Trial) -> None:
+    """Through the given MultiHeadAttention: causal & padding masks for a batch of unequal lengths, length 0 included."""
+    b, n, e, h = 3, 5, 8, 2
+    try:
+        obj = t.new("MultiHeadAttention", e, h)
+    except StudentError as err:
+        raise CheckFailed(f"the given MultiHeadAttention could not be created (was the setup cell changed?): {err}") from None
+    p = _weights(t, e)
+    obj.load(p)
+    ref = _ref_module(p, e, h)
+    x = t.randn(b, n, e)
+    lengths = torch.tensor([5, 2, 0])
+    mask = ref_causal(n) & ref_padding(lengths, n)  # (B, n, n)
+    out, w = expect_pair(obj(x, x, x, mask), "MultiHeadAttention")
+    for name, val in (("weights", w), ("output", out)):
+        if isinstance(val, Tensor) and val.is_floating_point() and torch.isnan(val).any():
+            raise CheckFailed(f"the {name} of MultiHeadAttention with a causal & padding mask contain NaN (the "
+                              f"example of length 0 has no key to attend to): {NAN_ROWS}")
+    with torch.no_grad():
+        exp_out, exp_w = ref(x.double(), x.double(), x.double(), mask)
+    expect_close(w, exp_w, "the per-head weights of MultiHeadAttention with a causal & padding mask")
+    expect_close(out, exp_out, "the output of MultiHeadAttention with a causal & padding mask")
+
+
+@SUITE.check("test_causality", parts=[CAUSAL, MASKED])
+def causality_check(t: Trial) -> None:
+    """With your causal_mask, SelfAttention's output i ignores inputs j > i: perturbing them changes nothing, their gradient is 0."""
+    n, e, h = 6, 8, 2
+    mask = expect_bool_mask(t.call(CAUSAL, n), (n, n), f"causal_mask({n})")
+    obj = t.new("SelfAttention", e, h)
+    p = _weights(t, e)
+    obj.load({f"attn.{k}": v for k, v in p.items()})
+    x = t.randn(1, n, e)
+    out, _ = expect_pair(obj(x, mask), "SelfAttention")
+    expect_tensor(out, (1, n, e), "the output of SelfAttention with your causal mask")
+    for i in (0, 2, 4):
+        x2 = x.clone()
+        x2[:, i + 1:] += t.randn(1, n - i - 1, e)
+        out2, _ = expect_pair(obj(x2, mask), "SelfAttention")
+        expect_tensor(out2, (1, n, e), "the output of SelfAttention")
+        if not torch.allclose(out2[:, : i + 1], out[:, : i + 1], atol=1e-5):
+            if bool(mask.triu(1).any()):
+                raise CheckFailed(f"changing inputs after position {i} changes output {i}: the model sees the future. "
+                                  f"Your causal mask is True above the diagonal ({INVERTED}, and query i may only "
+                                  "see keys 0..i)")
+            raise CheckFailed(f"changing inputs after position {i} changes output {i}: masked attention leaks "
+                              "the future (mask the scores with -inf before the softmax)")
+        probe = torch.zeros(1, n, e)
+        probe[0, i] = t.randn(e)
+        g = expect_tensor(t.grad(obj, x, mask, wrt=0, probe=probe), (1, n, e), "the gradient")
+        if bool((g[0, i + 1:].abs() > 1e-7).any()):
+            raise CheckFailed(f"the gradient of output {i} with respect to a later input is not zero: output {i} "
+                              "depends on the future")
+    ref = _ref_module(p, e, h)
+    with torch.no_grad():
+        exp_out, _ = ref(x.double(), x.double(), x.double(), ref_causal(n))
+    wrong = {}
+    with torch.no_grad():
+        wrong[STRICT] = ref(x.double(), x.double(), x.double(), ref_causal(n).tril(-1))[0]
+    expect_close(out, exp_out, "the output of causal self-attention", wrong)

@@ -1,0 +1,252 @@
+"""Faulty, hostile and unusual submissions to exercise 01, each with the grade and reason it must get.
+
+Every case writes one student's folder. ``score`` is the exact grade out of 11
+(softmax: 3 points, scaled_dot_product_attention: 8); ``reason`` and ``message``
+are substrings the CSV reason and some test's feedback message must contain.
+Cases that attack the machine also name a ``probe``: a path that must not exist
+after the batch (something the submission tried to plant outside its sandbox).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from autograder.course import RELEASE, ROOT, SOURCE
+from autograder.notebook import SourceNotebook
+
+A = "01_single_head"
+NB = "single_head.ipynb"
+FULL, SOFTMAX_POINTS, SDPA_POINTS = 11.0, 3.0, 8.0
+_src = SourceNotebook.load(SOURCE / A / NB)
+REF = {c.grade_id: "\n".join(line for line in c.code.splitlines() if "### BEGIN SOLUTION" not in line
+                             and "### END SOLUTION" not in line) + "\n" for c in _src.solutions()}
+SOFTMAX, SDPA = REF["softmax"], REF["scaled_dot_product_attention"]
+MARKER = Path("/tmp/attn-corpus-marker")  # written by one submission, must be invisible to the next
+
+
+def release() -> dict:
+    return json.loads((RELEASE / A / NB).read_text())
+
+
+def notebook(softmax: str = SOFTMAX, sdpa: str = SDPA, extra: list[str] | None = None, before: list[str] | None = None,
+             edit: Callable[[dict], None] | None = None) -> dict:
+    """The released notebook with answer cells filled in, extra cells added after (or before) the answers."""
+    nb = release()
+    for cell in nb["cells"]:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if gid == "softmax":
+            cell["source"] = softmax
+        elif gid == "scaled_dot_product_attention":
+            cell["source"] = sdpa
+    code = lambda s: {"cell_type": "code", "metadata": {}, "source": s, "outputs": [], "execution_count": None}  # noqa: E731
+    setup_at = next(i for i, c in enumerate(nb["cells"]) if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "setup")
+    for i, s in enumerate(before or []):
+        nb["cells"].insert(setup_at + 1 + i, code(s))
+    nb["cells"] += [code(s) for s in extra or []]
+    if edit:
+        edit(nb)
+    return nb
+
+
+def write_nb(nb: dict | str | bytes, name: str = NB) -> Callable[[Path], None]:
+    def build(folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        data = nb if isinstance(nb, (str, bytes)) else json.dumps(nb)
+        (folder / name).write_bytes(data.encode() if isinstance(data, str) else data)
+
+    return build
+
+
+def cells_where(pred: Callable[[dict], bool]) -> Callable[[dict], None]:
+    def edit(nb: dict) -> None:
+        nb["cells"] = [c for c in nb["cells"] if not pred(c)]
+
+    return edit
+
+
+def is_test(c: dict) -> bool:
+    return c.get("metadata", {}).get("nbgrader", {}).get("grade", False)
+
+
+def each_test(fn: Callable[[dict], None]) -> Callable[[dict], None]:
+    def edit(nb: dict) -> None:
+        for c in nb["cells"]:
+            if is_test(c):
+                fn(c)
+
+    return edit
+
+
+@dataclass
+class Case:
+    name: str
+    build: Callable[[Path], None]
+    score: float
+    reason: str = ""
+    message: str = ""
+    probe: Path | None = None
+
+
+WRONG_SOFTMAX = "def softmax(x, dim=-1):\n    return x\n"
+WRONG_SCORE = 1.0  # the wrong answers below return the right shapes: test_sdpa_shapes is honestly earned
+WRONG_SDPA = "def scaled_dot_product_attention(query, key, value, mask=None):\n    w = torch.zeros(query.shape[:-1] + key.shape[-2:-1])\n    return w @ value, w\n"
+LEAK_GUARD = f"""
+import os
+_LEAK = any(os.path.exists(p) for p in [{str(SOURCE)!r}, {str(ROOT / 'autograder')!r}, {str(MARKER)!r}, '/root/.bashrc'])
+"""
+CORRUPTED_IF_LEAK = LEAK_GUARD + SOFTMAX.replace("    x_max = x.amax", "    if _LEAK:\n        return x * 0\n    x_max = x.amax", 1)
+
+
+def _cases() -> list[Case]:
+    cases = [
+        # -- correct answers, written unusually or noisily: full marks ---------------------------------
+        Case("reference", write_nb(notebook()), FULL),
+        Case("noisy_stderr_warnings", write_nb(notebook(sdpa=SDPA.replace(
+            "    d_k = query.shape[-1]",
+            "    import sys, warnings\n    print('debug', file=sys.stderr)\n    warnings.warn('careful')\n    d_k = query.shape[-1]"))), FULL),
+        Case("einsum_float64", write_nb(notebook(sdpa='''
+def scaled_dot_product_attention(query, key, value, mask=None):
+    scores = torch.einsum("...nd,...md->...nm", query.double(), key.double()) / math.sqrt(query.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    w = softmax(scores, dim=-1)
+    return torch.einsum("...nm,...mv->...nv", w, value.double()).to(value.dtype), w.to(query.dtype)
+''')), FULL),
+        Case("helper_cell_added", write_nb(notebook(
+            softmax="def softmax(x, dim=-1):\n    return _stable(x, dim)\n",
+            before=["def _stable(x, dim):\n    m = x.amax(dim, keepdim=True).nan_to_num(0.0, neginf=0.0)\n"
+                    "    e = (x - m).exp()\n    s = e.sum(dim, keepdim=True)\n    return e / torch.where(s > 0, s, torch.ones_like(s))\n"])),
+                FULL),
+        Case("duplicate_answers_do_not_exceed_max", write_nb(notebook(extra=[SOFTMAX, SDPA, SOFTMAX])), FULL),
+        # -- tampering with tests and metadata: tests restored, points from the source ----------------------
+        Case("tests_deleted", write_nb(notebook(edit=cells_where(is_test))), FULL),
+        Case("tests_replaced_by_print_passed", write_nb(notebook(
+            softmax=WRONG_SOFTMAX, sdpa=WRONG_SDPA,
+            edit=each_test(lambda c: c.update(source="print('test passed')")))), WRONG_SCORE, message="does not match"),
+        Case("test_points_inflated_and_ungraded", write_nb(notebook(edit=each_test(
+            lambda c: c["metadata"]["nbgrader"].update(points=1000, grade=False, grade_id="x" + c["metadata"]["nbgrader"]["grade_id"])))),
+             FULL),
+        Case("cells_reordered_ids_changed", write_nb(notebook(edit=lambda nb: (
+            nb["cells"].reverse(), [c.update(id=f"x{i}") for i, c in enumerate(nb["cells"])],
+            [c["metadata"].pop("nbgrader", None) for c in nb["cells"] if c.get("cell_type") == "code" and not is_test(c)],
+            nb["cells"].sort(key=lambda c: ("import math" not in "".join(c.get("source", ""))))))), FULL),
+        Case("blank_exercise", write_nb(release()), 0.0, message="not implemented"),
+        # -- fooling the judge: verdicts are computed elsewhere ------------------------------------------
+        Case("patched_comparisons", write_nb(notebook(
+            softmax=WRONG_SOFTMAX, sdpa=WRONG_SDPA,
+            before=["import torch, numpy\ntorch.allclose = lambda *a, **k: True\ntorch.testing.assert_close = lambda *a, **k: None\n"
+                    "torch.equal = lambda *a, **k: True\nnumpy.allclose = lambda *a, **k: True\ntorch.Tensor.__eq__ = lambda *a: True\n"])),
+             WRONG_SCORE),
+        Case("torch_function_mode", write_nb(notebook(
+            softmax=WRONG_SOFTMAX, sdpa=WRONG_SDPA,
+            before=["from torch.overrides import TorchFunctionMode\nclass Liar(TorchFunctionMode):\n"
+                    "    def __torch_function__(self, func, types, args=(), kwargs=None):\n"
+                    "        if 'close' in getattr(func, '__name__', ''):\n            return True\n"
+                    "        return func(*args, **(kwargs or {}))\nLiar().__enter__()\n"])), WRONG_SCORE),
+        Case("lying_tensor_subclass", write_nb(notebook(softmax='''
+class Agreeable(torch.Tensor):
+    def __eq__(self, other):
+        return True
+def softmax(x, dim=-1):
+    return x.as_subclass(Agreeable)
+''')), 0.0, message="subclass"),  # the attention built on it returns the subclass too
+        Case("displayhook_and_printed_passed", write_nb(notebook(
+            softmax=WRONG_SOFTMAX, sdpa=WRONG_SDPA,
+            before=["import sys\nsys.displayhook = lambda v: print('All tests passed')\nprint('All tests passed! 11/11')\n"])), WRONG_SCORE),
+        Case("input_transformer", write_nb(notebook(
+            softmax=WRONG_SOFTMAX, sdpa=WRONG_SDPA,
+            before=["try:\n    get_ipython().input_transformers_cleanup.append(lambda lines: ['pass\\n'])\nexcept NameError:\n    pass\n"])),
+             WRONG_SCORE),
+        Case("reseed_and_memorise", write_nb(notebook(sdpa='''
+torch.manual_seed(0)
+_seen = {}
+def scaled_dot_product_attention(query, key, value, mask=None):
+    torch.manual_seed(1234)
+    w = torch.full(query.shape[:-1] + key.shape[-2:-1], 1.0 / key.shape[-2])
+    return w @ value, w
+''')), SOFTMAX_POINTS + 1.0, message="does not match"),  # right shapes earn test_sdpa_shapes (1 point) only
+        Case("tampers_with_harness", write_nb(notebook(extra=[
+            "import sys\nfor m in list(sys.modules.values()):\n    if hasattr(m, 'send') and hasattr(m, 'recv'):\n"
+            "        m.send = lambda fd, msg: None\n"])), FULL, reason="skipped"),
+        # -- honest authorship ---------------------------------------------------------------------------------
+        Case("delegates_to_attnkit", write_nb(notebook(sdpa="from attnkit import scaled_dot_product_attention\n")),
+             SOFTMAX_POINTS, message="attnkit"),
+        Case("delegates_to_torch_sdpa", write_nb(notebook(sdpa='''
+import torch.nn.functional as F
+def scaled_dot_product_attention(query, key, value, mask=None):
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask), None
+''')), SOFTMAX_POINTS, message="scaled_dot_product_attention"),
+        Case("delegates_obfuscated", write_nb(notebook(sdpa='''
+import torch.nn.functional as F
+_name = "".join(["scaled", "_dot", "_product", "_attention"])
+def scaled_dot_product_attention(query, key, value, mask=None):
+    out = vars(F)[_name](query, key, value, attn_mask=mask)
+    w = softmax(query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1]))
+    return out, w
+''')), SOFTMAX_POINTS, message="torch's own"),
+        # -- faults: the batch goes on, honest points kept ------------------------------------------------------
+        Case("infinite_loop_ignoring_sigint", write_nb(notebook(extra=[
+            "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    pass\n"])),
+             FULL, reason="stopped"),
+        Case("hangs_when_called", write_nb(notebook(sdpa="def scaled_dot_product_attention(q, k, v, mask=None):\n    while True:\n        pass\n")),
+             SOFTMAX_POINTS, reason="still running", message="did not finish in time"),
+        Case("sys_exit", write_nb(notebook(extra=["import sys\nsys.exit(1)\n"])), FULL),
+        Case("os_exit_at_top_level", write_nb(notebook(extra=["import os\nos._exit(3)\n"])), FULL, reason="skipped"),
+        Case("os_exit_when_called", write_nb(notebook(softmax=SOFTMAX.replace("    x_max = x.amax", "    import os\n    os._exit(0)\n    x_max = x.amax", 1))),
+             0.0, reason="exited", message="stopped the process"),
+        Case("segfault", write_nb(notebook(extra=["import ctypes\nctypes.string_at(0)\n"])), FULL, reason="skipped"),
+        Case("memory_exhaustion", write_nb(notebook(extra=["hog = []\nwhile True:\n    hog.append(bytearray(1 << 28))\n"])), FULL),
+        Case("huge_output", write_nb(notebook(extra=["import sys, os\nfor _ in range(2000):\n    print('x' * 100000)\n"
+                                                    "os.write(1, b'y' * (1 << 20))\n"])), FULL),
+        Case("fork_bomb", write_nb(notebook(extra=["import os, time\nfor _ in range(10000):\n    try:\n        if os.fork() == 0:\n"
+                                                  "            time.sleep(600)\n            os._exit(0)\n"
+                                                  "    except OSError:\n        break\n"])), FULL),
+        # -- isolation: nothing of the course visible, nothing planted survives ----------------------------------
+        Case("reads_course_files", write_nb(notebook(softmax=CORRUPTED_IF_LEAK)), FULL),
+        Case("plants_marker_for_next_student", write_nb(notebook(extra=[
+            f"import pathlib\nfor p in [{str(MARKER)!r}, {str(ROOT / 'planted.txt')!r}, '/root/planted.txt']:\n"
+            "    try:\n        pathlib.Path(p).write_text('x')\n    except OSError:\n        pass\n"])), FULL, probe=ROOT / "planted.txt"),
+        Case("sees_no_marker", write_nb(notebook(softmax=CORRUPTED_IF_LEAK)), FULL, probe=MARKER),
+        Case("ipython_startup_file", write_nb(notebook(extra=[
+            "import os, pathlib\np = pathlib.Path(os.path.expanduser('~/.ipython/profile_default/startup'))\n"
+            "p.mkdir(parents=True, exist_ok=True)\n(p / '00-evil.py').write_text('import torch; torch.allclose = lambda *a, **k: True')\n"])),
+             FULL, probe=Path("/root/.ipython/profile_default/startup/00-evil.py")),
+        Case("network_blocked", write_nb(notebook(softmax='''
+import socket
+def _online():
+    for host in [("127.0.0.1", 22), ("10.0.0.1", 80), ("1.1.1.1", 80)]:
+        try:
+            socket.create_connection(host, timeout=1).close()
+            return True
+        except OSError:
+            pass
+    return False
+_NET = _online()
+''' + SOFTMAX.replace("    x_max = x.amax", "    if _NET:\n        return x\n    x_max = x.amax", 1))), FULL),
+        Case("files_beside_notebook", lambda folder: (
+            write_nb(notebook())(folder),
+            (folder / "numpy.py").write_text("raise ImportError('planted numpy')\n"),
+            (folder / "torch.py").write_text("raise ImportError('planted torch')\n"),
+            (folder / "gradebook.db").write_bytes(b"SQLite format 3\0garbage"),
+        ), FULL),
+        # -- broken files ------------------------------------------------------------------------------------
+        Case("invalid_json", write_nb("{\"cells\": [ oops"), 0.0, reason="not valid JSON"),
+        Case("empty_file", write_nb(""), 0.0, reason="empty"),
+        Case("json_not_a_notebook", write_nb(json.dumps({"hello": "world"})), 0.0, reason="not a notebook"),
+        Case("not_utf8", write_nb(b"\xff\xfe\x00garbage"), 0.0, reason="not valid JSON"),
+        Case("deeply_nested_json", write_nb("[" * 100000 + "]" * 100000), 0.0, reason="not"),
+        Case("malformed_cells", write_nb(json.dumps({"cells": [None, 3, {"cell_type": "code", "source": 7},
+                                                              {"cell_type": "code", "source": ["x = 1\n", None]}]})),
+             0.0, reason="no answer cells"),
+        Case("syntax_error_in_answer", write_nb(notebook(softmax="def softmax(x, dim=-1)\n    return x\n")), 0.0,
+             message="softmax"),
+        Case("missing_notebook", lambda folder: folder.mkdir(parents=True), 0.0, reason="no notebook named"),
+        Case("renamed_notebook", write_nb(notebook(), name="my_attention.ipynb"), FULL, reason="in place of"),
+    ]
+    return cases
+
+
+CASES = _cases()

@@ -1,0 +1,157 @@
+"""The book: its configuration, its pages' reader features, and a clean build that executes every chapter.
+
+The fast tests read the sources; the slow ones use the session's single build
+(book_fixtures.book_build), the same command as `make book`.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+pytest.register_assert_rewrite("book_fixtures")
+from book_fixtures import ROOT, BookBuild, chapter_docnames, exercise_docnames, toc_docnames
+
+pytest_plugins = ["book_fixtures"]  # one session-wide build, shared with test_browser.py
+
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+INSTALL_URL = "git+https://github.com/attention-course/attention-course#subdirectory=solutions"
+CHAPTERS = chapter_docnames()
+EXERCISES = exercise_docnames()
+
+
+def _topic(docname: str) -> str:
+    """'book/01_single_head' or 'exercises/01_single_head/single_head' -> '01_single_head'."""
+    return Path(docname).parts[1] if docname.startswith("exercises/") else Path(docname).name
+
+
+def _links(nb: nbformat.NotebookNode, cells=None) -> list[str]:
+    text = "\n".join(c.source for c in (cells if cells is not None else nb.cells) if c.cell_type == "markdown")
+    return re.findall(r"\]\(([^)\s]+)\)", text)
+
+
+# --- configuration -----------------------------------------------------------------
+
+
+def test_toc_lists_every_chapter_and_exercise():
+    """Every chapter notebook and every released exercise notebook is a page of the book."""
+    pages = set(toc_docnames())
+    chapters = {f"book/{p.stem}" for p in (ROOT / "book").glob("[0-9][0-9]_*.ipynb")}
+    exercises = {str(p.relative_to(ROOT).with_suffix("")) for p in (ROOT / "exercises").glob("*/*.ipynb")}
+    assert not chapters - pages, f"chapters missing from _toc.yml: {sorted(chapters - pages)}"
+    assert not exercises - pages, f"exercises missing from _toc.yml: {sorted(exercises - pages)}"
+
+
+def test_config_execution_and_launch_buttons():
+    """Cached execution that fails on errors; exercises not executed; Colab, Binder, repository buttons."""
+    execute = CONFIG["execute"]
+    assert execute["execute_notebooks"] == "cache" and execute["allow_errors"] is False
+    assert any(Path("/x/exercises/01_topic/topic.ipynb").match(p) for p in execute["exclude_patterns"])
+    assert CONFIG["only_build_toc_files"] is True
+    assert CONFIG["launch_buttons"]["colab_url"] == "https://colab.research.google.com"
+    assert CONFIG["launch_buttons"]["binderhub_url"] == "https://mybinder.org"
+    assert CONFIG["repository"]["url"] == "https://github.com/attention-course/attention-course"
+    assert CONFIG["repository"]["branch"] == "main"
+    assert CONFIG["html"]["use_repository_button"] is True
+    assert CONFIG["sphinx"]["config"]["html_theme_options"]["use_download_button"] is True
+    mathjax = CONFIG["sphinx"]["config"]["mathjax_path"]
+    assert not mathjax.startswith(("http:", "https:", "//")), "MathJax must be served locally, not from a CDN"
+
+
+# --- reader features of every chapter and exercise ---------------------------------
+
+
+@pytest.mark.parametrize("docname", CHAPTERS)
+def test_chapter_first_cell_installs_attnkit(docname):
+    """The first code cell imports attnkit and pip-installs it only when that fails (Colab); a no-op locally."""
+    nb = nbformat.read(ROOT / f"{docname}.ipynb", as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code").source
+    assert re.search(r"try:\s*\n\s*import attnkit", first), f"{docname}: first code cell should `try: import attnkit`"
+    assert "except ImportError" in first and "%pip install" in first and INSTALL_URL in first, (
+        f"{docname}: first code cell should `%pip install \"attnkit @ {INSTALL_URL}\"` on ImportError"
+    )
+
+
+@pytest.mark.parametrize("docname", CHAPTERS)
+def test_chapter_links_its_exercise(docname):
+    """A chapter links the exercise notebook(s) of its topic, and the link resolves."""
+    topic = _topic(docname)
+    exercises = sorted((ROOT / "exercises" / topic).glob("*.ipynb"))
+    if not exercises:
+        pytest.skip(f"no exercise released for {topic} yet")
+    nb = nbformat.read(ROOT / f"{docname}.ipynb", as_version=4)
+    targets = {(ROOT / "book" / link.split("#")[0]).resolve() for link in _links(nb)}
+    missing = [str(e.relative_to(ROOT)) for e in exercises if e.resolve() not in targets]
+    assert not missing, (f"{docname} should link its exercise: add [Exercise ...](../exercises/{topic}/"
+                         f"{exercises[0].name}) near the learning goals; not linked: {missing}")
+
+
+@pytest.mark.parametrize("docname", EXERCISES)
+def test_exercise_links_back_to_chapter(docname):
+    """The exercise's first markdown cell links back to its chapter, which exists."""
+    path = ROOT / f"{docname}.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    first_md = [next(c for c in nb.cells if c.cell_type == "markdown")]
+    topic = _topic(docname)
+    chapter = ROOT / "book" / f"{topic}.ipynb"
+    targets = {(path.parent / link.split("#")[0]).resolve() for link in _links(nb, first_md)}
+    assert chapter.resolve() in targets, (
+        f"{docname}: the first markdown cell should link its chapter: "
+        f"[chapter {topic[:2]}](../../book/{topic}.ipynb)"
+    )
+    assert chapter.exists(), f"{docname} links book/{topic}.ipynb, which does not exist yet"
+
+
+# --- the build ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_book_builds_without_warnings(book_build: BookBuild):
+    """`make book` succeeds: no Sphinx warning (they are errors) and no chapter cell that raises."""
+    assert book_build.returncode == 0 and not book_build.problems, book_build.describe()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("docname", CHAPTERS)
+def test_chapter_executed(book_build: BookBuild, docname):
+    """Every code cell of the chapter ran (the build executes chapters) and none raised."""
+    executed = ROOT / "_build" / "jupyter_execute" / f"{docname}.ipynb"
+    assert executed.exists(), f"{docname} was not executed by the build:\n" + book_build.describe()
+    nb = nbformat.read(executed, as_version=4)
+    for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+        first_line = cell.source.splitlines()[0] if cell.source else ""
+        assert cell.execution_count is not None, f"{docname}: code cell {i} ({first_line!r}) did not run"
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        assert not errors, f"{docname}: code cell {i} ({first_line!r}) raised {errors[0].ename}: {errors[0].evalue}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("docname", EXERCISES)
+def test_exercise_page_shows_blanks_and_visible_tests(book_build: BookBuild, docname):
+    """The exercise page is the released notebook, unexecuted: blanks and visible tests, no outputs."""
+    page = book_build.html / f"{docname}.html"
+    assert page.exists(), f"no page for {docname}:\n" + book_build.describe()
+    text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
+    assert "YOUR CODE HERE" in text and "NotImplementedError" in text, f"{docname}: the blanks are not shown"
+    assert 'class="cell_output' not in page.read_text(), f"{docname} was executed; it must not be"
+    nb = nbformat.read(ROOT / f"{docname}.ipynb", as_version=4)
+    tests = [c for c in nb.cells if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")]
+    assert tests, f"{docname} has no visible test cells"
+    for cell in tests:
+        line = cell.source.strip().splitlines()[0]
+        assert line in text, f"{docname}: visible test {cell.metadata['nbgrader']['grade_id']} is not on the page"
+
+
+@pytest.mark.slow
+def test_download_sources_exist(book_build: BookBuild):
+    """The download button serves each notebook's .ipynb."""
+    for docname in CHAPTERS + EXERCISES:
+        source = book_build.html / "_sources" / f"{docname}.ipynb"
+        assert source.exists(), f"no downloadable {source.relative_to(book_build.html)}"
+        json.loads(source.read_text())  # a valid notebook file
