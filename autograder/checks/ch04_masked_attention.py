@@ -21,7 +21,7 @@ from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
 from autograder.checks import CheckFailed, StudentError, Suite, Trial, expect_close, expect_pair, expect_tensor
 from autograder.checks.ch01_single_head import _attention_mistakes
-from autograder.checks.ch02_multi_head import _weights
+from autograder.checks.ch02_multi_head import _weights, mistakes
 
 SUITE = Suite("04_masked_attention")
 CAUSAL, PADDING, MASKED = "causal_mask", "padding_mask", "masked_attention"
@@ -61,7 +61,7 @@ def expect_equal_mask(actual: Tensor, expected: Tensor, what: str, mistakes: dic
 @SUITE.check("test_causal_mask", parts=[CAUSAL])
 def causal_mask_check(t: Trial) -> None:
     """causal_mask(n) is a bool (n, n) tensor, True on and below the diagonal."""
-    for n in (1, 2, 5, 8):
+    for n in (5, 2, 1, 8):  # n=5 first: for n=1 several mistakes coincide
         m = expect_bool_mask(t.call(CAUSAL, n) if n != 5 else t.call(CAUSAL, n, device="cpu"), (n, n),
                              f"causal_mask({n})")
         ones = torch.ones(n, n, dtype=torch.bool)
@@ -69,7 +69,8 @@ def causal_mask_check(t: Trial) -> None:
             INVERTED + " (query i may see keys 0..i): yours is True above the diagonal, where attention is "
                        "forbidden": ~ones.tril(),
             STRICT: ones.tril(-1),
-            "the triangle is the upper one: query i (row i) may see keys 0..i (columns), so use tril, not triu":
+            "the triangle is the upper one, so query i sees the future keys i..n-1: query i (row i) may see keys "
+            "0..i (columns), so use tril, not triu":
                 ones.triu(),
             "the mask is all True: nothing is hidden": ones,
         })
@@ -145,6 +146,10 @@ def masked_attention_check(t: Trial) -> None:
         if bool((w.masked_select(~full).abs() > 1e-6).any()):
             if bool((w.masked_select(full).abs() < 1e-9).all()):
                 raise CheckFailed(f"{what}: {INVERTED}, so the keys where the mask is False must get weight 0")
+            unmasked = ref_softmax(qq @ k.transpose(-2, -1) / math.sqrt(d))
+            if w.shape == unmasked.shape and torch.allclose(w.double(), unmasked.double(), atol=1e-4):
+                raise CheckFailed(f"{what}: the mask is ignored: fill the scores where the mask is False with -inf "
+                                  "before the softmax")
             raise CheckFailed(f"{what}: masked keys (mask False) get non-zero weight: fill their scores with -inf "
                               "before the softmax")
         expect_close(w, exp_w, f"the weights of {what}", _weight_mistakes(qq, k, mask))
@@ -160,7 +165,7 @@ def fully_masked_check(t: Trial) -> None:
     mask[0, 1] = False  # one fully masked row
     mask[1] = False  # a whole example masked (a sequence of length 0)
     out, w, exp_out, exp_w = _attend(t, q, k, v, mask, "attention with fully masked rows")
-    expect_close(w, exp_w, "the weights with fully masked rows (they should be all zero)")
+    expect_close(w, exp_w, "the weights with fully masked rows (they should be all zero)", _weight_mistakes(q, k, mask))
     expect_close(out, exp_out, "the output with fully masked rows (they should be all zero)")
 
 
@@ -191,8 +196,16 @@ def masked_mha_check(t: Trial) -> None:
                               f"example of length 0 has no key to attend to): {NAN_ROWS}")
     with torch.no_grad():
         exp_out, exp_w = ref(x.double(), x.double(), x.double(), mask)
-    expect_close(w, exp_w, "the per-head weights of MultiHeadAttention with a causal & padding mask")
-    expect_close(out, exp_out, "the output of MultiHeadAttention with a causal & padding mask")
+    wrong = _mask_mistakes(p, x, h, mask)
+    expect_close(w, exp_w, "the per-head weights of MultiHeadAttention with a causal & padding mask",
+                 {msg: ww for msg, (_, ww) in wrong.items()})
+    expect_close(out, exp_out, "the output of MultiHeadAttention with a causal & padding mask",
+                 {msg: o for msg, (o, _) in wrong.items()})
+
+
+def _mask_mistakes(p: dict[str, Tensor], x: Tensor, h: int, mask: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
+    """The masking mistakes of chapter 02's list (ignored, inverted, after the softmax), for self-attention of x."""
+    return {f"masked_attention: {msg}": pair for msg, pair in mistakes(p, x, x, x, h, mask).items() if "mask" in msg}
 
 
 @SUITE.check("test_causality", parts=[CAUSAL, MASKED])
@@ -216,6 +229,9 @@ def causality_check(t: Trial) -> None:
                 raise CheckFailed(f"changing inputs after position {i} changes output {i}: the model sees the future. "
                                   f"Your causal mask is True above the diagonal ({INVERTED}, and query i may only "
                                   "see keys 0..i)")
+            for msg, (o, _) in _mask_mistakes(p, x, h, mask).items():
+                if torch.allclose(out.double(), o, atol=1e-4):
+                    raise CheckFailed(f"changing inputs after position {i} changes output {i}, because {msg}")
             raise CheckFailed(f"changing inputs after position {i} changes output {i}: masked attention leaks "
                               "the future (mask the scores with -inf before the softmax)")
         probe = torch.zeros(1, n, e)
