@@ -67,6 +67,19 @@ def exercise_docnames() -> list[str]:
     return [d for d in toc_docnames() if d.startswith("exercises/")]
 
 
+def executed_notebook(docname: str):
+    """The chapter as the build last executed it (from the jupyter-cache), or None if it never ran."""
+    import nbformat
+    from jupyter_cache import get_cache
+
+    source = nbformat.read(ROOT / f"{docname}.ipynb", as_version=4)
+    try:
+        _, executed = get_cache(BUILD / ".jupyter_cache").merge_match_into_notebook(source)
+    except KeyError:  # no cached execution matches the current code cells
+        return None
+    return executed
+
+
 @dataclass
 class BookBuild:
     """The outcome of one `jupyter-book build`: exit code, Sphinx problems, where the HTML is."""

@@ -16,7 +16,9 @@ import pytest
 import yaml
 
 pytest.register_assert_rewrite("book_fixtures")
-from book_fixtures import ROOT, BookBuild, chapter_docnames, exercise_docnames, toc_docnames
+from book_fixtures import (  # noqa: E402
+    ROOT, BookBuild, chapter_docnames, executed_notebook, exercise_docnames, toc_docnames,
+)
 
 pytest_plugins = ["book_fixtures"]  # one session-wide build, shared with test_browser.py
 
@@ -121,9 +123,8 @@ def test_book_builds_without_warnings(book_build: BookBuild):
 @pytest.mark.parametrize("docname", CHAPTERS)
 def test_chapter_executed(book_build: BookBuild, docname):
     """Every code cell of the chapter ran (the build executes chapters) and none raised."""
-    executed = ROOT / "_build" / "jupyter_execute" / f"{docname}.ipynb"
-    assert executed.exists(), f"{docname} was not executed by the build:\n" + book_build.describe()
-    nb = nbformat.read(executed, as_version=4)
+    nb = executed_notebook(docname)
+    assert nb is not None, f"{docname} was not executed by the build:\n" + book_build.describe()
     for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
         first_line = cell.source.splitlines()[0] if cell.source else ""
         assert cell.execution_count is not None, f"{docname}: code cell {i} ({first_line!r}) did not run"

@@ -14,11 +14,12 @@ from functools import cache
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-import nbformat
 import pytest
 
 pytest.register_assert_rewrite("book_fixtures")
-from book_fixtures import ROOT, SCREENSHOTS, chapter_docnames, exercise_docnames, toc_docnames  # noqa: E402
+from book_fixtures import (  # noqa: E402
+    SCREENSHOTS, chapter_docnames, executed_notebook, exercise_docnames, toc_docnames,
+)
 
 pytest_plugins = ["book_fixtures"]  # one session-wide build, shared with test_book.py
 
@@ -84,8 +85,9 @@ def _broken_links(hrefs: list[str], base: str, html_root: Path) -> list[str]:
 
 def _expected_outputs(docname: str) -> int:
     """Code cells of the executed notebook that have outputs the page should show."""
-    executed = ROOT / "_build" / "jupyter_execute" / f"{docname}.ipynb"
-    nb = nbformat.read(executed, as_version=4)
+    nb = executed_notebook(docname)
+    if nb is None:
+        return -1  # never executed: test_book reports why
     hidden = {"remove-output", "remove-cell", "remove_output", "remove_cell"}
     return sum(1 for c in nb.cells if c.cell_type == "code" and c.outputs
                and not hidden & set(c.metadata.get("tags", [])))
@@ -168,6 +170,6 @@ def test_search_finds_softmax(page, book_url):
 
 def test_index_redirects_to_intro(page, book_url):
     """The site root opens the introduction."""
-    _visit(page, book_url)
-    assert page.url.endswith("book/intro.html"), f"the root page went to {page.url}"
+    page.goto(book_url, timeout=TIMEOUT_MS)
+    page.wait_for_url("**/book/intro.html", timeout=TIMEOUT_MS)
     assert "Attention, step by step" in page.title()
