@@ -46,8 +46,10 @@ install: $(STAMP) $(MATHJAX)
 
 # Executes every chapter (cached in _build/.jupyter_cache: an unchanged notebook is
 # not run again); any Sphinx warning, or a cell that raises, fails the build.
+# --all reads every page afresh (seconds, thanks to the cache), so every build
+# reports every warning and no page keeps a link resolved against an older build.
 book: $(STAMP) $(MATHJAX)
-	$(BIN)/jupyter-book build . --warningiserror --keep-going
+	$(BIN)/jupyter-book build . --all --warningiserror --keep-going
 
 test: $(STAMP) $(MATHJAX) browser
 	$(BIN)/python -m pytest

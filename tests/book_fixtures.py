@@ -121,7 +121,9 @@ def book_build() -> BookBuild:
     with open(BUILD / ".book-build.lock", "w") as lock:  # another `make test` in this checkout waits
         fcntl.flock(lock, fcntl.LOCK_EX)
         start = time.monotonic()
-        cmd = [_jupyter_book(), "build", str(ROOT), "--warningiserror", "--keep-going"]
+        # As `make book`: --all re-reads every page (fast: executions come from the cache),
+        # so warnings of unchanged pages are reported again and no page is stale.
+        cmd = [_jupyter_book(), "build", str(ROOT), "--all", "--warningiserror", "--keep-going"]
         try:
             proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         except subprocess.TimeoutExpired as exc:

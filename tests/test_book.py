@@ -80,6 +80,18 @@ def test_chapter_first_cell_installs_attnkit(docname):
     )
 
 
+@pytest.mark.parametrize("docname", EXERCISES)
+def test_exercise_installs_attnkit_if_it_uses_it(docname):
+    """An exercise that imports attnkit installs it first, like a chapter (exercises usually do not use it)."""
+    nb = nbformat.read(ROOT / f"{docname}.ipynb", as_version=4)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    if not any(re.search(r"^\s*(import attnkit|from attnkit)", src, re.M) for src in code):
+        return
+    assert INSTALL_URL in code[0] and "except ImportError" in code[0], (
+        f"{docname} imports attnkit: its first code cell must install it when missing (see book/01_single_head)"
+    )
+
+
 @pytest.mark.parametrize("docname", CHAPTERS)
 def test_chapter_links_its_exercise(docname):
     """A chapter links the exercise notebook(s) of its topic, and the link resolves."""
@@ -147,6 +159,16 @@ def test_exercise_page_shows_blanks_and_visible_tests(book_build: BookBuild, doc
     for cell in tests:
         line = cell.source.strip().splitlines()[0]
         assert line in text, f"{docname}: visible test {cell.metadata['nbgrader']['grade_id']} is not on the page"
+
+
+@pytest.mark.slow
+def test_mathjax_is_served_by_the_book(book_build: BookBuild):
+    """MathJax is part of the built site (copied from _vendor/mathjax), so math renders offline."""
+    script = book_build.html / "_static" / CONFIG["sphinx"]["config"]["mathjax_path"]
+    assert script.is_file(), (f"{script.relative_to(ROOT)} is missing: run `make install`, which fetches "
+                              "MathJax from npm into _vendor/mathjax once")
+    page = (book_build.html / "book" / "01_single_head.html").read_text()
+    assert "cdn.jsdelivr.net" not in page and "_static/mathjax/" in page
 
 
 @pytest.mark.slow
