@@ -35,7 +35,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _PROBLEM = re.compile(r"\b(WARNING|ERROR|CRITICAL|SEVERE): ")
-_REPORT = re.compile(r"traceback saved in (\S+)")
+_REPORT = re.compile(r"traceback saved in:? (\S+)")
 
 
 def toc_docnames() -> list[str]:
@@ -136,7 +136,7 @@ def book_build() -> BookBuild:
     for path in _REPORT.findall(log):
         p = Path(path)
         if p.exists():
-            reports[path] = p.read_text(errors="replace")
+            reports[path] = _ANSI.sub("", p.read_text(errors="replace"))
     return BookBuild(proc.returncode, log, seconds, problems=problems, execution_reports=reports)
 
 
