@@ -8,6 +8,7 @@ One module per concept, in the order the book teaches them:
 * :mod:`attnkit.masks`: ``causal_mask``, ``padding_mask`` (chapter 04)
 * :mod:`attnkit.cross_attention`: ``CrossAttention`` (chapter 05)
 * :mod:`attnkit.positional`: sinusoidal, learned and rotary position encodings (chapter 06)
+* :mod:`attnkit.transformer`: ``FeedForward``, encoder and decoder blocks, ``Transformer`` (chapter 07)
 * :mod:`attnkit.plotting`: attention heatmaps used throughout the book
 """
 
@@ -19,9 +20,11 @@ from attnkit.self_attention import SelfAttention
 from attnkit.cross_attention import CrossAttention
 from attnkit.positional import (LearnedPositionalEmbedding, SinusoidalPositionalEncoding, apply_rotary_embedding,
                                 position_shift_matrix, sinusoidal_positional_encoding)
+from attnkit.transformer import FeedForward, Transformer, TransformerDecoderBlock, TransformerEncoderBlock
 
 __all__ = ["softmax", "scaled_dot_product_attention", "default_device",
            "split_heads", "merge_heads", "MultiHeadAttention", "SelfAttention", "causal_mask", "padding_mask"]
 __all__ += ["CrossAttention", "sinusoidal_positional_encoding", "position_shift_matrix", "SinusoidalPositionalEncoding",
-            "LearnedPositionalEmbedding", "apply_rotary_embedding"]
+            "LearnedPositionalEmbedding", "apply_rotary_embedding",
+            "FeedForward", "TransformerEncoderBlock", "TransformerDecoderBlock", "Transformer"]
 __version__ = "0.1.0"
