@@ -55,3 +55,27 @@ def mutate(code: str, old: str, new: str) -> str:
     """``code`` with ``old`` replaced by ``new``; fails loudly if ``old`` is not there (the mutant would be void)."""
     assert old in code, f"mutation target not found: {old!r}"
     return code.replace(old, new)
+
+
+def reference_answers(source_path) -> dict[str, str]:
+    """Solution cell code of a source notebook, without nbgrader's solution markers: what a student would write."""
+    from autograder.notebook import SourceNotebook
+
+    return {c.grade_id: "\n".join(line for line in c.code.splitlines()
+                                  if "### BEGIN SOLUTION" not in line and "### END SOLUTION" not in line) + "\n"
+            for c in SourceNotebook.load(source_path).solutions()}
+
+
+def answered_release(assignment: str, name: str, answers: dict[str, str] | None = None) -> dict:
+    """The released notebook ``name`` with its answer cells filled (by default with the reference answers)."""
+    import json
+
+    from autograder.course import RELEASE, SOURCE
+
+    answers = reference_answers(SOURCE / assignment / name) if answers is None else answers
+    nb = json.loads((RELEASE / assignment / name).read_text())
+    for cell in nb["cells"]:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if gid in answers:
+            cell["source"] = answers[gid]
+    return nb

@@ -15,14 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autograder.course import RELEASE, ROOT, SOURCE
-from autograder.notebook import SourceNotebook
+from checking import reference_answers
 
 A = "01_single_head"
 NB = "single_head.ipynb"
 FULL, SOFTMAX_POINTS, SDPA_POINTS = 11.0, 3.0, 8.0
-_src = SourceNotebook.load(SOURCE / A / NB)
-REF = {c.grade_id: "\n".join(line for line in c.code.splitlines() if "### BEGIN SOLUTION" not in line
-                             and "### END SOLUTION" not in line) + "\n" for c in _src.solutions()}
+REF = reference_answers(SOURCE / A / NB)
 SOFTMAX, SDPA = REF["softmax"], REF["scaled_dot_product_attention"]
 MARKER = Path("/tmp/attn-corpus-marker")  # written by one submission, must be invisible to the next
 

@@ -19,7 +19,7 @@ from autograder.sandbox import Limits, can_isolate
 from corpus import A, CASES, FULL, MARKER
 
 pytestmark = pytest.mark.slow
-LIMITS = Limits(cell_timeout=8, call_timeout=4, notebook_timeout=120, memory_bytes=3 << 30)
+LIMITS = Limits(cell_timeout=8, call_timeout=4, notebook_timeout=120, memory_bytes=3 << 30, max_processes=128)
 ISOLATION_CASES = {"reads_course_files", "plants_marker_for_next_student", "sees_no_marker", "ipython_startup_file",
                    "network_blocked"}
 
