@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["softmax", "scaled_dot_product_attention", "check_mask"]
@@ -62,8 +63,8 @@ def check_mask(mask: Tensor, n: int, m: int, batch_shape: tuple[int, ...]) -> No
 
 
 def scaled_dot_product_attention(
-    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, need_weights: bool = True
+) -> tuple[Tensor, Tensor | None]:
     """Attention ``softmax(Q K^T / sqrt(d_k)) V`` (Vaswani et al., 2017, eq. 1), chapter 01.
 
     Args:
@@ -71,10 +72,13 @@ def scaled_dot_product_attention(
         key: ``(..., m, d_k)``.
         value: ``(..., m, d_v)``.
         mask: optional bool tensor broadcastable to ``(..., n, m)``; True = may attend.
+        need_weights: ``True`` (the default) computes the weights explicitly, as the chapters
+            teach. ``False`` takes the fast path (chapter 08): the same output from torch's fused
+            kernel, which never stores the ``(n, m)`` weights, and ``None`` in their place.
 
     Returns:
-        ``(output, weights)``: output ``(..., n, d_v)``, weights ``(..., n, m)``.
-        Each row of ``weights`` sums to 1, or is all zero if its mask row is all False.
+        ``(output, weights)``: output ``(..., n, d_v)``, weights ``(..., n, m)`` (``None`` when
+        ``need_weights=False``). Each row of ``weights`` sums to 1, or is all zero if its mask row is all False.
     """
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, Tensor):
@@ -103,9 +107,28 @@ def scaled_dot_product_attention(
         ) from None
 
     n, m, d_k = query.shape[-2], key.shape[-2], query.shape[-1]
-    scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (..., n, m)
     if mask is not None:
         check_mask(mask, n, m, tuple(batch_shape))
-        scores = scores.masked_fill(~mask.to(scores.device), float("-inf"))
+        mask = mask.to(query.device)
+    if not need_weights:
+        return _fused_attention(query, key, value, mask), None  # (..., n, d_v), no weights
+    scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (..., n, m)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
     weights = softmax(scores, dim=-1)  # (..., n, m)
     return weights @ value, weights  # (..., n, d_v), (..., n, m)
+
+
+def _fused_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> Tensor:
+    """The fast path of :func:`scaled_dot_product_attention`: torch's fused kernel, our mask contract (chapter 08).
+
+    Inputs are already checked. ``F.scaled_dot_product_attention`` reads a bool mask the same
+    way (True = may attend) but, depending on the version and the kernel it picks, may give NaN
+    for a query row with no allowed key. Such rows are let see every key, which keeps the kernel
+    and its gradients finite, and their output is then set to zero, as the contract asks.
+    """
+    if mask is None:
+        return F.scaled_dot_product_attention(query, key, value)  # (..., n, d_v)
+    has_key = mask.any(dim=-1, keepdim=True)  # (..., n, 1): does the row allow any key?
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask | ~has_key)  # (..., n, d_v)
+    return out.masked_fill(~has_key, 0.0)

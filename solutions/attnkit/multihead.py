@@ -52,7 +52,8 @@ class MultiHeadAttention(nn.Module):
     per-head weights ``(B, H, n, m)``. A bool ``mask`` (True = may attend)
     broadcastable to ``(B, n, m)`` applies to every head; a 4-D mask is
     ``(B, H, n, m)``, one per head. The module follows its inputs' device once
-    moved there with ``.to(...)``.
+    moved there with ``.to(...)``. ``need_weights=False`` returns ``(output, None)``
+    from torch's fused attention kernel (the fast path, chapter 08).
     """
 
     def __init__(self, embed_dim: int, num_heads: int, bias: bool = True) -> None:
@@ -81,12 +82,14 @@ class MultiHeadAttention(nn.Module):
         if key.shape[:2] != value.shape[:2]:
             raise ValueError(f"key and value must have the same (B, m): key {tuple(key.shape)}, value {tuple(value.shape)}")
 
-    def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
+                need_weights: bool = True) -> tuple[Tensor, Tensor | None]:
+        # need_weights=False: the fused fast path of scaled_dot_product_attention (chapter 08), weights None
         self._check(query, key, value)
         q = split_heads(self.q_proj(query), self.num_heads)  # (B, H, n, Dh)
         k = split_heads(self.k_proj(key), self.num_heads)  # (B, H, m, Dh)
         v = split_heads(self.v_proj(value), self.num_heads)  # (B, H, m, Dh)
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(1)  # (B, 1, n, m): the same mask for every head
-        out, weights = scaled_dot_product_attention(q, k, v, mask)  # (B, H, n, Dh), (B, H, n, m)
+        out, weights = scaled_dot_product_attention(q, k, v, mask, need_weights)  # (B, H, n, Dh), (B, H, n, m)
         return self.out_proj(merge_heads(out)), weights  # (B, n, E), (B, H, n, m)

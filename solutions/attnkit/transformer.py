@@ -66,17 +66,19 @@ class TransformerEncoderBlock(nn.Module):
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
 
-    def _attend(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
-        out, weights = self.self_attn(x, x, x, mask)  # (B, n, E), (B, H, n, n)
+    def _attend(self, x: Tensor, mask: Tensor | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        out, weights = self.self_attn(x, x, x, mask, need_weights)  # (B, n, E), (B, H, n, n)
         return self.dropout1(out), weights
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, mask: Tensor | None = None,
+                need_weights: bool = True) -> tuple[Tensor, Tensor | None]:
+        # need_weights=False: attention by the fused fast path (chapter 08); the weights come back as None
         if self.norm_first:
-            out, weights = self._attend(self.norm1(x), mask)
+            out, weights = self._attend(self.norm1(x), mask, need_weights)
             x = x + out
             x = x + self.dropout2(self.feed_forward(self.norm2(x)))
         else:
-            out, weights = self._attend(x, mask)
+            out, weights = self._attend(x, mask, need_weights)
             x = self.norm1(x + out)
             x = self.norm2(x + self.dropout2(self.feed_forward(x)))
         return x, weights  # (B, n, E), (B, H, n, n)
@@ -106,19 +108,21 @@ class TransformerDecoderBlock(nn.Module):
         self.dropout2 = nn.Dropout(dropout)
         self.dropout3 = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, memory: Tensor, self_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(self, x: Tensor, memory: Tensor, self_mask: Tensor | None = None, memory_mask: Tensor | None = None,
+                need_weights: bool = True) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        # need_weights=False: attention by the fused fast path (chapter 08); both weights come back as None
         if self.norm_first:
             h = self.norm1(x)
-            out, self_weights = self.self_attn(h, h, h, self_mask)  # (B, n, E), (B, H, n, n)
+            out, self_weights = self.self_attn(h, h, h, self_mask, need_weights)  # (B, n, E), (B, H, n, n)
             x = x + self.dropout1(out)
-            out, cross_weights = self.cross_attn(self.norm2(x), memory, memory, memory_mask)  # (B, n, E), (B, H, n, m)
+            out, cross_weights = self.cross_attn(self.norm2(x), memory, memory, memory_mask,
+                                                 need_weights)  # (B, n, E), (B, H, n, m)
             x = x + self.dropout2(out)
             x = x + self.dropout3(self.feed_forward(self.norm3(x)))
         else:
-            out, self_weights = self.self_attn(x, x, x, self_mask)
+            out, self_weights = self.self_attn(x, x, x, self_mask, need_weights)
             x = self.norm1(x + self.dropout1(out))
-            out, cross_weights = self.cross_attn(x, memory, memory, memory_mask)
+            out, cross_weights = self.cross_attn(x, memory, memory, memory_mask, need_weights)
             x = self.norm2(x + self.dropout2(out))
             x = self.norm3(x + self.dropout3(self.feed_forward(x)))
         return x, self_weights, cross_weights  # (B, n, E), (B, H, n, n), (B, H, n, m)
