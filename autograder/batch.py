@@ -359,8 +359,15 @@ def discover(submissions: Path, assignment: str) -> tuple[list[Job], list[str]]:
 
 
 def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = None, limits: Limits | None = None,
-        workers: int = 1, force: bool = False, log=print) -> dict[str, dict[str, Any]]:
-    """Grade every student under ``submissions``; returns ``student -> result``."""
+        workers: int = 1, force: bool = False, log=print, scheduler: str | None = None,
+        students: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Grade every student under ``submissions`` (or only ``students``); returns ``student -> result``.
+
+    ``workers`` processes grade at once on this machine; with ``scheduler`` (a Dask
+    distributed address) each submission is a Dask task instead. Either way the
+    student's code runs in a sandbox process that the worker starts, never in the
+    worker itself, and the results, gradebook and CSV are written here.
+    """
     if assignment not in course.assignments():
         raise SystemExit(f"unknown assignment {assignment!r}; known: {', '.join(course.assignments())}")
     if not submissions.is_dir():
@@ -373,6 +380,11 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
     ctx = Context(assignment, sources, release, sorted({course.ROOT, submissions.resolve(), workdir}),
                   limits or Limits(), records.secret(), grader_version(assignment), workdir)
     jobs, skipped = discover(submissions, assignment)
+    if students is not None:
+        unknown = sorted(set(students) - {j.student for j in jobs})
+        if unknown:
+            raise SystemExit(f"no submission folder for: {', '.join(unknown)}")
+        jobs = [j for j in jobs if j.student in set(students)]
     for name in skipped:
         log(f"skipped folder {name!r}: not a valid student id")
     results: dict[str, dict[str, Any]] = {}
@@ -401,7 +413,15 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
         records.record(results[student])
         if not (workdir / "feedback" / student / assignment).is_dir():
             render_feedback(workdir, assignment, results[student])
-    if workers <= 1:
+    if scheduler:
+        from distributed import Client, as_completed
+
+        with Client(scheduler) as client:
+            futures = [client.submit(grade_job, job, ctx, pure=False, key=f"grade-{assignment}-{job.student}")
+                       for job in todo]
+            for fut in as_completed(futures):
+                finish(fut.result())
+    elif workers <= 1:
         for job in todo:
             finish(grade_job(job, ctx))
     else:
@@ -409,7 +429,11 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
             futures = [pool.submit(grade_job, job, ctx) for job in todo]
             for fut in cf.as_completed(futures):
                 finish(fut.result())
-    write_csv(out, records, results)
+    everyone = dict(results)
+    for path in records.results.glob("*.json"):  # students graded in earlier runs (for example with --student)
+        if path.stem not in everyone and (old := records.load(path.stem)) is not None:
+            everyone[path.stem] = old
+    write_csv(out, records, everyone)
     return results
 
 
@@ -419,7 +443,11 @@ def add_grade_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--assignment", required=True, help="assignment name, e.g. 01_single_head")
     p.add_argument("--out", type=Path, required=True, help="CSV file to write")
     p.add_argument("--workdir", type=Path, help="grading state: gradebook, results, feedback (default: OUT's folder/grading)")
-    p.add_argument("--workers", type=int, default=1, help="submissions graded at once")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="submissions graded at once on this machine (default: the number of cores)")
+    p.add_argument("--scheduler", help="Dask distributed scheduler address: grade each submission as a Dask task")
+    p.add_argument("--student", action="append", dest="students", metavar="ID",
+                   help="grade only this student (repeatable); the CSV still lists every graded student")
     p.add_argument("--force", action="store_true", help="grade again even when a result with the same fingerprint exists")
     d = Limits()
     p.add_argument("--cell-timeout", type=float, default=d.cell_timeout, help="seconds per notebook cell")
@@ -435,6 +463,7 @@ def _grade(args: argparse.Namespace) -> int:
                     notebook_timeout=args.notebook_timeout, memory_bytes=args.memory_mb << 20,
                     max_processes=args.max_processes)
     results = run(args.submissions, args.assignment, args.out, args.workdir, limits, args.workers, args.force,
-                  log=lambda s: print(s, file=sys.stderr, flush=True))
+                  log=lambda s: print(s, file=sys.stderr, flush=True), scheduler=args.scheduler,
+                  students=args.students)
     print(f"wrote {args.out} ({len(results)} students)")
     return 0

@@ -20,15 +20,19 @@ notebook, enforced from outside with SIGKILL, and a byte cap on what it prints.
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import select
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +49,7 @@ def sandbox_uid() -> int:
     Process limits count per user, so parallel workers use different ids: one
     student's fork bomb cannot use up another student's processes.
     """
-    return 100_000 + os.getpid() % 100_000
+    return 100_000 + (os.getpid() * 7919 + threading.get_ident()) % 100_000
 
 
 @dataclass
@@ -104,6 +108,93 @@ def _top_level(paths: list[Path]) -> list[Path]:
     return out
 
 
+HIDDEN = ("/root", "/home", "/tmp", "/var/tmp", "/dev/shm", "/srv", "/mnt", "/media", "/opt", "/work")
+
+
+class ZygoteChild:
+    """A sandboxed process forked by the zygote; quacks like the part of ``Popen`` the sandbox uses."""
+
+    def __init__(self, pid: int, status_fd: int) -> None:
+        self.pid = pid
+        self.pidfd = os.pidfd_open(pid)  # the reporter process; stable even if the pid is reused later
+        self.status_fd = status_fd
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self.status_fd], [], [], 0)[0]:
+            self._read_status()
+        return self.returncode
+
+    def _read_status(self) -> None:
+        data = b""
+        try:
+            data = os.read(self.status_fd, 4)
+        except OSError:
+            pass
+        self.returncode = os.waitstatus_to_exitcode(struct.unpack("<i", data)[0]) if len(data) == 4 else -signal.SIGKILL
+
+    def wait(self, timeout: float = 10.0) -> int:
+        if self.returncode is None:
+            if select.select([self.status_fd], [], [], timeout)[0]:
+                self._read_status()
+            else:
+                self.kill()
+        return self.returncode if self.returncode is not None else -signal.SIGKILL
+
+    def kill(self) -> None:
+        """SIGKILL the reporter; its death kills the sandboxed process (PDEATHSIG), and with it its namespace."""
+        if self.pidfd < 0:
+            return
+        try:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if self.returncode is None:
+            self.returncode = -signal.SIGKILL if not select.select([self.status_fd], [], [], 5)[0] else None
+            if self.returncode is None:
+                self._read_status()
+        for fd in (self.pidfd, self.status_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.pidfd = self.status_fd = -1
+
+
+_ZYGOTE: tuple[int, subprocess.Popen, socket.socket] | None = None
+
+
+def _zygote(env: dict[str, str]) -> socket.socket:
+    """This process's zygote, started on first use (and again if it died)."""
+    global _ZYGOTE
+    if _ZYGOTE is not None and _ZYGOTE[0] == os.getpid() and _ZYGOTE[1].poll() is None:
+        return _ZYGOTE[2]
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    base = {k: v for k, v in env.items() if k not in ("HOME", "TMPDIR", "MPLCONFIGDIR")}
+    proc = subprocess.Popen([sys.executable, "-S", "-B", str(HERE / "zygote.py"), str(theirs.fileno())],
+                            pass_fds=(theirs.fileno(),), env=base, cwd="/", stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    theirs.close()
+    ours.settimeout(120)
+    if ours.recv(16) != b"ready":
+        proc.kill()
+        raise SandboxError("crash", "the sandbox zygote did not start")
+    ours.settimeout(None)
+    _ZYGOTE = (os.getpid(), proc, ours)
+    return ours
+
+
+_ZYGOTE_LOCK = threading.Lock()
+
+
+def zygote_spawn(env: dict[str, str], spec: dict[str, Any], fds: list[int], status_fd: int) -> ZygoteChild:
+    with _ZYGOTE_LOCK:  # one request at a time on the socket (Dask workers may grade in threads)
+        sock = _zygote(env)
+        socket.send_fds(sock, [json.dumps(spec).encode()], fds)
+        (pid,) = struct.unpack("<i", sock.recv(4))
+    return ZygoteChild(pid, status_fd)
+
+
 @dataclass
 class Sandbox:
     """One student's process. Use as a context manager; it is killed and its files removed on exit."""
@@ -115,7 +206,7 @@ class Sandbox:
     isolation: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | ZygoteChild | None = None
         self.root = Path(tempfile.mkdtemp(prefix="attn-sbx-"))
         self.deadline = time.monotonic() + self.limits.notebook_timeout
         self._r = self._w = -1
@@ -142,10 +233,7 @@ class Sandbox:
         (work / "tmp").mkdir(exist_ok=True)
         return work
 
-    def start(self) -> None:
-        work = self._prepare()
-        isolate = can_isolate()
-        py = sys.executable
+    def _env(self, work: Path) -> dict[str, str]:
         site_dirs = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
         env = {
             "PATH": "/usr/bin:/bin",
@@ -164,59 +252,55 @@ class Sandbox:
         }
         if self.device.startswith("cuda"):
             env["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "0")
+        return env
+
+    def start(self) -> None:
+        work = self._prepare()
+        env = self._env(work)
         r_req, w_req = os.pipe()
         r_rep, w_rep = os.pipe()
-        harness_cmd = [py, "-S", "-B", str(self.root / "harness" / "harness.py"), str(r_req), str(w_rep), self.device]
-        if isolate:
-            expose = [Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), self.root]
-            expose += [Path(d).resolve() for d in site_dirs]
-            hide = _top_level([Path(p) for p in ("/root", "/home", "/tmp", "/var/tmp", "/dev/shm", "/srv", "/mnt", "/media")]
-                              + [p.resolve() for p in self.hide])
-            script = ["set -e", "mount --make-rprivate /", "mount -t tmpfs -o size=1m tmpfs /mnt"]
-            keep = _top_level(expose)
-            for i, p in enumerate(keep):
-                script += [f"mkdir /mnt/{i}", f"mount --rbind '{p}' /mnt/{i}"]
-            for h in hide:
-                if h != Path("/mnt"):
-                    script.append(f"mount -t tmpfs -o mode=755,size=16m tmpfs '{h}'")
-            for i, p in enumerate(keep):
-                script += [f"mkdir -p '{p}'", f"mount --rbind /mnt/{i} '{p}'"]
-                if p != self.root:
-                    script.append(f"mount -o remount,bind,ro '{p}'")
-            script.append("umount -l /mnt")
+        log_fd = os.open(self.root / "process.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        if can_isolate():
             uid = sandbox_uid()
-            script.append(f"chown -R {uid}:{uid} '{work}' && chmod 700 '{work}'")
-            script.append(
-                f"cd '{work}' && exec setpriv --reuid={uid} --regid={uid} --clear-groups --no-new-privs -- "
-                + " ".join(f"'{a}'" for a in harness_cmd)
-            )
-            cmd = ["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "--",
-                   "/bin/sh", "-c", "\n".join(script)]
+            site_dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+            expose = _top_level([Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()]
+                                + [Path(d).resolve() for d in site_dirs])
+            hide = _top_level([Path(p) for p in HIDDEN] + [p.resolve() for p in self.hide])
+            spec = {"expose": [str(p) for p in expose] + [str(self.root)], "hide": [str(p) for p in hide],
+                    "uid": uid, "work": str(work), "env": env, "device": self.device,
+                    "limits": {"file_bytes": self.limits.file_bytes, "max_processes": self.limits.max_processes,
+                               "memory_bytes": 0 if self.device.startswith("cuda") else self.limits.memory_bytes}}
+            r_status, w_status = os.pipe()
+            try:
+                self.proc = zygote_spawn(env, spec, [r_req, w_rep, w_status, log_fd], r_status)
+            finally:
+                for fd in (r_req, w_rep, w_status, log_fd):
+                    os.close(fd)
             self.isolation = ["network namespace (no network)", "pid namespace", "mount namespace (course hidden)",
-                              f"unprivileged user {uid}", "rlimits"]
+                              f"unprivileged user {uid}", "rlimits", "forked from a clean zygote"]
         else:
-            cmd = harness_cmd
+            limits = self.limits
+            cuda = self.device.startswith("cuda")
+
+            def preexec() -> None:
+                os.setsid()
+                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+                resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
+                resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+                if not cuda:
+                    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+
+            cmd = [sys.executable, "-S", "-B", str(self.root / "harness" / "harness.py"), str(r_req), str(w_rep),
+                   self.device]
+            try:
+                self.proc = subprocess.Popen(cmd, cwd=str(work), env=env, stdin=subprocess.DEVNULL, stdout=log_fd,
+                                             stderr=log_fd, pass_fds=(r_req, w_rep), preexec_fn=preexec, close_fds=True)
+            finally:
+                for fd in (r_req, w_rep, log_fd):
+                    os.close(fd)
             self.isolation = ["rlimits only: namespaces or root unavailable, so no network or filesystem isolation"]
-        limits = self.limits
-
-        def preexec() -> None:
-            os.setsid()
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
-            resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-            if not self.device.startswith("cuda"):
-                resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-            resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
-
-        self._log = open(self.root / "process.log", "wb")
-        self.proc = subprocess.Popen(
-            cmd, cwd=str(work), env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-            pass_fds=(r_req, w_rep), preexec_fn=preexec, close_fds=True,
-        )
-        os.close(r_req)
-        os.close(w_rep)
         self._w, self._r = w_req, r_rep
-        # A first round trip proves Python and torch started.
+        # A first round trip proves the harness is up.
         self.request({"op": "names"}, timeout=self.limits.start_timeout)
 
     def close(self) -> None:
@@ -228,12 +312,14 @@ class Sandbox:
                 except OSError:
                     pass
         self._r = self._w = -1
-        if hasattr(self, "_log"):
-            self._log.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.proc is None:
+            return
+        if isinstance(self.proc, ZygoteChild):
+            self.proc.kill()
+        elif self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):

@@ -1,0 +1,341 @@
+"""Graded checks for exercise 07_transformer_block: ``FeedForward`` and the encoder and decoder blocks.
+
+The expected values come from :mod:`attnkit.transformer` with the student's module's parameter names and fresh
+random weights (layer norms included, so a norm in the wrong place shows); ``tests/test_transformer.py`` proves
+attnkit equal to ``torch.nn.TransformerEncoderLayer`` / ``TransformerDecoderLayer`` in both norm orders. Each
+classic mistake is recomputed here from the same weights, so a wrong answer is named, not only rejected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnkit import FeedForward as RefFeedForward
+from attnkit import TransformerDecoderBlock as RefDecoder
+from attnkit import TransformerEncoderBlock as RefEncoder
+from attnkit import causal_mask
+from autograder.checks import CheckFailed, Obj, StudentError, Suite, Trial, expect_close, expect_tensor
+
+SUITE = Suite("07_transformer_block")
+FF, ENC, DEC = "FeedForward", "TransformerEncoderBlock", "TransformerDecoderBlock"
+
+LINEAR_FF = "the feed-forward network is linear: without the ReLU between linear1 and linear2 the two layers collapse " \
+            "into one matrix; apply torch.relu to linear1's output"
+WRONG_ORDER_POST = ("a norm is in the wrong place for norm_first=False: this is the pre-norm order x + sublayer(norm(x)). "
+                    "Post-norm (the default, as in the paper) normalises after the residual: x = norm(x + sublayer(x))")
+WRONG_ORDER_PRE = ("a norm is in the wrong place for norm_first=True: this is the post-norm order norm(x + sublayer(x)). "
+                   "Pre-norm normalises the sublayer's input and adds the un-normalised x: x = x + sublayer(norm(x))")
+
+
+# -- functional versions of the blocks with every classic mistake as a switch --------------------
+
+
+def _ff(ref: RefFeedForward, x: Tensor, act: str = "relu") -> Tensor:
+    h = ref.linear1(x)
+    h = {"relu": torch.relu, "none": lambda v: v, "gelu": F.gelu}[act](h)
+    return ref.linear2(h)
+
+
+def _stack(x: Tensor, subs: list[Callable[[Tensor, Tensor], Tensor]], norms: list, pre: bool,
+           residual: tuple[bool, ...], bug: str = "") -> Tensor:
+    """Apply the sublayers in order; ``sub(h, x_in)`` gets the (normed) input and the block's input."""
+    x_in = x
+    for i, (sub, norm) in enumerate(zip(subs, norms)):
+        if pre:
+            h = norm(x)
+            base = h if bug == "residual of the normed x" else x
+            x = base + sub(h, x_in) if residual[i] else sub(h, x_in)
+        elif bug == "norm on the sublayer output":
+            x = x + norm(sub(x, x_in)) if residual[i] else norm(sub(x, x_in))
+        else:
+            x = norm(x + sub(x, x_in)) if residual[i] else norm(sub(x, x_in))
+    return x
+
+
+FeedForwardFn = Callable[[Tensor], Tensor]
+
+
+def _feed_forward(ref_ff: RefFeedForward, student_ff: FeedForwardFn | None, act: str) -> FeedForwardFn:
+    """The block's feed-forward: the student's own (so a wrong FeedForward costs only its own check), or a variant."""
+    if act == "relu" and student_ff is not None:
+        return student_ff
+    return lambda h: _ff(ref_ff, h, act)
+
+
+def _encoder(ref: RefEncoder, x: Tensor, mask: Tensor | None, pre: bool, residual=(True, True), act: str = "relu",
+             bug: str = "", ff: FeedForwardFn | None = None) -> Tensor:
+    norms = [ref.norm1, ref.norm2] if bug != "norms swapped" else [ref.norm2, ref.norm1]
+    ffn = _feed_forward(ref.feed_forward, ff, act)
+    subs = [lambda h, _: ref.self_attn(h, h, h, None if bug == "mask ignored" else mask)[0], lambda h, _: ffn(h)]
+    return _stack(x, subs, norms, pre, residual, bug)
+
+
+def _decoder(ref: RefDecoder, x: Tensor, memory: Tensor, self_mask: Tensor | None, memory_mask: Tensor | None,
+             pre: bool, residual=(True, True, True), act: str = "relu", bug: str = "",
+             ff: FeedForwardFn | None = None) -> Tensor:
+    norms = [ref.norm1, ref.norm2, ref.norm3]
+    ffn = _feed_forward(ref.feed_forward, ff, act)
+    sm = None if bug == "self mask ignored" else self_mask
+    mm = None if bug == "memory mask ignored" else memory_mask
+
+    def cross(h: Tensor, x_in: Tensor) -> Tensor:
+        if bug == "cross attends to itself":
+            return ref.cross_attn(h, h, h)[0]
+        if bug == "cross uses self_attn":
+            return ref.self_attn(h, memory, memory, mm)[0]
+        if bug == "cross queries from the block input":
+            q = ref.norm2(x_in) if pre else x_in
+            return ref.cross_attn(q, memory, memory, mm)[0]
+        return ref.cross_attn(h, memory, memory, mm)[0]
+
+    subs = [lambda h, _: ref.self_attn(h, h, h, sm)[0], cross, lambda h, _: ffn(h)]
+    return _stack(x, subs, norms, pre, residual, bug)
+
+
+def _encoder_mistakes(ref: RefEncoder, x: Tensor, mask: Tensor | None, pre: bool,
+                      ff: FeedForwardFn | None) -> dict[str, Tensor]:
+    def e(**kw) -> Tensor:
+        kw.setdefault("pre", pre)
+        return _encoder(ref, x, mask, ff=ff, **kw)
+
+    out = {
+        WRONG_ORDER_PRE if pre else WRONG_ORDER_POST: e(pre=not pre),
+        "the residual connection around the self-attention is missing: add the sublayer's input back "
+        "(x + self_attn(...))": e(residual=(False, True)),
+        "the residual connection around the feed-forward network is missing: add its input back "
+        "(x + feed_forward(...))": e(residual=(True, False)),
+        "both residual connections are missing: each sublayer's input must be added to its output":
+            e(residual=(False, False)),
+        LINEAR_FF: e(act="none"),
+        "the feed-forward uses GELU; the block (like torch's default and the paper) uses ReLU": e(act="gelu"),
+        "norm1 and norm2 are swapped: norm1 belongs to the self-attention sublayer, norm2 to the feed-forward":
+            e(bug="norms swapped"),
+    }
+    if pre:
+        out["the residual adds the normalised x: in pre-norm the skip path carries x itself, "
+            "x = x + sublayer(norm(x))"] = e(bug="residual of the normed x")
+    else:
+        out["the norm is applied to the sublayer's output before the residual (x + norm(sublayer(x))); "
+            "post-norm normalises the sum: norm(x + sublayer(x))"] = e(bug="norm on the sublayer output")
+    if mask is not None:
+        out["the mask is ignored: pass it to the self-attention"] = e(bug="mask ignored")
+    return out
+
+
+def _decoder_mistakes(ref: RefDecoder, x: Tensor, memory: Tensor, sm: Tensor | None, mm: Tensor | None,
+                      pre: bool, ff: FeedForwardFn | None) -> dict[str, Tensor]:
+    def d(**kw) -> Tensor:
+        kw.setdefault("pre", pre)
+        return _decoder(ref, x, memory, sm, mm, ff=ff, **kw)
+
+    out = {
+        WRONG_ORDER_PRE if pre else WRONG_ORDER_POST: d(pre=not pre),
+        "the residual connection around the self-attention is missing": d(residual=(False, True, True)),
+        "the residual connection around the cross-attention is missing: add its input back (x + cross_attn(...))":
+            d(residual=(True, False, True)),
+        "the residual connection around the feed-forward network is missing": d(residual=(True, True, False)),
+        LINEAR_FF: d(act="none"),
+        "the cross-attention uses self_attn's weights: the second sublayer must call cross_attn": d(bug="cross uses self_attn"),
+        "the cross-attention's queries come from the block's input; they must come from the output of the "
+        "self-attention sublayer": d(bug="cross queries from the block input"),
+    }
+    if x.shape[1] == memory.shape[1] or mm is None:
+        out["the cross-attention attends to x itself: its keys and values must come from memory, "
+            "cross_attn(x, memory, memory, memory_mask)"] = d(bug="cross attends to itself")
+    if pre:
+        out["the residual adds the normalised x: in pre-norm the skip path carries x itself"] = d(bug="residual of the normed x")
+    else:
+        out["the norm is applied to the sublayer's output before the residual; post-norm normalises the sum: "
+            "norm(x + sublayer(x))"] = d(bug="norm on the sublayer output")
+    if sm is not None:
+        out["self_mask is ignored: pass it to the self-attention (the decoder must not see later positions)"] = d(
+            bug="self mask ignored")
+    if mm is not None:
+        out["memory_mask is ignored: pass it to the cross-attention (padded memory positions must get no weight)"] = d(
+            bug="memory mask ignored")
+    return out
+
+
+# -- building the student's module with fresh weights ----------------------------------------------
+
+
+def _fresh(t: Trial, params: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Random weights for every parameter; layer norms far from the identity so their place matters."""
+    out = {}
+    for k, v in params.items():
+        if k.startswith("norm") and k.endswith("weight"):
+            out[k] = 1.0 + 0.4 * t.randn(*v.shape)
+        elif k.startswith("norm"):
+            out[k] = 0.4 * t.randn(*v.shape)
+        else:
+            out[k] = t.randn(*v.shape, scale=0.5 / max(1, v.shape[-1]) ** 0.5 if v.dim() > 1 else 0.2)
+    return out
+
+
+def _build(t: Trial, name: str, ref_cls, *args, **kwargs) -> tuple[Obj, torch.nn.Module]:
+    label = f"{name}({', '.join(map(str, args))}{''.join(f', {k}={v}' for k, v in kwargs.items())})"
+    try:
+        obj = t.new(name, *args, **kwargs)
+    except StudentError as err:
+        raise CheckFailed(f"{label} could not be created: {err}") from None
+    ref = ref_cls(*args, **kwargs)
+    expected = {k: v for k, v in ref.state_dict().items()}
+    got = obj.params()
+    missing = sorted(set(expected) - set(got))
+    if missing:
+        raise CheckFailed(f"{label} is missing the parameters {', '.join(missing[:6])}: use the attribute names of the "
+                          f"exercise (self_attn, cross_attn, feed_forward.linear1/linear2, norm1, norm2, norm3); "
+                          f"yours are: {', '.join(sorted(got)) or 'none'}")
+    for k, v in expected.items():
+        if tuple(got[k].shape) != tuple(v.shape):
+            raise CheckFailed(f"{label}: parameter {k} has shape {tuple(got[k].shape)}, expected {tuple(v.shape)}")
+    fresh = _fresh(t, {k: v for k, v in expected.items()})
+    obj.load(fresh)
+    ref.load_state_dict(fresh)
+    return obj, ref.eval()
+
+
+def _students_feed_forward(obj: Obj) -> FeedForwardFn:
+    """The block's own ``feed_forward`` submodule, run in the student's process: the block checks then grade the
+    wiring of the block (residuals, norms, attention), and a wrong FeedForward costs only test_feed_forward."""
+    def run(h: Tensor) -> Tensor:
+        return expect_tensor(obj.method("feed_forward", h), tuple(h.shape), "the output of the block's feed_forward")
+    return run
+
+
+def _tuple(value, length: int, what: str) -> tuple:
+    if not isinstance(value, (tuple, list)) or len(value) != length:
+        got = f"a {type(value).__name__}" + (f" of length {len(value)}" if isinstance(value, (tuple, list)) else "")
+        shape = "(output, weights)" if length == 2 else "(output, self_weights, cross_weights)"
+        raise CheckFailed(f"{what} should return {shape}, got {got}")
+    return tuple(value)
+
+
+# -- feed-forward ---------------------------------------------------------------------------------
+
+
+@SUITE.check("test_feed_forward", parts=[FF])
+def feed_forward(t: Trial) -> None:
+    """linear1 (hidden, E), linear2 (E, hidden); output linear2(relu(linear1(x))) for any leading dimensions."""
+    for e, hdim in [(8, 16), (6, 4)]:
+        obj, ref = _build(t, FF, RefFeedForward, e, hdim)
+        for shape in [(2, 5, e), (3, e), (2, 2, 3, e)]:
+            x = t.randn(*shape, scale=1.5)
+            with torch.no_grad():
+                exp = _ff(ref, x)
+                wrong = {LINEAR_FF: _ff(ref, x, "none"),
+                         "the activation is GELU; the feed-forward uses ReLU": _ff(ref, x, "gelu"),
+                         "a ReLU is also applied to the output of linear2: only linear1's output goes through it":
+                             torch.relu(exp)}
+            expect_close(obj(x), exp, f"FeedForward({e}, {hdim}) on x of shape {shape}", wrong)
+
+
+# -- encoder block --------------------------------------------------------------------------------
+
+
+def _check_encoder(t: Trial, pre: bool, masked: bool) -> None:
+    kw = {"norm_first": True} if pre else {}
+    for b, n, e, h, f in ([(2, 5, 8, 2, 16), (1, 3, 12, 3, 8)] if not masked else [(3, 6, 8, 2, 16)]):
+        obj, ref = _build(t, ENC, RefEncoder, e, h, f, **kw)
+        x = t.randn(b, n, e)
+        mask = None
+        if masked:
+            lengths = torch.randint(1, n + 1, (b,), generator=t.gen)
+            lengths[0] = n - 2
+            mask = (torch.arange(n) < lengths[:, None])[:, None, :]  # (B, 1, n) True = real token
+        what = f"the output of {ENC}({e}, {h}, {f}{', norm_first=True' if pre else ''})" + (
+            " with a padding mask" if masked else "")
+        out, w = _tuple(obj(x) if mask is None else obj(x, mask), 2, ENC)
+        ff = _students_feed_forward(obj)
+        with torch.no_grad():
+            _, exp_w = ref(x, mask)
+            exp_out = _encoder(ref, x, mask, pre, ff=ff)
+            wrong = _encoder_mistakes(ref, x, mask, pre, ff)
+        expect_tensor(w, (b, h, n, n), f"the self-attention weights returned by {ENC}")
+        expect_close(out, exp_out, what, wrong)
+        expect_close(w, exp_w, f"the self-attention weights returned by {ENC}" +
+                     (" (self_attn must see the normalised input norm1(x) in pre-norm)" if pre else ""))
+
+
+@SUITE.check("test_encoder_block_post_norm", parts=[ENC])
+def encoder_post_norm(t: Trial) -> None:
+    """Post-norm (default) equals torch.nn.TransformerEncoderLayer with the same weights; returns (output, weights)."""
+    _check_encoder(t, pre=False, masked=False)
+
+
+@SUITE.check("test_encoder_block_pre_norm", parts=[ENC])
+def encoder_pre_norm(t: Trial) -> None:
+    """norm_first=True equals torch.nn.TransformerEncoderLayer(norm_first=True) with the same weights."""
+    _check_encoder(t, pre=True, masked=False)
+
+
+@SUITE.check("test_encoder_block_mask", parts=[ENC])
+def encoder_mask(t: Trial) -> None:
+    """A (B, 1, n) padding mask reaches the self-attention, in both norm orders."""
+    _check_encoder(t, pre=False, masked=True)
+    _check_encoder(t, pre=True, masked=True)
+
+
+# -- decoder block --------------------------------------------------------------------------------
+
+
+def _check_decoder(t: Trial, pre: bool, masked: bool) -> None:
+    kw = {"norm_first": True} if pre else {}
+    cases = [(2, 4, 4, 8, 2, 16), (2, 3, 6, 8, 2, 16), (1, 5, 2, 12, 3, 8)] if not masked else [(3, 5, 5, 8, 2, 16),
+                                                                                                 (2, 4, 7, 8, 4, 16)]
+    for b, n, m, e, h, f in cases:
+        obj, ref = _build(t, DEC, RefDecoder, e, h, f, **kw)
+        x, memory = t.randn(b, n, e), t.randn(b, m, e)
+        sm = mm = None
+        if masked:
+            sm = causal_mask(n)
+            lengths = torch.randint(1, m + 1, (b,), generator=t.gen)
+            lengths[0] = m - 1
+            mm = (torch.arange(m) < lengths[:, None])[:, None, :]  # (B, 1, m)
+        what = f"the output of {DEC}({e}, {h}, {f}{', norm_first=True' if pre else ''}) for x {(b, n, e)}, memory {(b, m, e)}" \
+               + (" with a causal self_mask and a memory padding mask" if masked else "")
+        try:
+            result = obj(x, memory) if not masked else obj(x, memory, sm, mm)
+        except StudentError as err:
+            if n != m and not str(err).startswith("not implemented"):
+                raise CheckFailed(f"{err}, with x of length {n} and memory of length {m}: the cross-attention's keys and "
+                                  f"values must come from memory (cross_attn(x, memory, memory, memory_mask)), and "
+                                  f"memory_mask belongs to the cross-attention, self_mask to the self-attention") from None
+            raise
+        out, ws, wc = _tuple(result, 3, DEC)
+        if n != m and isinstance(wc, Tensor) and tuple(wc.shape) == (b, h, n, n):
+            raise CheckFailed(f"the cross-attention weights have shape {(b, h, n, n)}: the cross-attention attends to x "
+                              f"itself; its keys and values must come from memory, giving {(b, h, n, m)}")
+        expect_tensor(ws, (b, h, n, n), f"the self-attention weights returned by {DEC}")
+        expect_tensor(wc, (b, h, n, m), f"the cross-attention weights returned by {DEC}")
+        ff = _students_feed_forward(obj)
+        with torch.no_grad():
+            _, exp_ws, exp_wc = ref(x, memory, sm, mm)
+            exp_out = _decoder(ref, x, memory, sm, mm, pre, ff=ff)
+            wrong = _decoder_mistakes(ref, x, memory, sm, mm, pre, ff)
+        expect_close(out, exp_out, what, wrong)
+        expect_close(ws, exp_ws, f"the self-attention weights returned by {DEC}")
+        expect_close(wc, exp_wc, f"the cross-attention weights returned by {DEC}")
+
+
+@SUITE.check("test_decoder_block_post_norm", parts=[DEC])
+def decoder_post_norm(t: Trial) -> None:
+    """Post-norm equals torch.nn.TransformerDecoderLayer with the same weights (n == m and n != m)."""
+    _check_decoder(t, pre=False, masked=False)
+
+
+@SUITE.check("test_decoder_block_pre_norm", parts=[DEC])
+def decoder_pre_norm(t: Trial) -> None:
+    """norm_first=True equals torch.nn.TransformerDecoderLayer(norm_first=True) with the same weights."""
+    _check_decoder(t, pre=True, masked=False)
+
+
+@SUITE.check("test_decoder_block_masks", parts=[DEC])
+def decoder_masks(t: Trial) -> None:
+    """self_mask (causal) reaches the self-attention and memory_mask (padding) the cross-attention, both norm orders."""
+    _check_decoder(t, pre=False, masked=True)
+    _check_decoder(t, pre=True, masked=True)

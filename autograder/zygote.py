@@ -1,0 +1,160 @@
+"""A fork server for sandboxes: Python and torch are imported once, each submission gets a fresh fork.
+
+Starting Python and importing torch takes about two seconds, more than grading a
+notebook. The zygote pays it once per grading process: it imports the harness
+(and with it torch and numpy), runs nothing else, and waits for requests on a
+Unix socket. For every submission it forks a child that, before running any
+student code,
+
+1. enters new mount, network, PID, IPC and UTS namespaces (a second fork makes
+   the sandboxed process PID 1 of its namespace, so killing it ends everything
+   it started; the first fork stays behind to report its exit status);
+2. hides the course, the submissions, the grading folder, ``/root``, ``/home``
+   and ``/tmp`` behind empty tmpfs mounts, leaving only the Python installation
+   (read-only) and the submission's scratch folder visible;
+3. drops to an unprivileged user with no new privileges and applies the limits;
+4. runs the harness loop on the pipes the judge passed over the socket.
+
+No student code ever runs in the zygote, and no child is reused: each
+submission sees a process fresh from the same clean image. Runs as root only
+(the judge falls back to plain processes otherwise). Linux only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import socket
+import struct
+import sys
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x4000000, 0x8000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+STAGING = "/mnt"
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = lambda s: None if s is None else s.encode()  # noqa: E731
+    _check(LIBC.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
+
+
+def _isolate_filesystem(expose: list[str], hide: list[str]) -> None:
+    """Hide ``hide`` behind empty tmpfs mounts and bring ``expose`` back (read-only unless last)."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount("tmpfs", STAGING, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=700")
+    for i, path in enumerate(expose):
+        os.mkdir(f"{STAGING}/{i}")
+        _mount(path, f"{STAGING}/{i}", None, MS_BIND | MS_REC)
+    for path in hide:
+        if path != STAGING:
+            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=755")
+    for i, path in enumerate(expose):
+        os.makedirs(path, exist_ok=True)
+        _mount(f"{STAGING}/{i}", path, None, MS_BIND | MS_REC)
+        if i < len(expose) - 1:  # everything but the scratch folder is read-only
+            _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
+    _check(LIBC.umount2(STAGING.encode(), MNT_DETACH), "umount staging")
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+def _run_child(spec: dict, fds: list[int]) -> None:
+    """In the forked child: isolate, drop privileges, run the harness. Never returns."""
+    r_req, w_rep, w_status, log_fd = fds
+    code = 70
+    try:
+        os.setsid()
+        LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+        pid = os.fork()
+        if pid:  # the reporter: waits for the sandboxed process and reports how it ended
+            for fd in (r_req, w_rep, log_fd):
+                os.close(fd)
+            _, status = os.waitpid(pid, 0)
+            os.write(w_status, struct.pack("<i", status))
+            os._exit(0)
+        os.close(w_status)
+        LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        devnull = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        _isolate_filesystem(spec["expose"], spec["hide"])
+        uid, work = spec["uid"], spec["work"]
+        for dirpath, dirnames, filenames in os.walk(work):
+            for name in [dirpath] + [os.path.join(dirpath, n) for n in dirnames + filenames]:
+                os.lchown(name, uid, uid)
+        os.chmod(work, 0o700)
+        lim = spec["limits"]
+        for res, value in ((resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, lim["file_bytes"]),
+                           (resource.RLIMIT_NOFILE, 256), (resource.RLIMIT_NPROC, lim["max_processes"])):
+            resource.setrlimit(res, (value, value))
+        if lim.get("memory_bytes"):
+            resource.setrlimit(resource.RLIMIT_AS, (lim["memory_bytes"], lim["memory_bytes"]))
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        _check(LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        os.chdir(work)
+        os.environ.clear()
+        os.environ.update(spec["env"])
+        import harness
+
+        sys.argv = ["harness", str(r_req), str(w_rep), spec["device"]]
+        harness.main()
+        code = 0
+    except BaseException as e:  # noqa: BLE001 - report, then leave without running anything else
+        try:
+            os.write(2, f"sandbox set-up failed: {e!r}\n".encode())
+        except OSError:
+            pass
+    finally:
+        os._exit(code)
+
+
+def serve(sock: socket.socket) -> None:
+    """Answer spawn requests until the judge closes the socket."""
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped automatically
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 4)
+        except OSError:
+            return
+        if not msg:
+            return
+        spec = json.loads(msg)
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _run_child(spec, fds)
+        for fd in fds:
+            os.close(fd)
+        sock.sendall(struct.pack("<i", pid))
+
+
+def main() -> None:
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    import torch  # noqa: F401 - the point of the zygote: imported once, inherited by every child
+
+    import harness  # noqa: F401
+
+    torch.set_num_threads(1)
+    sock.sendall(b"ready")
+    serve(sock)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Grading throughput: plain serial ``nbgrader autograde`` against ``python -m autograder grade``, same submissions.
+
+    .venv/bin/python benchmarks/grading_throughput.py [--submissions 40] [--workers N] [--json FILE]
+
+Builds N submissions to exercise 01 (half the reference answers, half with
+classic mistakes), grades them once with nbgrader's own autograde, one after the
+other as nbgrader does, and once with the course's grader (sandboxed, in
+parallel), and prints submissions per minute for both and their ratio. Both
+runs use the same machine in the same process tree; the grades are printed too,
+so a faster but different answer would show.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from autograder import course  # noqa: E402
+from autograder.batch import run  # noqa: E402
+from checking import answered_release, mutate, reference_answers  # noqa: E402
+
+A, NB = "01_single_head", "single_head.ipynb"
+
+
+def build(subs: Path, n: int) -> None:
+    ref = reference_answers(course.SOURCE / A / NB)
+    wrong = dict(ref, scaled_dot_product_attention=mutate(ref["scaled_dot_product_attention"],
+                                                          "/ math.sqrt(d_k)", ""))
+    for i in range(n):
+        folder = subs / f"student{i:03d}" / A
+        folder.mkdir(parents=True)
+        (folder / NB).write_text(json.dumps(answered_release(A, NB, ref if i % 2 == 0 else wrong)))
+
+
+def plain_nbgrader(subs: Path, work: Path) -> tuple[float, dict[str, float]]:
+    from nbgrader.api import Gradebook
+    from nbgrader.apps import NbGraderAPI
+
+    db = work / "gradebook.db"
+    course.generate_release(A, work / "release", db_path=db)
+    config = course.nbgrader_config(submitted_directory=str(subs), autograded_directory=str(work / "autograded"),
+                                    feedback_directory=str(work / "feedback"), db_url=f"sqlite:///{db}")
+    api = NbGraderAPI(config=config)
+    students = sorted(p.name for p in subs.iterdir())
+    start = time.perf_counter()
+    for s in students:
+        res = api.autograde(A, s, force=True, create=True)
+        if not res["success"]:
+            raise RuntimeError(res["log"][-2000:])
+    seconds = time.perf_counter() - start
+    with Gradebook(f"sqlite:///{db}") as gb, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scores = {sub.student.id: float(sub.score) for sub in gb.find_assignment(A).submissions}
+    return seconds, scores
+
+
+def ours(subs: Path, work: Path, workers: int) -> tuple[float, dict[str, float]]:
+    start = time.perf_counter()
+    results = run(subs, A, work / "grades.csv", work / "grading", workers=workers, log=lambda s: None)
+    seconds = time.perf_counter() - start
+    return seconds, {s: sum(t["points"] for nb in r["notebooks"] for t in nb["tests"]) for s, r in results.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--submissions", type=int, default=40)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="attn-throughput-"))
+    try:
+        subs = tmp / "submitted"
+        build(subs, args.submissions)
+        t_plain, s_plain = plain_nbgrader(subs, tmp / "plain")
+        t_ours, s_ours = ours(subs, tmp / "ours", args.workers)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    n = args.submissions
+    rows = {
+        "submissions": n, "cores": os.cpu_count(), "workers": args.workers,
+        "plain_nbgrader_serial": {"seconds": round(t_plain, 2), "per_minute": round(60 * n / t_plain, 1),
+                                  "total_score": sum(s_plain.values())},
+        "autograder": {"seconds": round(t_ours, 2), "per_minute": round(60 * n / t_ours, 1),
+                       "total_score": sum(s_ours.values())},
+    }
+    rows["speedup"] = round(t_plain / t_ours, 2)
+    print(f"{'grader':<32}{'seconds':>10}{'subs/min':>10}{'total score':>13}")
+    for name in ("plain_nbgrader_serial", "autograder"):
+        r = rows[name]
+        print(f"{name:<32}{r['seconds']:>10.1f}{r['per_minute']:>10.1f}{r['total_score']:>13g}")
+    print(f"speed-up (throughput ratio): {rows['speedup']:.2f}x with {args.workers} workers on {os.cpu_count()} cores")
+    if s_plain != s_ours:
+        print("note: the two graders disagree on some grades:",
+              {s: (s_plain.get(s), s_ours.get(s)) for s in s_ours if s_plain.get(s) != s_ours.get(s)})
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
