@@ -153,9 +153,11 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="session")
+# The server and the browser live only while test_browser.py runs: later tests fork
+# worker processes (the grader), and a fork should not inherit their threads.
+@pytest.fixture(scope="module")
 def book_url(built_html: Path) -> Iterator[str]:
-    """Serve _build/html on a free localhost port for the session."""
+    """Serve _build/html on a free localhost port."""
     handler = functools.partial(_QuietHandler, directory=str(built_html))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -165,7 +167,7 @@ def book_url(built_html: Path) -> Iterator[str]:
     server.server_close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
     """Headless Debian Chromium driven by Playwright (the Playwright-downloaded browsers are never used)."""
     try:
