@@ -1,0 +1,197 @@
+"""Exercise 07's graded checks: full marks for correct answers however written, named failures for classic mistakes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from checking import mutate, run_suite, source_code
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The checks run many tiny forward passes: on a busy 2-core machine a second thread only adds waiting."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+A = "07_transformer_block"
+REF = source_code(A)
+SETUP = REF.split("class FeedForward")[0]
+
+# A sublayer helper, F.relu / clamp, nn.Sequential inside FeedForward is NOT allowed (attribute names), so linear1/2
+# stay; the blocks loop over (sublayer, norm) pairs and keep no dropout modules at all.
+HELPER = SETUP + '''
+import torch.nn.functional as F
+
+class FeedForward(nn.Module):
+    def __init__(self, embed_dim, hidden_dim, dropout=0.0):
+        super().__init__()
+        self.linear1 = nn.Linear(embed_dim, hidden_dim)
+        self.linear2 = nn.Linear(hidden_dim, embed_dim)
+        self.p = dropout
+
+    def forward(self, x):
+        h = self.linear1(x).clamp(min=0)
+        return self.linear2(F.dropout(h, self.p, self.training))
+
+
+def residual(x, norm, fn, pre):
+    return x + fn(norm(x)) if pre else norm(x + fn(x))
+
+
+class TransformerEncoderBlock(nn.Module):
+    def __init__(self, embed_dim, num_heads, ff_dim, dropout=0.0, norm_first=False):
+        super().__init__()
+        self.pre = norm_first
+        self.self_attn = MultiHeadAttention(embed_dim, num_heads)
+        self.feed_forward = FeedForward(embed_dim, ff_dim, dropout)
+        self.norm1, self.norm2 = nn.LayerNorm(embed_dim), nn.LayerNorm(embed_dim)
+
+    def forward(self, x, mask=None):
+        kept = {}
+        def attend(h):
+            out, kept["w"] = self.self_attn(h, h, h, mask)
+            return out
+        x = residual(x, self.norm1, attend, self.pre)
+        x = residual(x, self.norm2, self.feed_forward, self.pre)
+        return x, kept["w"]
+
+
+class TransformerDecoderBlock(nn.Module):
+    def __init__(self, embed_dim, num_heads, ff_dim, dropout=0.0, norm_first=False):
+        super().__init__()
+        self.pre = norm_first
+        self.self_attn = MultiHeadAttention(embed_dim, num_heads)
+        self.cross_attn = MultiHeadAttention(embed_dim, num_heads)
+        self.feed_forward = FeedForward(embed_dim, ff_dim, dropout)
+        self.norm1, self.norm2, self.norm3 = (nn.LayerNorm(embed_dim) for _ in range(3))
+
+    def forward(self, x, memory, self_mask=None, memory_mask=None):
+        kept = {}
+        def attend(h):
+            out, kept["s"] = self.self_attn(h, h, h, self_mask)
+            return out
+        def cross(h):
+            out, kept["c"] = self.cross_attn(h, memory, memory, memory_mask)
+            return out
+        x = residual(x, self.norm1, attend, self.pre)
+        x = residual(x, self.norm2, cross, self.pre)
+        x = residual(x, self.norm3, self.feed_forward, self.pre)
+        return x, kept["s"], kept["c"]
+'''
+
+# Layer norm written out by hand (float64 inside) and returned as lists instead of tuples.
+MANUAL_NORM = HELPER.replace("def residual(x, norm, fn, pre):", '''def _norm(norm, x):
+    x64 = x.double()
+    mu = x64.mean(-1, keepdim=True)
+    var = x64.var(-1, unbiased=False, keepdim=True)
+    return ((x64 - mu) / torch.sqrt(var + norm.eps) * norm.weight.double() + norm.bias.double()).to(x.dtype)
+
+
+def residual(x, norm, fn, pre):
+    return x + fn(_norm(norm, x)) if pre else _norm(norm, x + fn(x))
+
+
+def _unused(x, norm, fn, pre):''').replace("return x, kept[\"w\"]", "return [x, kept[\"w\"]]")
+
+
+def test_reference_gets_full_marks():
+    results = run_suite(A, REF)
+    assert all(msg == "" for msg in results.values()), results
+
+
+@pytest.mark.parametrize("code", [HELPER, MANUAL_NORM], ids=["residual-helper-clamp", "hand-written-layernorm-lists"])
+def test_unusual_correct_answers_get_full_marks(code):
+    results = run_suite(A, code)
+    assert all(msg == "" for msg in results.values()), results
+
+
+ENC_POST = '''            out, weights = self.self_attn(x, x, x, mask)
+            x = self.norm1(x + self.dropout1(out))
+            x = self.norm2(x + self.dropout2(self.feed_forward(x)))'''
+ENC_PRE = '''            h = self.norm1(x)
+            out, weights = self.self_attn(h, h, h, mask)
+            x = x + self.dropout1(out)
+            x = x + self.dropout2(self.feed_forward(self.norm2(x)))'''
+DEC_CROSS_POST = "out, cross_weights = self.cross_attn(x, memory, memory, memory_mask)"
+DEC_POST = '''            out, self_weights = self.self_attn(x, x, x, self_mask)
+            x = self.norm1(x + self.dropout(out))
+            out, cross_weights = self.cross_attn(x, memory, memory, memory_mask)
+            x = self.norm2(x + self.dropout(out))
+            x = self.norm3(x + self.dropout(self.feed_forward(x)))'''
+MISTAKES = {
+    # name: (mutated code, a check that must fail, words its message must contain)
+    "linear feed-forward": (mutate(REF, "self.dropout(torch.relu(self.linear1(x)))", "self.dropout(self.linear1(x))"),
+                            "test_feed_forward", "linear"),
+    "relu on the output": (mutate(REF, "return self.linear2(self.dropout(torch.relu(self.linear1(x))))",
+                                  "return torch.relu(self.linear2(self.dropout(torch.relu(self.linear1(x)))))"),
+                           "test_feed_forward", "output of linear2"),
+    "encoder: no residual around attention (post)": (mutate(REF, "x = self.norm1(x + self.dropout1(out))", "x = self.norm1(self.dropout1(out))"),
+                                                     "test_encoder_block_post_norm", "residual connection around the self-attention"),
+    "encoder: no residual around the FFN (pre)": (mutate(REF, "x = x + self.dropout2(self.feed_forward(self.norm2(x)))",
+                                                         "x = self.dropout2(self.feed_forward(self.norm2(x)))"),
+                                                  "test_encoder_block_pre_norm", "residual connection around the feed-forward"),
+    "encoder: pre-norm when post-norm was asked": (mutate(REF, ENC_POST, ENC_PRE.replace("            ", "            ", 1)),
+                                                   "test_encoder_block_post_norm", "wrong place"),
+    "encoder: post-norm when pre-norm was asked": (mutate(REF, ENC_PRE, ENC_POST), "test_encoder_block_pre_norm", "wrong place"),
+    "encoder: residual of the normalised x": (mutate(REF, ENC_PRE, '''            x = self.norm1(x)
+            out, weights = self.self_attn(x, x, x, mask)
+            x = x + self.dropout1(out)
+            x = self.norm2(x)
+            x = x + self.dropout2(self.feed_forward(x))'''), "test_encoder_block_pre_norm", "normalised x"),
+    "encoder: norms swapped": (mutate(REF, "x = self.norm1(x + self.dropout1(out))\n            x = self.norm2(x + self.dropout2(self.feed_forward(x)))\n        return x, weights",
+                                      "x = self.norm2(x + self.dropout1(out))\n            x = self.norm1(x + self.dropout2(self.feed_forward(x)))\n        return x, weights"),
+                               "test_encoder_block_post_norm", "swapped"),
+    "encoder: mask ignored": (mutate(REF, "out, weights = self.self_attn(x, x, x, mask)", "out, weights = self.self_attn(x, x, x)"),
+                              "test_encoder_block_mask", "mask is ignored"),
+    "decoder: cross-attention attends to itself": (mutate(REF, DEC_CROSS_POST, "out, cross_weights = self.cross_attn(x, x, x)"),
+                                                   "test_decoder_block_post_norm", "attends to x itself"),
+    "decoder: cross-attention with self_attn": (mutate(REF, DEC_CROSS_POST, "out, cross_weights = self.self_attn(x, memory, memory, memory_mask)"),
+                                                "test_decoder_block_post_norm", "self_attn's weights"),
+    "decoder: no residual around cross-attention": (mutate(REF, DEC_POST, DEC_POST.replace("x = self.norm2(x + self.dropout(out))", "x = self.norm2(self.dropout(out))")),
+                                                    "test_decoder_block_post_norm", "around the cross-attention"),
+    "decoder: post-norm when pre-norm was asked": (mutate(REF, '''            h = self.norm1(x)
+            out, self_weights = self.self_attn(h, h, h, self_mask)
+            x = x + self.dropout(out)
+            out, cross_weights = self.cross_attn(self.norm2(x), memory, memory, memory_mask)
+            x = x + self.dropout(out)
+            x = x + self.dropout(self.feed_forward(self.norm3(x)))''', DEC_POST), "test_decoder_block_pre_norm", "wrong place"),
+    "decoder: linear feed-forward only in the decoder": (mutate(REF, DEC_POST, DEC_POST.replace("self.feed_forward(x)", "self.feed_forward.linear2(self.feed_forward.linear1(x))")),
+                                                         "test_decoder_block_post_norm", "linear"),
+    "decoder: memory mask ignored": (mutate(REF, DEC_CROSS_POST, "out, cross_weights = self.cross_attn(x, memory, memory)"),
+                                     "test_decoder_block_masks", "memory_mask is ignored"),
+    "decoder: self mask ignored": (mutate(REF, "out, self_weights = self.self_attn(x, x, x, self_mask)", "out, self_weights = self.self_attn(x, x, x)"),
+                                   "test_decoder_block_masks", "self_mask is ignored"),
+}
+
+
+@pytest.mark.parametrize("name", list(MISTAKES))
+def test_classic_mistake_loses_points_with_named_message(name):
+    code, gid, words = MISTAKES[name]
+    results = run_suite(A, code)
+    assert results[gid], f"{name}: {gid} passed but should fail"
+    assert words.lower() in results[gid].lower(), f"{name}: message does not name the mistake: {results[gid]!r}"
+    assert sum(1 for m in results.values() if m) < len(results), f"{name}: lost every point, expected partial credit"
+
+
+def test_wrong_attribute_names_are_named():
+    results = run_suite(A, REF.replace("self.feed_forward", "self.ffn"))
+    assert "feed_forward" in results["test_encoder_block_post_norm"], results
+    assert results["test_feed_forward"] == ""
+
+
+def test_torch_layers_earn_nothing():
+    code = REF + '''
+class TransformerEncoderBlock(nn.Module):
+    def __init__(self, embed_dim, num_heads, ff_dim, dropout=0.0, norm_first=False):
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(embed_dim, num_heads, ff_dim, dropout, batch_first=True, norm_first=norm_first)
+
+    def forward(self, x, mask=None):
+        return self.layer(x), None
+'''
+    results = run_suite(A, code)
+    assert results["test_encoder_block_post_norm"].startswith("earns no points"), results
+    assert results["test_decoder_block_post_norm"] == ""
