@@ -21,6 +21,7 @@ from attnkit.cross_attention import CrossAttention
 from attnkit.positional import (LearnedPositionalEmbedding, SinusoidalPositionalEncoding, apply_rotary_embedding,
                                 position_shift_matrix, sinusoidal_positional_encoding)
 from attnkit.transformer import FeedForward, Transformer, TransformerDecoderBlock, TransformerEncoderBlock
+from attnkit.efficient import append_to_cache, cached_attention, linear_attention, tiled_attention  # chapter 08
 
 __all__ = ["softmax", "scaled_dot_product_attention", "default_device",
            "split_heads", "merge_heads", "MultiHeadAttention", "SelfAttention", "causal_mask", "padding_mask"]

@@ -1,0 +1,262 @@
+"""Efficient attention: tiling with the online softmax, a key-value cache, linear attention (chapter 08).
+
+Shape legend: ``...`` any leading batch dimensions (usually ``(B, H)``), ``n`` queries, ``m``
+keys and values, ``t`` positions already in a cache, ``s`` new positions, ``d_k`` the
+query/key width, ``d_v`` the value width, ``b`` a block of keys.
+
+Standard attention (chapter 01) stores the ``(n, m)`` scores and weights, so its memory grows
+with the square of the sequence length. :func:`tiled_attention` computes the same output one
+block of keys at a time, keeping per query only a running maximum, a running sum and a running
+weighted sum of values (the online softmax; Milakov and Gimelshein, 2018; Dao et al., 2022).
+:func:`cached_attention` decodes one position at a time from a cache of the earlier keys and
+values. :func:`linear_attention` replaces the softmax kernel by a feature map so the cost is
+linear in the length (Katharopoulos et al., 2020). :func:`peak_memory` measures the bytes of
+tensors a call keeps alive at once, on any device (``meta`` too, which computes nothing).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["online_softmax_update", "tiled_attention", "append_to_cache", "cached_attention",
+           "elu_feature_map", "linear_attention", "causal_linear_attention", "peak_memory"]
+
+State = tuple[Tensor, Tensor, Tensor]  # running max (..., n, 1), running sum (..., n, 1), accumulator (..., n, d_v)
+KVCache = tuple[Tensor, Tensor]  # keys (..., t, d_k), values (..., t, d_v)
+
+
+# -- the online softmax and tiled attention --------------------------------------------------------
+
+
+def online_softmax_update(running_max: Tensor, running_sum: Tensor, acc: Tensor, scores: Tensor,
+                          values: Tensor) -> State:
+    """Fold one block of keys into the running softmax state of every query (chapter 08).
+
+    After the blocks seen so far, with ``M`` the largest score of a query row:
+    ``running_max = M``, ``running_sum = sum exp(s - M)`` and ``acc = sum exp(s - M) v`` over those
+    keys. A new block with a larger maximum ``M'`` multiplies the old sum and accumulator by
+    ``exp(M - M')`` so every term is relative to ``M'``. A row whose scores are all ``-inf`` so far
+    keeps ``running_max = -inf``, ``running_sum = 0`` and ``acc = 0``.
+
+    Args:
+        running_max: ``(..., n, 1)``, ``-inf`` before the first block.
+        running_sum: ``(..., n, 1)``, zeros before the first block.
+        acc: ``(..., n, d_v)``, zeros before the first block.
+        scores: ``(..., n, b)`` scaled scores of the block; masked keys are ``-inf``.
+        values: ``(..., b, d_v)`` the block's values.
+
+    Returns:
+        The new ``(running_max, running_sum, acc)``; the output is ``acc / running_sum``.
+    """
+    new_max = torch.maximum(running_max, scores.amax(dim=-1, keepdim=True))  # (..., n, 1)
+    shift = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))  # -inf rows: shift by 0
+    rescale = torch.exp(running_max - shift)  # (..., n, 1): exp(M - M'), 0 before the first key
+    p = torch.exp(scores - shift)  # (..., n, b)
+    return new_max, rescale * running_sum + p.sum(dim=-1, keepdim=True), rescale * acc + p @ values
+
+
+def tiled_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, causal: bool = False,
+                    block_q: int = 512, block_k: int = 512) -> Tensor:
+    """``softmax(Q K^T / sqrt(d_k)) V`` one ``(block_q, block_k)`` tile at a time: FlashAttention's algorithm (chapter 08).
+
+    Equals :func:`attnkit.scaled_dot_product_attention`'s output, but never holds more than one tile
+    of scores per query block, so its memory grows linearly with ``n`` and ``m`` (Dao et al., 2022).
+
+    Args:
+        query: ``(..., n, d_k)``; key: ``(..., m, d_k)``; value: ``(..., m, d_v)``.
+        mask: optional bool tensor broadcastable to ``(..., n, m)``, True = may attend.
+        causal: query ``i`` sees keys ``j <= i + m - n`` (the usual causal mask when ``n == m``; the
+            last query sees every key), made tile by tile; tiles entirely in the future are skipped.
+        block_q, block_k: tile sizes.
+
+    Returns:
+        ``(..., n, d_v)``; a query with no allowed key gets a zero row.
+    """
+    n, m, d_k = query.shape[-2], key.shape[-2], query.shape[-1]
+    batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    if mask is not None:
+        mask = mask.to(query.device).expand(*mask.shape[:-2], n, m)  # a view: slicing tiles works on size-1 axes
+    scale = 1.0 / math.sqrt(d_k)
+    out = query.new_empty(*batch, n, value.shape[-1])  # (..., n, d_v)
+    for i in range(0, n, block_q):
+        q = query[..., i:i + block_q, :] * scale  # (..., bq, d_k)
+        bq = q.shape[-2]
+        state = (q.new_full((*batch, bq, 1), float("-inf")), q.new_zeros(*batch, bq, 1),
+                 q.new_zeros(*batch, bq, value.shape[-1]))
+        last_key = i + bq - 1 + m - n  # the last key the last query of this block may see when causal
+        for j in range(0, m if not causal else max(0, min(m, last_key + 1)), block_k):
+            scores = q @ key[..., j:j + block_k, :].transpose(-2, -1)  # (..., bq, bk)
+            if mask is not None:
+                scores = scores.masked_fill(~mask[..., i:i + block_q, j:j + block_k], float("-inf"))
+            if causal and j + scores.shape[-1] - 1 > i + m - n:  # the tile crosses the diagonal
+                rows = torch.arange(i, i + bq, device=q.device).unsqueeze(-1) + (m - n)  # (bq, 1)
+                cols = torch.arange(j, j + scores.shape[-1], device=q.device)  # (bk,)
+                scores = scores.masked_fill(cols > rows, float("-inf"))
+            state = online_softmax_update(*state, scores, value[..., j:j + block_k, :])
+        _, total, acc = state
+        out[..., i:i + block_q, :] = acc / torch.where(total > 0, total, torch.ones_like(total))  # (..., bq, d_v)
+    return out
+
+
+# -- decoding with a key-value cache ----------------------------------------------------------------
+
+
+def append_to_cache(cache: KVCache | None, key: Tensor, value: Tensor) -> KVCache:
+    """The cache with ``s`` new positions appended on the time axis: ``(..., t, d) -> (..., t + s, d)`` (chapter 08).
+
+    ``cache`` is ``None`` before the first step. Returns new tensors; the old cache is not modified.
+    """
+    if cache is None:
+        return key, value
+    return torch.cat([cache[0], key], dim=-2), torch.cat([cache[1], value], dim=-2)  # (..., t + s, d_k | d_v)
+
+
+def cached_attention(query: Tensor, key: Tensor, value: Tensor, cache: KVCache | None) -> tuple[Tensor, KVCache]:
+    """Causal attention for ``s`` new positions, given the keys and values of the ``t`` before them (chapter 08).
+
+    Args:
+        query, key, value: ``(..., s, d)`` for positions ``t .. t + s - 1``.
+        cache: keys ``(..., t, d_k)`` and values ``(..., t, d_v)`` of the earlier positions, or ``None``.
+
+    Returns:
+        ``(output, cache)``: output ``(..., s, d_v)``, where new position ``t + i`` attends to positions
+        ``0 .. t + i``, and the cache extended to ``t + s`` positions. Decoding one position at a
+        time this way equals causal attention over the whole sequence, at a cost of ``O(t)`` per step
+        instead of recomputing all ``O(t^2)`` scores.
+    """
+    from attnkit.attention import scaled_dot_product_attention
+
+    keys, values = append_to_cache(cache, key, value)  # (..., t + s, d_k), (..., t + s, d_v)
+    s, total = query.shape[-2], keys.shape[-2]
+    mask = None
+    if s > 1:  # several new positions (a prompt): each sees the cache and the new positions up to itself
+        mask = torch.ones(s, total, dtype=torch.bool, device=query.device).tril(total - s)  # (s, t + s)
+    out, _ = scaled_dot_product_attention(query, keys, values, mask, need_weights=False)  # (..., s, d_v)
+    return out, (keys, values)
+
+
+# -- linear attention --------------------------------------------------------------------------------
+
+
+def elu_feature_map(x: Tensor) -> Tensor:
+    """``elu(x) + 1``: positive, so the kernel ``phi(q) . phi(k)`` is a valid similarity (Katharopoulos et al., 2020)."""
+    return F.elu(x) + 1
+
+
+def linear_attention(query: Tensor, key: Tensor, value: Tensor,
+                     feature_map: Callable[[Tensor], Tensor] = elu_feature_map, eps: float = 1e-6) -> Tensor:
+    """Kernelized attention ``phi(Q) (phi(K)^T V) / (phi(Q) sum_j phi(k_j))`` in ``O(n d_k d_v)`` (chapter 08).
+
+    The softmax similarity ``exp(q . k / sqrt(d_k))`` is replaced by ``phi(q) . phi(k)``. Matrix
+    products associate, so ``phi(K)^T V`` (``d_k x d_v``) is formed once and no ``(n, m)`` matrix exists.
+
+    Args:
+        query: ``(..., n, d_k)``; key: ``(..., m, d_k)``; value: ``(..., m, d_v)``.
+
+    Returns:
+        ``(..., n, d_v)``.
+    """
+    phi_q, phi_k = feature_map(query), feature_map(key)  # (..., n, d_k), (..., m, d_k)
+    kv = phi_k.transpose(-2, -1) @ value  # (..., d_k, d_v)
+    normaliser = phi_q @ phi_k.sum(dim=-2).unsqueeze(-1)  # (..., n, 1)
+    return (phi_q @ kv) / (normaliser + eps)  # (..., n, d_v)
+
+
+def causal_linear_attention(query: Tensor, key: Tensor, value: Tensor,
+                            feature_map: Callable[[Tensor], Tensor] = elu_feature_map, eps: float = 1e-6,
+                            chunk: int = 64) -> Tensor:
+    """Causal linear attention with running sums, one chunk of positions at a time (chapter 08).
+
+    Position ``i`` needs ``S_i = sum_{j<=i} phi(k_j) v_j^T`` and ``z_i = sum_{j<=i} phi(k_j)``. Within a
+    chunk the few pairs are computed directly (a small ``(chunk, chunk)`` lower triangle); the running
+    ``S`` (``d_k x d_v``) and ``z`` carry everything before the chunk. Memory and time are linear in ``n``.
+
+    Args:
+        query, key: ``(..., n, d_k)``; value: ``(..., n, d_v)`` (self-attention: ``n == m``).
+
+    Returns:
+        ``(..., n, d_v)``.
+    """
+    phi_q, phi_k = feature_map(query), feature_map(key)  # (..., n, d_k)
+    batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    n, d_k, d_v = query.shape[-2], query.shape[-1], value.shape[-1]
+    S = value.new_zeros(*batch, d_k, d_v)  # running sum of phi(k_j) v_j^T
+    z = value.new_zeros(*batch, 1, d_k)  # running sum of phi(k_j)
+    out = value.new_empty(*batch, n, d_v)
+    for i in range(0, n, chunk):
+        q, k, v = phi_q[..., i:i + chunk, :], phi_k[..., i:i + chunk, :], value[..., i:i + chunk, :]  # (..., c, d)
+        c = q.shape[-2]
+        within = (q @ k.transpose(-2, -1)).tril()  # (..., c, c): pairs j <= i inside the chunk
+        numerator = q @ S + within @ v  # (..., c, d_v)
+        denominator = (q * z).sum(-1, keepdim=True) + within.sum(-1, keepdim=True)  # (..., c, 1)
+        out[..., i:i + c, :] = numerator / (denominator + eps)
+        S = S + k.transpose(-2, -1) @ v  # (..., d_k, d_v)
+        z = z + k.sum(dim=-2, keepdim=True)  # (..., 1, d_k)
+    return out
+
+
+# -- measuring memory --------------------------------------------------------------------------------
+
+
+class _TensorBytes(TorchDispatchMode):
+    """Counts the bytes of tensor storages created inside the mode and still alive; remembers the peak."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self.seen: set[int] = set()
+
+    def _free(self, key: int, nbytes: int) -> None:
+        self.live -= nbytes
+        self.seen.discard(key)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        returns = func._schema.returns
+        fresh = [r.alias_info is None for r in returns]  # views and in-place results allocate nothing new
+        fresh = fresh * len(outs) if len(fresh) == 1 else fresh
+        for t, new in zip(outs, fresh):
+            if new and isinstance(t, Tensor):
+                storage = t.untyped_storage()
+                key = id(storage)
+                if key not in self.seen:
+                    self.seen.add(key)
+                    self.live += storage.nbytes()
+                    weakref.finalize(storage, self._free, key, storage.nbytes())
+                    self.peak = max(self.peak, self.live)
+        return out
+
+
+def peak_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
+    """Peak bytes of the tensors ``fn(*args, **kwargs)`` allocates and holds at once (chapter 08).
+
+    On CUDA inputs this is ``torch.cuda.max_memory_allocated`` above what was allocated before
+    the call. Elsewhere every tensor storage created during the call is counted while it is alive
+    (like ``tracemalloc``, for tensors); on ``meta`` tensors this gives the same count with no
+    arithmetic done, which is how large sizes are measured in seconds. Runs under ``no_grad``.
+    """
+    tensors = [a for a in args if isinstance(a, Tensor)]
+    if tensors and tensors[0].is_cuda:
+        device = tensors[0].device
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        with torch.no_grad():
+            result = fn(*args, **kwargs)
+        torch.cuda.synchronize(device)
+        del result
+        return torch.cuda.max_memory_allocated(device) - base
+    counter = _TensorBytes()
+    with torch.no_grad(), counter:
+        result = fn(*args, **kwargs)
+    del result
+    return counter.peak
