@@ -116,9 +116,18 @@ class ZygoteChild:
 
     def __init__(self, pid: int, status_fd: int) -> None:
         self.pid = pid
-        self.pidfd = os.pidfd_open(pid)  # the reporter process; stable even if the pid is reused later
         self.status_fd = status_fd
         self.returncode: int | None = None
+        # pidfds name the processes themselves, so a kill never hits a recycled pid.
+        self.pidfd = os.pidfd_open(pid)  # the reporter
+        self.inner_pidfd = -1  # the sandboxed process: PID 1 of its namespace; killing it ends the namespace
+        if select.select([status_fd], [], [], 30)[0]:
+            data = os.read(status_fd, 4)
+            if len(data) == 4:
+                try:
+                    self.inner_pidfd = os.pidfd_open(struct.unpack("<i", data)[0])
+                except ProcessLookupError:
+                    pass
 
     def poll(self) -> int | None:
         if self.returncode is None and select.select([self.status_fd], [], [], 0)[0]:
@@ -142,23 +151,23 @@ class ZygoteChild:
         return self.returncode if self.returncode is not None else -signal.SIGKILL
 
     def kill(self) -> None:
-        """SIGKILL the reporter; its death kills the sandboxed process (PDEATHSIG), and with it its namespace."""
+        """SIGKILL the sandboxed process (and with it its namespace) and its reporter."""
         if self.pidfd < 0:
             return
-        try:
-            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        for fd in (self.inner_pidfd, self.pidfd):
+            if fd >= 0:
+                try:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         if self.returncode is None:
             self.returncode = -signal.SIGKILL if not select.select([self.status_fd], [], [], 5)[0] else None
             if self.returncode is None:
                 self._read_status()
-        for fd in (self.pidfd, self.status_fd):
-            try:
+        for fd in (self.pidfd, self.inner_pidfd, self.status_fd):
+            if fd >= 0:
                 os.close(fd)
-            except OSError:
-                pass
-        self.pidfd = self.status_fd = -1
+        self.pidfd = self.inner_pidfd = self.status_fd = -1
 
 
 _ZYGOTE: tuple[int, subprocess.Popen, socket.socket] | None = None

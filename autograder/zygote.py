@@ -78,9 +78,10 @@ def _run_child(spec: dict, fds: list[int]) -> None:
         LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
         pid = os.fork()
-        if pid:  # the reporter: waits for the sandboxed process and reports how it ended
+        if pid:  # the reporter: tells the judge the sandboxed process's pid, then how it ended
             for fd in (r_req, w_rep, log_fd):
                 os.close(fd)
+            os.write(w_status, struct.pack("<i", pid))
             _, status = os.waitpid(pid, 0)
             os.write(w_status, struct.pack("<i", status))
             os._exit(0)
@@ -106,6 +107,10 @@ def _run_child(spec: dict, fds: list[int]) -> None:
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
         _check(LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        # Changing credentials cleared the parent-death signal: set it again. (getppid() is 0 across
+        # the PID namespace, so a reporter that died in between cannot be detected here; the judge
+        # kills this process directly by its pidfd in any case.)
+        LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         os.chdir(work)
         os.environ.clear()
         os.environ.update(spec["env"])

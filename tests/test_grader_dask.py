@@ -40,9 +40,9 @@ def test_dask_cluster_grades_like_the_local_run(tmp_path):
     (subs / "broken" / A).mkdir(parents=True)
     (subs / "broken" / A / NB).write_text("{")
     limits = Limits(cell_timeout=30, call_timeout=20)
-    run(subs, A, tmp_path / "local.csv", tmp_path / "w-local", limits, workers=1, log=lambda s: None)
+    run(subs, A, tmp_path / "local.csv", tmp_path / "w-local", limits, workers=1, log=print)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
-        run(subs, A, tmp_path / "dask.csv", tmp_path / "w-dask", limits, log=lambda s: None,
+        run(subs, A, tmp_path / "dask.csv", tmp_path / "w-dask", limits, log=print,
             scheduler=cluster.scheduler_address)
     assert rows(tmp_path / "dask.csv") == rows(tmp_path / "local.csv")
     got = rows(tmp_path / "dask.csv")
