@@ -24,7 +24,8 @@ from autograder.notebook import BadNotebook, Plan, SourceNotebook, plan_cells, r
 from autograder.sandbox import Limits, Sandbox, SandboxError
 from autograder.wire import Ref
 
-MAX_RESTARTS = 4
+MAX_RESTARTS = 8  # fresh sandboxes after a crash or time-out, per notebook (each costs ~0.1 s)
+RETRY_TIMEOUT = 5.0  # seconds per call for a part that already timed out once
 
 
 @dataclass
@@ -65,11 +66,12 @@ class NotebookResult:
 class SandboxBackend(Backend):
     """Forwards a check's requests to the student's process."""
 
-    def __init__(self, box: Sandbox, limits: Limits) -> None:
+    def __init__(self, box: Sandbox, limits: Limits, call_timeout: float | None = None) -> None:
         self.box, self.limits = box, limits
+        self.call_timeout = call_timeout or limits.call_timeout
 
     def _ask(self, msg: dict[str, Any]) -> Any:
-        reply = self.box.request(msg, timeout=self.limits.call_timeout)
+        reply = self.box.request(msg, timeout=self.call_timeout)
         if not reply["ok"]:
             raise StudentError(describe_error(str(reply.get("error", "an error"))))
         return reply.get("value")
@@ -186,6 +188,7 @@ def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *
 
     session = Session(plan, files, hide or [], limits, result)
     crashed_reasons: list[str] = []
+    hung_parts: set[str] = set()
     try:
         for cell in tests:
             check = suite.checks.get(cell.grade_id)
@@ -203,7 +206,9 @@ def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *
                 result.tests.append(TestResult(cell.grade_id, check.doc, 0.0, cell.points, reason))
                 crashed_reasons.append(reason)
                 continue
-            trial = Trial(SandboxBackend(box, limits), seed_for(secret, assignment, cell.grade_id))
+            # A part that already hung once gets a short leash, so one infinite loop costs one time-out.
+            timeout = min(limits.call_timeout, RETRY_TIMEOUT) if set(check.parts) & hung_parts else None
+            trial = Trial(SandboxBackend(box, limits, timeout), seed_for(secret, assignment, cell.grade_id))
             try:
                 check.fn(trial)
                 result.tests.append(TestResult(cell.grade_id, check.doc, cell.points, cell.points))
@@ -217,6 +222,8 @@ def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *
                        "protocol": "your code broke the grader's channel"}[e.kind]
                 result.tests.append(TestResult(cell.grade_id, check.doc, 0.0, cell.points, f"{msg}: {e}"))
                 crashed_reasons.append(f"{cell.grade_id}: {e}")
+                if e.kind == "timeout":
+                    hung_parts.update(check.parts)
                 session.lost()
     finally:
         session.close()

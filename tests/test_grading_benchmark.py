@@ -1,0 +1,23 @@
+"""The grading-throughput benchmark runs end to end and both graders agree (timings are printed, not asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from autograder.course import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def test_throughput_benchmark_runs_and_graders_agree(tmp_path):
+    out = tmp_path / "t.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "grading_throughput.py"), "--submissions", "2",
+                           "--workers", "1", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert rows["plain_nbgrader_serial"]["total_score"] == rows["autograder"]["total_score"] > 0
+    assert rows["speedup"] > 0 and "disagree" not in proc.stdout
