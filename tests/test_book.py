@@ -145,6 +145,19 @@ def test_chapter_executed(book_build: BookBuild, docname):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("docname", CHAPTERS)
+def test_chapter_outputs_need_no_javascript(book_build: BookBuild, docname):
+    """No ipywidget outputs: offline they show nothing but their initial text (e.g. a 0% tqdm bar)."""
+    nb = executed_notebook(docname)
+    if nb is None:
+        pytest.skip(f"{docname} did not execute: test_chapter_executed reports why")
+    widgets = [i for i, c in enumerate(c for c in nb.cells if c.cell_type == "code")
+               if any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in c.outputs)]
+    assert not widgets, (f"{docname}: code cells {widgets} output ipywidgets, which need JavaScript from a "
+                         "CDN: use `from tqdm import tqdm` (text progress bars) or print progress instead")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("docname", EXERCISES)
 def test_exercise_page_shows_blanks_and_visible_tests(book_build: BookBuild, docname):
     """The exercise page is the released notebook, unexecuted: blanks and visible tests, no outputs."""
