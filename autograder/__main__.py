@@ -1,3 +1,4 @@
 from autograder.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # guarded: worker processes started with "spawn" import this module too
+    raise SystemExit(main())

@@ -27,6 +27,7 @@ import csv
 import hashlib
 import io
 import json
+import multiprocessing as mp
 import os
 import re
 import secrets
@@ -346,10 +347,14 @@ def write_csv(path: Path, records: Records, results: dict[str, dict[str, Any]], 
 # -- the command -----------------------------------------------------------------------------------------
 
 
-def discover(submissions: Path, assignment: str) -> tuple[list[Job], list[str]]:
+def discover(submissions: Path, assignment: str, own: list[Path] = ()) -> tuple[list[Job], list[str]]:
+    """Student folders under ``submissions``; ``own`` are the grader's outputs, never taken for students."""
     jobs, skipped = [], []
+    own = [p.resolve() for p in own]
     for entry in sorted(submissions.iterdir()):
         if not entry.is_dir() or entry.name.startswith("."):
+            continue
+        if any(entry.resolve() == p or entry.resolve() in p.parents for p in own):
             continue
         if not STUDENT_ID.match(entry.name):
             skipped.append(entry.name)
@@ -379,7 +384,7 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
     sources = [SourceNotebook.load(p, release / p.name) for p in course.source_notebooks(assignment)]
     ctx = Context(assignment, sources, release, sorted({course.ROOT, submissions.resolve(), workdir}),
                   limits or Limits(), records.secret(), grader_version(assignment), workdir)
-    jobs, skipped = discover(submissions, assignment)
+    jobs, skipped = discover(submissions, assignment, own=[workdir, out])
     if students is not None:
         unknown = sorted(set(students) - {j.student for j in jobs})
         if unknown:
@@ -425,7 +430,9 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
         for job in todo:
             finish(grade_job(job, ctx))
     else:
-        with cf.ProcessPoolExecutor(max_workers=workers) as pool:
+        # Workers start from a fresh interpreter ("forkserver"), not a fork of this process: forking a process
+        # whose torch or browser threads are running can crash the child.
+        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("forkserver")) as pool:
             futures = [pool.submit(grade_job, job, ctx) for job in todo]
             for fut in cf.as_completed(futures):
                 finish(fut.result())

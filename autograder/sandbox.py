@@ -108,6 +108,14 @@ def _top_level(paths: list[Path]) -> list[Path]:
     return out
 
 
+def _die_with_parent() -> None:
+    """In a child about to exec: receive SIGKILL when the grading process dies (Linux; a no-op elsewhere)."""
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
 HIDDEN = ("/root", "/home", "/tmp", "/var/tmp", "/dev/shm", "/srv", "/mnt", "/media", "/opt", "/work")
 
 
@@ -293,6 +301,7 @@ class Sandbox:
 
             def preexec() -> None:
                 os.setsid()
+                _die_with_parent()
                 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
                 resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
                 resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))

@@ -150,6 +150,9 @@ def serve(sock: socket.socket) -> None:
 
 
 def main() -> None:
+    # If the grading process dies (even by SIGKILL), the zygote follows, then every reporter, then every
+    # sandboxed process: parent-death signals all the way down, so no student code outlives the grader.
+    LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     sock = socket.socket(fileno=int(sys.argv[1]))
     os.environ.setdefault("MPLBACKEND", "Agg")
     import torch  # noqa: F401 - the point of the zygote: imported once, inherited by every child

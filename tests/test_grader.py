@@ -47,14 +47,15 @@ def test_reference_full_marks_blank_zero(assignment, tmp_path):
     subs = tmp_path / "submitted"
     make_student(subs, "reference", assignment, answered=True)
     make_student(subs, "blank", assignment, answered=False)
-    out = tmp_path / "grades.csv"
+    out = subs / "grades.csv"  # inside the submissions folder: its grading/ must not be taken for a student
     proc = grade(subs, assignment, out, "--workers", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = rows(out)
+    assert sorted(got) == ["blank", "reference"]
     assert float(got["reference"]["max_score"]) > 0
     assert got["reference"]["score"] == got["reference"]["max_score"], (got, proc.stderr[-3000:])
     assert float(got["blank"]["score"]) == 0.0
-    html = next((tmp_path / "grading" / "feedback" / "blank" / assignment).glob("*.html")).read_text()
+    html = next((subs / "grading" / "feedback" / "blank" / assignment).glob("*.html")).read_text()
     assert "not implemented yet" in html
 
 

@@ -67,3 +67,23 @@ def test_limits_and_protocol():
         with pytest.raises(SandboxError) as err:
             run(box, "import os\nos._exit(3)")
         assert "status 3" in str(err.value)
+
+
+@isolated
+def test_student_code_dies_with_a_killed_grader():
+    import signal
+    import sys
+
+    code = (f"import sys, time\nsys.path.insert(0, {str(ROOT)!r})\nfrom autograder import wire\n"
+            "from autograder.sandbox import Sandbox\nbox = Sandbox()\nbox.start()\n"
+            "print(box.request({'op': 'exec', 'code': 'import os\\nprint(os.getuid())', 'label': 'x'}, 30)['output'], flush=True)\n"
+            "wire.send(box._w, {'op': 'exec', 'code': 'while True:\\n    pass', 'label': 'x'})\ntime.sleep(600)\n")
+    grader = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    uid = int(grader.stdout.readline())
+    assert processes_of(uid), "the sandbox should be running"
+    grader.send_signal(signal.SIGKILL)
+    grader.wait()
+    deadline = time.monotonic() + 10
+    while processes_of(uid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_of(uid) == [], "student code outlived the grader that started it"
