@@ -79,3 +79,20 @@ def answered_release(assignment: str, name: str, answers: dict[str, str] | None 
         if gid in answers:
             cell["source"] = answers[gid]
     return nb
+
+
+def assert_full_marks(assignment: str, code: str) -> None:
+    results = run_suite(assignment, code)
+    assert all(msg == "" for msg in results.values()), results
+
+
+def assert_mistake_named(assignment: str, name: str, code: str, gids: str | list[str], words: str,
+                         partial: bool = True) -> dict[str, str]:
+    """Each check in ``gids`` fails with a message containing ``words``; with ``partial``, some check still passes."""
+    results = run_suite(assignment, code)
+    for gid in [gids] if isinstance(gids, str) else gids:
+        assert results[gid], f"{name}: {gid} passed but should fail"
+        assert words.lower() in results[gid].lower(), f"{name}: {gid}'s message does not name the mistake: {results[gid]!r}"
+    if partial:
+        assert sum(1 for m in results.values() if m) < len(results), f"{name}: lost every point, expected partial credit"
+    return results

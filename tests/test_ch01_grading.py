@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from checking import mutate, run_suite, source_code
+from checking import assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 A = "01_single_head"
 REF = source_code(A)
@@ -52,8 +52,7 @@ def test_reference_gets_full_marks():
 
 @pytest.mark.parametrize("code", [EINSUM_FLOAT64, LOOP], ids=["einsum-logsumexp-float64", "loops-matmul-where"])
 def test_unusual_correct_answers_get_full_marks(code):
-    results = run_suite(A, code)
-    assert all(msg == "" for msg in results.values()), results
+    assert_full_marks(A, code)
 
 
 SDPA_SCALE = "scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)"
@@ -90,11 +89,7 @@ MISTAKES = {
 
 @pytest.mark.parametrize("name", list(MISTAKES))
 def test_classic_mistake_loses_points_with_named_message(name):
-    code, gid, words = MISTAKES[name]
-    results = run_suite(A, code)
-    assert results[gid], f"{name}: {gid} passed but should fail"
-    assert words.lower() in results[gid].lower(), f"{name}: message does not name the mistake: {results[gid]!r}"
-    assert sum(1 for m in results.values() if m) < len(results), f"{name}: lost every point, expected partial credit"
+    assert_mistake_named(A, name, *MISTAKES[name])
 
 
 @pytest.mark.parametrize("code, part", [

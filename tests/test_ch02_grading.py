@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from checking import mutate, run_suite, source_code
+from checking import assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 A = "02_multi_head"
 REF = source_code(A)
@@ -77,14 +77,12 @@ class MultiHeadAttention(nn.Module):
 
 
 def test_reference_gets_full_marks():
-    results = run_suite(A, REF)
-    assert all(msg == "" for msg in results.values()), results
+    assert_full_marks(A, REF)
 
 
 @pytest.mark.parametrize("code", [LOOP_EINSUM, PERMUTE], ids=["loop-over-heads-einsum-float64", "permute-where"])
 def test_unusual_correct_answers_get_full_marks(code):
-    results = run_suite(A, code)
-    assert all(msg == "" for msg in results.values()), results
+    assert_full_marks(A, code)
 
 
 SPLIT = "return x.view(B, n, num_heads, E // num_heads).transpose(1, 2)"
@@ -128,12 +126,7 @@ MISTAKES = {
 
 @pytest.mark.parametrize("name", list(MISTAKES))
 def test_classic_mistake_loses_points_with_named_message(name):
-    code, gids, words = MISTAKES[name]
-    results = run_suite(A, code)
-    for gid in gids:
-        assert results[gid], f"{name}: {gid} passed but should fail"
-        assert words.lower() in results[gid].lower(), f"{name}: {gid}'s message does not name the mistake: {results[gid]!r}"
-    assert sum(1 for m in results.values() if m) < len(results), f"{name}: lost every point, expected partial credit"
+    assert_mistake_named(A, name, *MISTAKES[name])
 
 
 @pytest.mark.parametrize("code, part", [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from checking import mutate, run_suite, source_code
+from checking import assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 A = "05_cross_attention"
 REF = source_code(A)
@@ -50,14 +50,12 @@ class CrossAttention(nn.Module):
 
 
 def test_reference_gets_full_marks():
-    results = run_suite(A, REF)
-    assert all(msg == "" for msg in results.values()), results
+    assert_full_marks(A, REF)
 
 
 @pytest.mark.parametrize("code", [EINSUM, KEYWORDS], ids=["einsum-own-attention", "keywords-full-mask"])
 def test_unusual_correct_answers_get_full_marks(code):
-    results = run_suite(A, code)
-    assert all(msg == "" for msg in results.values()), results
+    assert_full_marks(A, code)
 
 
 CALL = "return self.attn(x, context, context, mask)"
@@ -84,13 +82,8 @@ NOTHING_WORKS = {"keys from x", "values from x", "queries from the context", "co
 
 @pytest.mark.parametrize("name", list(MISTAKES))
 def test_classic_mistake_loses_points_with_named_message(name):
-    code, gid, words = MISTAKES[name]
-    results = run_suite(A, code)
-    assert results[gid], f"{name}: {gid} passed but should fail"
-    assert words.lower() in results[gid].lower(), f"{name}: message does not name the mistake: {results[gid]!r}"
-    if name not in NOTHING_WORKS:
-        assert sum(1 for m in results.values() if m) < len(results), f"{name}: lost every point, expected partial credit"
-    else:  # every check says what went wrong in terms of the two sequences
+    results = assert_mistake_named(A, name, *MISTAKES[name], partial=name not in NOTHING_WORKS)
+    if name in NOTHING_WORKS:  # every check says what went wrong in terms of the two sequences
         assert all("context" in m for m in results.values()), results
 
 

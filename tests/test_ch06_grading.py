@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from checking import mutate, run_suite, source_code
+from checking import assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 A = "06_positional_encoding"
 REF = source_code(A)
@@ -80,14 +80,12 @@ class LearnedPositionalEmbedding(nn.Module):
 
 
 def test_reference_gets_full_marks():
-    results = run_suite(A, REF)
-    assert all(msg == "" for msg in results.values()), results
+    assert_full_marks(A, REF)
 
 
 @pytest.mark.parametrize("code", [SLICES_FLOAT64, COMPLEX], ids=["slices-float64-parameter", "complex-index-select"])
 def test_unusual_correct_answers_get_full_marks(code):
-    results = run_suite(A, code)
-    assert all(msg == "" for msg in results.values()), results
+    assert_full_marks(A, code)
 
 
 STACK = "P = torch.stack([angles.sin(), angles.cos()], dim=-1)"
@@ -127,11 +125,7 @@ MISTAKES = {
 
 @pytest.mark.parametrize("name", list(MISTAKES))
 def test_classic_mistake_loses_points_with_named_message(name):
-    code, gid, words = MISTAKES[name]
-    results = run_suite(A, code)
-    assert results[gid], f"{name}: {gid} passed but should fail"
-    assert words.lower() in results[gid].lower(), f"{name}: message does not name the mistake: {results[gid]!r}"
-    assert sum(1 for m in results.values() if m) < len(results), f"{name}: lost every point, expected partial credit"
+    assert_mistake_named(A, name, *MISTAKES[name])
 
 
 def test_importing_attnkit_earns_nothing_for_that_part():

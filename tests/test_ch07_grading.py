@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from checking import mutate, run_suite, source_code
+from checking import assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 
 @pytest.fixture(autouse=True)
@@ -98,14 +98,12 @@ def _unused(x, norm, fn, pre):''').replace("return x, kept[\"w\"]", "return [x, 
 
 
 def test_reference_gets_full_marks():
-    results = run_suite(A, REF)
-    assert all(msg == "" for msg in results.values()), results
+    assert_full_marks(A, REF)
 
 
 @pytest.mark.parametrize("code", [HELPER, MANUAL_NORM], ids=["residual-helper-clamp", "hand-written-layernorm-lists"])
 def test_unusual_correct_answers_get_full_marks(code):
-    results = run_suite(A, code)
-    assert all(msg == "" for msg in results.values()), results
+    assert_full_marks(A, code)
 
 
 ENC_POST = '''            out, weights = self.self_attn(x, x, x, mask)
@@ -169,11 +167,7 @@ MISTAKES = {
 
 @pytest.mark.parametrize("name", list(MISTAKES))
 def test_classic_mistake_loses_points_with_named_message(name):
-    code, gid, words = MISTAKES[name]
-    results = run_suite(A, code)
-    assert results[gid], f"{name}: {gid} passed but should fail"
-    assert words.lower() in results[gid].lower(), f"{name}: message does not name the mistake: {results[gid]!r}"
-    assert sum(1 for m in results.values() if m) < len(results), f"{name}: lost every point, expected partial credit"
+    assert_mistake_named(A, name, *MISTAKES[name])
 
 
 def test_wrong_attribute_names_are_named():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from checking import mutate, run_suite, source_code
+from checking import assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 A = "08_efficient_attention"
 REF = source_code(A)
@@ -44,13 +44,11 @@ def cached_attention(query, key, value, cache):
 
 
 def test_reference_gets_full_marks():
-    results = run_suite(A, REF)
-    assert all(msg == "" for msg in results.values()), results
+    assert_full_marks(A, REF)
 
 
 def test_unusual_correct_answer_gets_full_marks():
-    results = run_suite(A, UNUSUAL)
-    assert all(msg == "" for msg in results.values()), results
+    assert_full_marks(A, UNUSUAL)
 
 
 NEW_SUM = "rescale * running_sum + p.sum(dim=-1, keepdim=True)"
@@ -92,12 +90,7 @@ MISTAKES = {
 
 @pytest.mark.parametrize("name", list(MISTAKES))
 def test_classic_mistake_loses_points_with_named_message(name):
-    code, gids, words = MISTAKES[name]
-    results = run_suite(A, code)
-    for gid in gids:
-        assert results[gid], f"{name}: {gid} passed but should fail"
-        assert words.lower() in results[gid].lower(), f"{name}: {gid}'s message does not name the mistake: {results[gid]!r}"
-    assert sum(1 for m in results.values() if m) < len(results), f"{name}: lost every point, expected partial credit"
+    assert_mistake_named(A, name, *MISTAKES[name])
 
 
 @pytest.mark.parametrize("code, part", [
