@@ -88,10 +88,19 @@ def _tripwires(torch: types.ModuleType) -> None:
             c.forward = trip(f"torch.nn.{cls}")
 
 
+class _NoIPython:
+    """Stands in for ``get_ipython()``: notebook-only calls (magics, display hooks) do nothing here."""
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: None
+
+
 def _strip_magics(code: str) -> str:
     """Turn IPython-only lines (``%magic``, ``!shell``) into comments so plain Python can run the cell."""
     if code.lstrip().startswith("%%"):
-        return "pass  # cell magic skipped by the grader\n"
+        # A cell magic (%%time, %%capture, ...): run the cell's body as plain Python.
+        first, _, body = code.lstrip().partition("\n")
+        code = f"pass  # {first}\n" + body
     out = []
     for line in code.splitlines():
         stripped = line.lstrip()
@@ -114,6 +123,7 @@ def main() -> None:
     refs: dict[int, object] = {}
     ns: dict[str, object] = {"__name__": "__main__", "__builtins__": __builtins__}
     ns["display"] = lambda *a, **k: print(*a)
+    ns["get_ipython"] = lambda: _NoIPython()
     sink = _Capped(OUT_CAP)
 
     def to_torch(v):

@@ -118,6 +118,9 @@ def scaled_dot_product_attention(query, key, value, mask=None):
             before=["def _stable(x, dim):\n    m = x.amax(dim, keepdim=True).nan_to_num(0.0, neginf=0.0)\n"
                     "    e = (x - m).exp()\n    s = e.sum(dim, keepdim=True)\n    return e / torch.where(s > 0, s, torch.ones_like(s))\n"])),
                 FULL),
+        Case("ipython_magics_and_get_ipython", write_nb(notebook(
+            softmax="%%time\n" + SOFTMAX, sdpa="%matplotlib inline\n!echo hi\n" + SDPA,
+            before=["get_ipython().run_line_magic('load_ext', 'autoreload')\n"])), FULL),
         Case("duplicate_answers_do_not_exceed_max", write_nb(notebook(extra=[SOFTMAX, SDPA, SOFTMAX])), FULL),
         # -- tampering with tests and metadata: tests restored, points from the source ----------------------
         Case("tests_deleted", write_nb(notebook(edit=cells_where(is_test))), FULL),
