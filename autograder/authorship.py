@@ -27,8 +27,8 @@ STRING_HINTS = ("attnkit", "scaled_dot_product", "multi_head_attention", "multih
                 "transformerdecoderlayer")
 
 
-def _offences(node: ast.AST, own: str, extra: Mapping[str, str]) -> list[str]:
-    """What in ``node`` delegates; ``own`` is the name being defined (students may call their own function by it)."""
+def _offences(node: ast.AST, extra: Mapping[str, str]) -> list[str]:
+    """What in ``node`` delegates (``extra``: names this part must not use, with what they are)."""
     found: list[str] = []
     for n in ast.walk(node):
         if isinstance(n, ast.Import):
@@ -98,7 +98,7 @@ def delegations(code: str, parts: Iterable[str], extra: Mapping[str, Mapping[str
         bound = _bound_names(stmt)
         refs = {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name)}
         for name in bound:
-            off = _offences(stmt, name, extra.get(name, {}))
+            off = _offences(stmt, extra.get(name, {}))
             old = defs.get(name, ([], set()))
             defs[name] = (old[0] + off, old[1] | (refs - {name}))
     tainted: dict[str, str] = {n: d[0][0] for n, d in defs.items() if d[0]}

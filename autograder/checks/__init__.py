@@ -188,14 +188,14 @@ def describe_error(error: str) -> str:
 class Obj:
     """A student's object (for example a module) living in the student's process."""
 
-    def __init__(self, trial: "Trial", ref: Ref, label: str) -> None:
-        self.trial, self.ref, self.label = trial, ref, label
+    def __init__(self, trial: "Trial", ref: Ref) -> None:
+        self.trial, self.ref = trial, ref
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.trial._call(self.ref, args, kwargs, label=f"{self.label}(...)")
+        return self.trial._call(self.ref, args, kwargs)
 
     def method(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        return self.trial._call(self.ref, args, kwargs, attr=name, label=f"{self.label}.{name}(...)")
+        return self.trial._call(self.ref, args, kwargs, attr=name)
 
     def params(self) -> dict[str, Tensor]:
         return {k: torch.as_tensor(v) for k, v in self.trial.backend.params(self.ref).items()}
@@ -242,17 +242,17 @@ class Trial:
         return torch.rand(*shape, generator=self.gen) < p
 
     # the student's code ----------------------------------------------------------------------
-    def _call(self, target: str | Ref, args: tuple, kwargs: dict, attr: str | None = None, label: str = "") -> Any:
+    def _call(self, target: str | Ref, args: tuple, kwargs: dict, attr: str | None = None) -> Any:
         return _from_wire(self.backend.call(target, list(_to_wire(args)), _to_wire(kwargs), attr=attr))
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Call the student's function ``name`` on copies of ``args``; tensors come back as tensors."""
-        return self._call(name, args, kwargs, label=f"{name}(...)")
+        return self._call(name, args, kwargs)
 
     def new(self, name: str, *args: Any, **kwargs: Any) -> Obj:
         """Construct the student's class ``name``; the object stays in the student's process."""
         ref = self.backend.call(name, list(_to_wire(args)), _to_wire(kwargs), keep=True)
-        return Obj(self, ref, name)
+        return Obj(self, ref)
 
     def grad(self, target: str | Obj, *args: Any, wrt: int, probe: Tensor, **kwargs: Any) -> Tensor:
         """Gradient of ``sum(f(*args)[0] * probe)`` with respect to ``args[wrt]``, computed by the student's code."""
