@@ -96,3 +96,12 @@ def assert_mistake_named(assignment: str, name: str, code: str, gids: str | list
     if partial:
         assert sum(1 for m in results.values() if m) < len(results), f"{name}: lost every point, expected partial credit"
     return results
+
+
+def assert_delegation_named(assignment: str, code: str, part: str) -> dict[str, str]:
+    """The checks that earn nothing for delegating name ``part``; some other check keeps its points."""
+    results = run_suite(assignment, code)
+    mine = [gid for gid, msg in results.items() if msg.startswith("earns no points")]
+    assert mine and all(part in results[g] for g in mine), results
+    assert any(msg == "" for msg in results.values()), "the honest part must keep its points"
+    return results

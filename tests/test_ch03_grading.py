@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from checking import assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
+from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, source_code
 
 A = "03_self_attention"
 REF = source_code(A)
@@ -80,7 +80,5 @@ def test_classic_mistake_loses_points_with_named_message(name):
 def test_delegation_earns_nothing_for_that_part():
     code = REF + "\nclass SelfAttention(nn.Module):\n    def __init__(self, e, h):\n        super().__init__()\n" \
                  "        self.attn = nn.MultiheadAttention(e, h, batch_first=True)\n"
-    results = run_suite(A, code)
-    mine = [gid for gid, msg in results.items() if msg.startswith("earns no points")]
-    assert mine and all("SelfAttention" in results[g] for g in mine), results
+    results = assert_delegation_named(A, code, "SelfAttention")
     assert results["test_design_weights"] == ""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from checking import assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
+from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, source_code
 
 A = "08_efficient_attention"
 REF = source_code(A)
@@ -101,8 +101,4 @@ def test_classic_mistake_loses_points_with_named_message(name):
     (REF + "\nfrom attnkit.efficient import online_softmax_update\n", "online_softmax_update"),
 ], ids=["torch-sdpa", "import-attnkit"])
 def test_delegation_earns_nothing_for_that_part(code, part):
-    results = run_suite(A, code)
-    mine = [gid for gid, msg in results.items() if msg.startswith("earns no points")]
-    assert mine, results
-    assert all(part in results[g] for g in mine)
-    assert any(msg == "" for msg in results.values()), "the honest part must keep its points"
+    assert_delegation_named(A, code, part)
