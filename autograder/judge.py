@@ -57,11 +57,6 @@ class NotebookResult:
         return {"notebook": self.notebook, "reason": self.reason, "log": self.log, "answers": self.answers,
                 "tests": [asdict(t) for t in self.tests]}
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "NotebookResult":
-        return cls(data["notebook"], [TestResult(**t) for t in data["tests"]], data.get("reason", ""),
-                   data.get("log", []), data.get("answers", {}))
-
 
 class SandboxBackend(Backend):
     """Forwards a check's requests to the student's process."""
@@ -152,9 +147,6 @@ class Session:
             self.box.close()
         self.box = None
 
-    def close(self) -> None:
-        self.lost()
-
 
 def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *, files: Path | None = None,
                    hide: list[Path] | None = None, limits: Limits | None = None, secret: str = "") -> NotebookResult:
@@ -226,7 +218,7 @@ def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *
                     hung_parts.update(check.parts)
                 session.lost()
     finally:
-        session.close()
+        session.lost()
     skipped = [line for line in result.log if "was stopped and skipped" in line]
     if skipped or crashed_reasons:
         result.reason = "; ".join(skipped + crashed_reasons)[:500]
