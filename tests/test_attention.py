@@ -80,19 +80,40 @@ def test_fully_masked_row_gives_zeros_not_nan():
     (((2, 3, 4), (3, 5, 4), (3, 5, 6)), r"batch dimensions do not broadcast"),
     (((4,), (5, 4), (5, 6)), r"query must have shape \(..., seq, dim\), got \(4,\)"),
 ])
-def test_shape_errors_name_the_shapes(args, match):
+@pytest.mark.parametrize("need_weights", [True, False], ids=["explicit", "fast"])
+def test_shape_errors_name_the_shapes(args, match, need_weights):
     with pytest.raises(ValueError, match=match):
-        scaled_dot_product_attention(*(torch.randn(*s) for s in args))
+        scaled_dot_product_attention(*(torch.randn(*s) for s in args), need_weights=need_weights)
 
 
-def test_mask_errors_name_what_was_expected():
+@pytest.mark.parametrize("need_weights", [True, False], ids=["explicit", "fast"])
+def test_mask_errors_name_what_was_expected(need_weights):
     q = torch.randn(2, 3, 4)
     with pytest.raises(TypeError, match="bool tensor"):
-        scaled_dot_product_attention(q, q, q, torch.ones(3, 3))
+        scaled_dot_product_attention(q, q, q, torch.ones(3, 3), need_weights=need_weights)
     with pytest.raises(ValueError, match=r"mask of shape \(4, 3\) does not broadcast"):
-        scaled_dot_product_attention(q, q, q, torch.ones(4, 3, dtype=torch.bool))
+        scaled_dot_product_attention(q, q, q, torch.ones(4, 3, dtype=torch.bool), need_weights=need_weights)
+    with pytest.raises(ValueError, match=r"mask of shape \(5, 2, 3, 3\) does not broadcast.* \(2, 3, 3\)"):
+        # a mask may not enlarge the batch: (5, 2, 3, 3) would turn 2 outputs into 10
+        scaled_dot_product_attention(q, q, q, torch.ones(5, 2, 3, 3, dtype=torch.bool), need_weights=need_weights)
     with pytest.raises(TypeError, match="one dtype"):
-        scaled_dot_product_attention(q, q.double(), q)
+        scaled_dot_product_attention(q, q.double(), q, need_weights=need_weights)
+    with pytest.raises(TypeError, match="must be a torch.Tensor, got list"):
+        scaled_dot_product_attention([[1.0]], q, q, need_weights=need_weights)
+    with pytest.raises(TypeError, match="floating point, got dtype torch.int64"):
+        scaled_dot_product_attention(q, q, q.long(), need_weights=need_weights)
+
+
+@pytest.mark.parametrize("need_weights", [True, False], ids=["explicit", "fast"])
+def test_no_keys_gives_zero_rows(need_weights):
+    """m = 0: every query has no key to attend to, so its row is zero (the all-masked rule), not an error."""
+    q, k, v = torch.randn(2, 3, 4), torch.randn(2, 0, 4), torch.randn(2, 0, 5)
+    out, w = scaled_dot_product_attention(q, k, v, need_weights=need_weights)
+    assert torch.equal(out, torch.zeros(2, 3, 5))
+    assert (w is None) if not need_weights else w.shape == (2, 3, 0)
+    assert softmax(torch.randn(3, 0)).shape == (3, 0)
+    with pytest.raises(ValueError, match="d_k"):  # torch skips its checks on empty keys; ours do not
+        scaled_dot_product_attention(q, torch.randn(2, 0, 7), v, need_weights=need_weights)
 
 
 @settings(max_examples=40, deadline=None)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnkit import (MultiHeadAttention, TransformerDecoderBlock, TransformerEncoderBlock, causal_mask,
                      padding_mask, scaled_dot_product_attention)
@@ -124,3 +126,43 @@ def test_blocks_fast_equal_explicit(norm_first):
     fast, ns, nc = dec(x, mem, causal_mask(n), pad, need_weights=False)
     assert ns is None and nc is None
     torch.testing.assert_close(fast, slow)
+
+
+def _outcome(q, k, v, mask, need_weights):
+    try:
+        return "ok", scaled_dot_product_attention(q, k, v, mask, need_weights=need_weights)[0]
+    except Exception as err:  # noqa: BLE001 - the outcome compared is the error itself
+        return type(err).__name__, str(err)
+
+
+LEAD = st.sampled_from([(), (1,), (2,), (3,), (2, 1), (1, 2), (2, 2)])
+MASK_SHAPES = ["n m", "1 m", "m", "n 1", "2 n m", "1 n m", "2 2 n m", "3 n m", "m n", "1 1 1 n m"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(lead=st.tuples(LEAD, LEAD, LEAD), n=st.integers(1, 3), m=st.integers(0, 3), d=st.integers(1, 3),
+       d_v=st.integers(1, 3), off=st.tuples(st.sampled_from([0, 0, 0, 1]), st.sampled_from([0, 0, 0, 1])),
+       mask_shape=st.none() | st.sampled_from(MASK_SHAPES), float_mask=st.booleans(), seed=st.integers(0, 99))
+def test_fast_and_explicit_agree_on_any_input(lead, n, m, d, d_v, off, mask_shape, float_mask, seed):
+    """Valid or not, both paths give one answer: the same output, or the same error with the same message.
+
+    The fast path leaves broadcasting checks to torch's kernel; this is what keeps that honest:
+    shapes that do not broadcast, masks that would enlarge the batch, d_k or m that differ,
+    no keys at all, a float mask (an additive bias to torch, an error here).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(*lead[0], n, d, generator=gen)
+    k = torch.randn(*lead[1], m, d + off[0], generator=gen)
+    v = torch.randn(*lead[2], m + off[1], d_v, generator=gen)
+    mask = None
+    if mask_shape is not None:
+        sizes = {"n": n, "m": m}
+        mask = torch.rand(*(sizes[s] if s in sizes else int(s) for s in mask_shape.split()), generator=gen) > 0.3
+        mask = mask.float() if float_mask else mask
+    (kind_a, a), (kind_b, b) = _outcome(q, k, v, mask, True), _outcome(q, k, v, mask, False)
+    assert kind_a == kind_b, (a, b)
+    if kind_a == "ok":
+        assert a.shape == b.shape
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+    else:
+        assert a == b

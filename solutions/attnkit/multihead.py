@@ -30,9 +30,7 @@ def split_heads(x: Tensor, num_heads: int) -> Tensor:
                          f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
     if num_heads < 1 or x.shape[-1] % num_heads:
         raise ValueError(f"the last dimension {x.shape[-1]} of {tuple(x.shape)} is not divisible by num_heads={num_heads}")
-    *lead, n, width = x.shape
-    x = x.reshape(*lead, n, num_heads, width // num_heads)  # (..., n, H, Dh)
-    return x.transpose(-3, -2)  # (..., H, n, Dh)
+    return x.unflatten(-1, (num_heads, -1)).transpose(-3, -2)  # (..., n, H, Dh) -> (..., H, n, Dh)
 
 
 def merge_heads(x: Tensor) -> Tensor:
@@ -40,8 +38,7 @@ def merge_heads(x: Tensor) -> Tensor:
     if not isinstance(x, Tensor) or x.dim() < 3:
         raise ValueError(f"merge_heads expects a tensor of shape (..., num_heads, n, head_dim), got "
                          f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
-    *lead, h, n, d = x.shape
-    return x.transpose(-3, -2).reshape(*lead, n, h * d)  # (..., n, H * Dh)
+    return x.transpose(-3, -2).flatten(-2)  # (..., n, H, Dh) -> (..., n, H * Dh)
 
 
 class MultiHeadAttention(nn.Module):
@@ -69,7 +66,8 @@ class MultiHeadAttention(nn.Module):
 
     def _check(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         w = self.q_proj.weight
-        for name, t in (("query", query), ("key", key), ("value", value)):
+        given = (("query", query),) if query is key is value else (("query", query), ("key", key), ("value", value))
+        for name, t in given:
             if not isinstance(t, Tensor) or t.dim() != 3 or t.shape[-1] != self.embed_dim:
                 got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
                 raise ValueError(f"{name} must have shape (B, seq, embed_dim={self.embed_dim}), got {got}")
