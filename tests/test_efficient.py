@@ -158,3 +158,20 @@ def test_memory_standard_quadratic_tiled_linear_and_meta_agrees():
     # the chapter's claim: at n = 16384 the tiled path needs at most a tenth of the standard path's memory
     q = torch.empty(1, 1, 16384, 64, device="meta")
     assert peak_memory(tiled_attention, q, q, q, block_q=2048, block_k=2048) * 10 <= peak_memory(standard, q)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda q: tiled_attention(q, torch.randn(2, 5, 3), q), ValueError, r"d_k: query \(2, 5, 4\), key \(2, 5, 3\)"),
+    (lambda q: tiled_attention(q, q, q, torch.ones(5, 5)), TypeError, "mask must be a bool tensor"),
+    (lambda q: tiled_attention(q, q, q, block_k=0), ValueError, "block_k must be a positive int, got 0"),
+    (lambda q: linear_attention(q, q, q.long()), TypeError, "value must be floating point, got dtype torch.int64"),
+    (lambda q: causal_linear_attention(q, torch.randn(2, 6, 4), torch.randn(2, 6, 4)), ValueError,
+     r"as many queries as keys: query \(2, 5, 4\), key \(2, 6, 4\)"),
+    (lambda q: causal_linear_attention(q, q, q, chunk=-1), ValueError, "chunk must be a positive int"),
+    (lambda q: cached_attention(q[:, :1], q[:, :1], q[:, :1], (torch.randn(2, 3, 5), torch.randn(2, 3, 4))),
+     ValueError, r"new key \(2, 1, 4\) .* does not extend the cached keys \(2, 3, 5\)"),
+    (lambda q: append_to_cache((q, q), q, q.double()), ValueError, "new value .*float64.* cached values"),
+])
+def test_bad_input_names_what_was_expected(call, error, match):
+    with pytest.raises(error, match=match):
+        call(torch.randn(2, 5, 4))

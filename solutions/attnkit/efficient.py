@@ -26,11 +26,19 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from attnkit.attention import check_inputs, scaled_dot_product_attention
+
 __all__ = ["online_softmax_update", "tiled_attention", "append_to_cache", "cached_attention",
            "elu_feature_map", "linear_attention", "causal_linear_attention", "peak_memory"]
 
 State = tuple[Tensor, Tensor, Tensor]  # running max (..., n, 1), running sum (..., n, 1), accumulator (..., n, d_v)
 KVCache = tuple[Tensor, Tensor]  # keys (..., t, d_k), values (..., t, d_v)
+
+
+def _check_positive(**sizes: int) -> None:
+    for name, size in sizes.items():
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"{name} must be a positive int, got {size!r}")
 
 
 # -- the online softmax and tiled attention --------------------------------------------------------
@@ -80,6 +88,8 @@ def tiled_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | No
     Returns:
         ``(..., n, d_v)``; a query with no allowed key gets a zero row.
     """
+    check_inputs(query, key, value, mask)
+    _check_positive(block_q=block_q, block_k=block_k)
     n, m, d_k = query.shape[-2], key.shape[-2], query.shape[-1]
     batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
     if mask is not None:
@@ -116,6 +126,12 @@ def append_to_cache(cache: KVCache | None, key: Tensor, value: Tensor) -> KVCach
     """
     if cache is None:
         return key, value
+    for name, old, new in (("key", cache[0], key), ("value", cache[1], value)):
+        if old.shape[:-2] != new.shape[:-2] or old.shape[-1] != new.shape[-1] or old.dtype != new.dtype \
+                or old.device != new.device:
+            raise ValueError(f"the new {name} {tuple(new.shape)} ({new.dtype}, {new.device}) does not extend the "
+                             f"cached {name}s {tuple(old.shape)} ({old.dtype}, {old.device}): only the time axis "
+                             f"(-2) may differ")
     return torch.cat([cache[0], key], dim=-2), torch.cat([cache[1], value], dim=-2)  # (..., t + s, d_k | d_v)
 
 
@@ -132,8 +148,7 @@ def cached_attention(query: Tensor, key: Tensor, value: Tensor, cache: KVCache |
         time this way equals causal attention over the whole sequence, at a cost of ``O(t)`` per step
         instead of recomputing all ``O(t^2)`` scores.
     """
-    from attnkit.attention import scaled_dot_product_attention
-
+    check_inputs(query, key, value)
     keys, values = append_to_cache(cache, key, value)  # (..., t + s, d_k), (..., t + s, d_v)
     s, total = query.shape[-2], keys.shape[-2]
     mask = None
@@ -164,6 +179,7 @@ def linear_attention(query: Tensor, key: Tensor, value: Tensor,
     Returns:
         ``(..., n, d_v)``.
     """
+    check_inputs(query, key, value)
     phi_q, phi_k = feature_map(query), feature_map(key)  # (..., n, d_k), (..., m, d_k)
     kv = phi_k.transpose(-2, -1) @ value  # (..., d_k, d_v)
     normaliser = phi_q @ phi_k.sum(dim=-2).unsqueeze(-1)  # (..., n, 1)
@@ -185,6 +201,11 @@ def causal_linear_attention(query: Tensor, key: Tensor, value: Tensor,
     Returns:
         ``(..., n, d_v)``.
     """
+    check_inputs(query, key, value)
+    if query.shape[-2] != key.shape[-2]:
+        raise ValueError(f"causal attention pairs query i with keys j <= i, so it needs as many queries as keys: "
+                         f"query {tuple(query.shape)}, key {tuple(key.shape)}")
+    _check_positive(chunk=chunk)
     phi_q, phi_k = feature_map(query), feature_map(key)  # (..., n, d_k)
     batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
     n, d_k, d_v = query.shape[-2], query.shape[-1], value.shape[-1]
