@@ -5,6 +5,11 @@ torch's built-in attention (``F.scaled_dot_product_attention``,
 ``nn.MultiheadAttention``, the ``nn.Transformer*`` layers, ...), including
 through helpers the answer calls and names spelled out in strings. The harness
 backs it up at run time by making those torch functions refuse to run.
+
+Taint follows Python's scopes, not bare names: a function is tainted by a global it
+reads (a helper, a value computed with torch's attention), never by a local variable or
+parameter that happens to share a name with one. So a student's self-check cell that
+compares an answer with ``F.scaled_dot_product_attention`` costs nothing.
 """
 
 from __future__ import annotations
@@ -27,10 +32,14 @@ STRING_HINTS = ("attnkit", "scaled_dot_product", "multi_head_attention", "multih
                 "transformerdecoderlayer")
 
 
-def _offences(node: ast.AST, extra: Mapping[str, str]) -> list[str]:
-    """What in ``node`` delegates (``extra``: names this part must not use, with what they are)."""
+def _offences(nodes: Iterable[ast.AST], extra: Mapping[str, str], own: set[str] = frozenset()) -> list[str]:
+    """What in ``nodes`` delegates (``extra``: names this part must not use, with what they are).
+
+    ``own``: the functions and methods the student defined; ``self.<one of them>`` is the
+    student's own method even when it shares a name with torch's.
+    """
     found: list[str] = []
-    for n in ast.walk(node):
+    for n in nodes:
         if isinstance(n, ast.Import):
             found += ["imports the reference package attnkit" for a in n.names if a.name.split(".")[0] == "attnkit"]
         elif isinstance(n, ast.ImportFrom):
@@ -42,6 +51,8 @@ def _offences(node: ast.AST, extra: Mapping[str, str]) -> list[str]:
                 elif a.name in extra:
                     found.append(f"uses {extra[a.name]}")
         elif isinstance(n, ast.Attribute):
+            if n.attr in own and isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"):
+                continue
             if n.attr in TORCH_ATTENTION:
                 found.append(f"uses {TORCH_ATTENTION[n.attr]}")
             elif n.attr in extra:
@@ -65,18 +76,68 @@ def _reflective(func: ast.expr) -> bool:
     return name in REFLECTIVE
 
 
+COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.TryStar)
+DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _units(body: list[ast.stmt]) -> Iterable[ast.stmt]:
+    """The module's statements, and the definitions nested in its compound statements (``if``, ``try``, ...)."""
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, COMPOUND):
+            for block in ("body", "orelse", "finalbody"):
+                yield from (u for u in _units(getattr(stmt, block, [])) if isinstance(u, DEFS))
+            for handler in getattr(stmt, "handlers", []):
+                yield from (u for u in _units(handler.body) if isinstance(u, DEFS))
+
+
+def _module_level(stmt: ast.stmt) -> Iterable[ast.AST]:
+    """``ast.walk`` of a statement that runs at module level, without the bodies of definitions nested in it
+    (those are units of their own)."""
+    todo = [stmt]
+    while todo:
+        node = todo.pop()
+        yield node
+        if node is not stmt and isinstance(node, DEFS):
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+
+
 def _bound_names(stmt: ast.stmt) -> set[str]:
-    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+    """The global names a module-level statement binds (for a compound one, apart from the definitions in it)."""
+    if isinstance(stmt, DEFS):
         return {stmt.name}
-    names: set[str] = set()
     if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-        for a in stmt.names:
-            names.add((a.asname or a.name).split(".")[0])
-        return names
+        return {(a.asname or a.name).split(".")[0] for a in stmt.names}
+    return {n.id for n in _module_level(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+def _global_reads(stmt: ast.stmt) -> set[str]:
+    """The names ``stmt`` reads from the module's globals.
+
+    For a function or class: the names it reads minus those it binds itself (parameters,
+    assignments, imports, nested definitions), unless declared ``global``. Conservative for
+    nested scopes: a name bound anywhere inside counts as local throughout.
+    """
+    if not isinstance(stmt, DEFS):
+        return {n.id for n in _module_level(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    reads: set[str] = set()
+    local: set[str] = set()
+    declared: set[str] = set()
     for n in ast.walk(stmt):
-        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
-            names.add(n.id)
-    return names
+        if isinstance(n, ast.Name):
+            (reads if isinstance(n.ctx, ast.Load) else local).add(n.id)
+        elif isinstance(n, ast.arg):
+            local.add(n.arg)
+        elif isinstance(n, DEFS) and n is not stmt:
+            local.add(n.name)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            local.update((a.asname or a.name).split(".")[0] for a in n.names)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            local.add(n.name)
+        elif isinstance(n, (ast.Global, ast.Nonlocal)):
+            declared.update(n.names)
+    return reads - (local - declared)
 
 
 def delegations(code: str, parts: Iterable[str], extra: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, str]:
@@ -93,12 +154,14 @@ def delegations(code: str, parts: Iterable[str], extra: Mapping[str, Mapping[str
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return {}
     # name -> (offences, names it refers to)
+    own = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     defs: dict[str, tuple[list[str], set[str]]] = {}
-    for stmt in tree.body:
+    for stmt in _units(tree.body):
         bound = _bound_names(stmt)
-        refs = {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name)}
+        refs = _global_reads(stmt)
+        nodes = list(ast.walk(stmt) if isinstance(stmt, DEFS) else _module_level(stmt))
         for name in bound:
-            off = _offences(stmt, extra.get(name, {}))
+            off = _offences(nodes, extra.get(name, {}), own)
             old = defs.get(name, ([], set()))
             defs[name] = (old[0] + off, old[1] | (refs - {name}))
     tainted: dict[str, str] = {n: d[0][0] for n, d in defs.items() if d[0]}
