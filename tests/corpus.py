@@ -180,6 +180,9 @@ import torch.nn.functional as F
 def scaled_dot_product_attention(query, key, value, mask=None):
     return F.scaled_dot_product_attention(query, key, value, attn_mask=mask), None
 ''')), SOFTMAX_POINTS, message="scaled_dot_product_attention"),
+        Case("self_check_against_torch", write_nb(notebook(extra=[  # binds x, the answer's own parameter name
+            "import torch\nimport torch.nn.functional as F\nx = torch.randn(2, 3, 4)\n"
+            "out = F.scaled_dot_product_attention(x, x, x)\n"])), FULL),
         Case("delegates_obfuscated", write_nb(notebook(sdpa='''
 import torch.nn.functional as F
 _name = "".join(["scaled", "_dot", "_product", "_attention"])
