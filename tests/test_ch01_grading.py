@@ -60,6 +60,13 @@ MISTAKES = {
     # name: (mutated code, a check that must fail, words its message must contain)
     "no scaling": (mutate(REF, SDPA_SCALE, "scores = query @ key.transpose(-2, -1)"), "test_sdpa_values", "not scaled"),
     "scale by d_k": (mutate(REF, SDPA_SCALE, "scores = query @ key.transpose(-2, -1) / d_k"), "test_sdpa_values", "divided by d_k"),
+    "scores times sqrt(d_k)": (mutate(REF, SDPA_SCALE, "scores = query @ key.transpose(-2, -1) * math.sqrt(d_k)"),
+                               "test_sdpa_values", "multiplied by sqrt(d_k)"),
+    "wrong operand transposed": (mutate(REF, SDPA_SCALE, "scores = (key @ query.transpose(-2, -1)) / math.sqrt(d_k)"),
+                                 "test_sdpa_batch_dims", "wrong operand is transposed"),
+    "large negative fill, no zero rows": (mutate(REF, 'masked_fill(~mask, float("-inf"))',
+                                                 "masked_fill(~mask, torch.finfo(scores.dtype).min)"),
+                                          "test_sdpa_fully_masked", "equal weights"),
     "scale by sqrt(d_v)": (mutate(REF, SDPA_SCALE, "scores = query @ key.transpose(-2, -1) / math.sqrt(value.shape[-1])"),
                            "test_sdpa_values", "d_v"),
     "softmax over queries": (mutate(REF, "weights = softmax(scores, dim=-1)", "weights = softmax(scores, dim=-2)"),
@@ -103,3 +110,10 @@ def test_classic_mistake_loses_points_with_named_message(name):
 ], ids=["import-attnkit", "torch-sdpa", "torch-softmax", "helper-getattr"])
 def test_delegation_earns_nothing_for_that_part(code, part):
     assert_delegation_named(A, code, part)
+
+
+def test_batch_dims_hint_only_when_it_applies():
+    """The bmm / transpose(1, 2) hint is for code that works on 3-D inputs only, not for every error."""
+    wrong_operand = MISTAKES["wrong operand transposed"][0]
+    assert "bmm" not in run_suite(A, wrong_operand)["test_sdpa_batch_dims"]
+    assert "bmm" in run_suite(A, MISTAKES["only 3-D inputs"][0])["test_sdpa_batch_dims"]

@@ -101,6 +101,12 @@ MISTAKES = {
                                 ["test_split_heads"], "transpose"),
     "merge without transpose": (mutate(REF, MERGE, "return x.reshape(B, n, H * Dh)"),
                                 ["test_merge_heads", "test_mha_values"], "without the transpose"),
+    "heads merged in reverse order": (mutate(REF, MERGE, "return x.flip(1).transpose(1, 2).reshape(B, n, H * Dh)"),
+                                      ["test_merge_heads", "test_mha_values"], "reverse order"),
+    "heads reversed before merging": (mutate(REF, "return self.out_proj(merge_heads(out)), weights",
+                                             "return self.out_proj(merge_heads(out.flip(1))), weights"),
+                                      ["test_mha_values"], "reverse order"),
+    "no scaling": (mutate(REF, ATTN, "q = q * math.sqrt(q.shape[-1])\n        " + ATTN), ["test_mha_values"], "not scaled"),
     "scale by sqrt(embed_dim)": (mutate(REF, ATTN, "q = q * math.sqrt(q.shape[-1] / (q.shape[-1] * self.num_heads))\n"
                                         "        " + ATTN), ["test_mha_values"], "sqrt(head_dim)"),
     "no output projection": (mutate(REF, "return self.out_proj(merge_heads(out)), weights",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, source_code
+from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 A = "04_masked_attention"
 REF = source_code(A)
@@ -41,6 +41,8 @@ MISTAKES = {
                              ["test_causal_mask", "test_causality"], "inverted"),
     "strictly lower causal mask": (mutate(REF, CAUSAL, "return torch.ones(n, n, dtype=torch.bool, device=device).tril(-1)"),
                                    ["test_causal_mask", "test_causality"], "diagonal is hidden"),
+    "causal mask sees the next position": (mutate(REF, CAUSAL, "return torch.ones(n, n, dtype=torch.bool, device=device).tril(1)"),
+                                           ["test_causal_mask", "test_causality"], "see the next (future) position"),
     "upper triangle": (mutate(REF, CAUSAL, "return torch.ones(n, n, dtype=torch.bool, device=device).triu()"),
                        ["test_causal_mask", "test_causality"], "future"),
     "float causal mask": (mutate(REF, CAUSAL, "return torch.ones(n, n, device=device).tril()"),
@@ -61,6 +63,12 @@ MISTAKES = {
     "mask polarity in attention": (mutate(REF, FILL, 'scores = scores.masked_fill(mask, float("-inf"))'),
                                    ["test_masked_attention"], "inverted"),
     "mask ignored": (mutate(REF, FILL, "pass"), ["test_masked_attention", "test_causality"], "mask"),
+    "no scaling": (mutate(REF, "scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])",
+                          "scores = query @ key.transpose(-2, -1)"),
+                   ["test_masked_attention", "test_masked_attention_fully_masked", "test_masked_mha", "test_causality"],
+                   "not scaled"),
+    "large negative fill, no zero rows": (mutate(REF, FILL, "scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)"),
+                                          ["test_masked_attention_fully_masked", "test_masked_mha"], "equal weights"),
 }
 
 
@@ -75,6 +83,14 @@ def test_unusual_correct_answer_gets_full_marks():
 @pytest.mark.parametrize("name", list(MISTAKES))
 def test_classic_mistake_loses_points_with_named_message(name):
     assert_mistake_named(A, name, *MISTAKES[name])
+
+
+@pytest.mark.parametrize("diagonal", [-1, 1])
+def test_causal_mask_off_by_one_is_named_not_called_inverted(diagonal):
+    code = mutate(REF, CAUSAL, f"return torch.ones(n, n, dtype=torch.bool, device=device).tril({diagonal})")
+    results = run_suite(A, code)
+    assert "off by one" in results["test_causal_mask"], results
+    assert "inverted" not in results["test_causality"], results
 
 
 def test_delegation_earns_nothing_for_that_part():

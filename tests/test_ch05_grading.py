@@ -87,6 +87,13 @@ def test_classic_mistake_loses_points_with_named_message(name):
         assert all("context" in m for m in results.values()), results
 
 
+def test_mask_on_the_query_axis_costs_only_the_mask_check():
+    """The properties check must not blame the keys and values for a mask on the wrong axis."""
+    results = run_suite(A, MISTAKES["mask on the query axis"][0])
+    assert "wrong axis" in results["test_cross_attention_mask"], results
+    assert results["test_cross_attention_properties"] == "", results
+
+
 def test_a_module_without_self_attn_is_told_what_to_name_it():
     code = REF.replace("self.attn", "self.mha")
     results = run_suite(A, code)

@@ -105,6 +105,18 @@ MISTAKES = {
                       "test_sinusoidal_values", "wrong sign"),
     "concatenated, not interleaved": (mutate(REF, STACK, "P = torch.cat([angles.sin(), angles.cos()], dim=-1)"),
                                       "test_sinusoidal_values", "interleave"),
+    "base 1000": (mutate(REF, W, W.replace("10000.0", "1000.0")), "test_sinusoidal_values", "base is 1000"),
+    "table positions from 1": (mutate(REF, "i = torch.arange(num_positions, dtype=torch.float64)",
+                                      "i = torch.arange(1, num_positions + 1, dtype=torch.float64)"),
+                               ["test_sinusoidal_shape", "test_sinusoidal_values"], "positions start at 1"),
+    "shift frequency without the 2": (mutate(REF, "b = delta * 10000.0 ** (-2 * j / dim)", "b = delta * 10000.0 ** (-j / dim)"),
+                                      "test_shift_matrix_property", "missing the factor 2"),
+    "learned positions from 1 (clamped)": (mutate(REF, "positions = torch.arange(n, device=x.device)",
+                                                  "positions = torch.arange(1, n + 1, device=x.device).clamp_max(self.max_len - 1)"),
+                                           ["test_learned_embedding", "test_learned_embedding_max_len"], "positions start at 1"),
+    "learned positions from 1": (mutate(REF, "positions = torch.arange(n, device=x.device)",
+                                        "positions = torch.arange(1, n + 1, device=x.device)"),
+                                 ["test_learned_embedding", "test_learned_embedding_max_len"], "positions start at 1"),
     "odd dim accepted": (mutate(REF, ODD, "    i = torch.arange").replace(
         "dim, 2, dtype=torch.float64) / dim)  # (dim/2,)", "dim + dim % 2, 2, dtype=torch.float64) / dim)  # (dim/2,)"),
         "test_sinusoidal_odd_dim", "ValueError"),
@@ -126,6 +138,12 @@ MISTAKES = {
 @pytest.mark.parametrize("name", list(MISTAKES))
 def test_classic_mistake_loses_points_with_named_message(name):
     assert_mistake_named(A, name, *MISTAKES[name])
+
+
+@pytest.mark.parametrize("name", ["sin/cos swapped", "table positions from 1", "exponent without the 2"])
+def test_odd_dim_check_tests_only_the_odd_dim(name):
+    """A wrong table costs the value checks, not the check that an odd dim raises a ValueError."""
+    assert run_suite(A, MISTAKES[name][0])["test_sinusoidal_odd_dim"] == ""
 
 
 def test_importing_attnkit_earns_nothing_for_that_part():

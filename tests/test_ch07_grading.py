@@ -158,6 +158,25 @@ MISTAKES = {
             x = x + self.dropout(self.feed_forward(self.norm3(x)))''', DEC_POST), "test_decoder_block_pre_norm", "wrong place"),
     "decoder: linear feed-forward only in the decoder": (mutate(REF, DEC_POST, DEC_POST.replace("self.feed_forward(x)", "self.feed_forward.linear2(self.feed_forward.linear1(x))")),
                                                          "test_decoder_block_post_norm", "linear"),
+    "relu on the input": (mutate(REF, "return self.linear2(self.dropout(torch.relu(self.linear1(x))))",
+                                 "return self.linear2(self.dropout(self.linear1(torch.relu(x))))"),
+                          "test_feed_forward", "applied to the input"),
+    "encoder: norm1 used twice": (mutate(REF, "x = self.norm2(x + self.dropout2(self.feed_forward(x)))",
+                                         "x = self.norm1(x + self.dropout2(self.feed_forward(x)))"),
+                                  "test_encoder_block_post_norm", "norm1 is used for both sublayers"),
+    "decoder: cross-attention keys from x": (mutate(REF, DEC_CROSS_POST, "out, cross_weights = self.cross_attn(x, x, memory, memory_mask)"),
+                                             "test_decoder_block_post_norm", "keys come from x"),
+    "decoder: cross-attention queries from memory": (mutate(REF, DEC_CROSS_POST, "out, cross_weights = self.cross_attn(memory, x, x, memory_mask)"),
+                                                     "test_decoder_block_post_norm", "queries come from memory"),
+    "decoder: masks swapped": (mutate(mutate(REF, DEC_CROSS_POST, "out, cross_weights = self.cross_attn(x, memory, memory, self_mask)"),
+                                      "out, self_weights = self.self_attn(x, x, x, self_mask)",
+                                      "out, self_weights = self.self_attn(x, x, x, memory_mask)"),
+                               "test_decoder_block_masks", "swapped"),
+    "decoder: residual of the normalised x (pre)": (mutate(REF, '''            h = self.norm1(x)
+            out, self_weights = self.self_attn(h, h, h, self_mask)
+            x = x + self.dropout(out)''', '''            x = self.norm1(x)
+            out, self_weights = self.self_attn(x, x, x, self_mask)
+            x = x + self.dropout(out)'''), "test_decoder_block_pre_norm", "normalised x"),
     "decoder: memory mask ignored": (mutate(REF, DEC_CROSS_POST, "out, cross_weights = self.cross_attn(x, memory, memory)"),
                                      "test_decoder_block_masks", "memory_mask is ignored"),
     "decoder: self mask ignored": (mutate(REF, "out, self_weights = self.self_attn(x, x, x, self_mask)", "out, self_weights = self.self_attn(x, x, x)"),

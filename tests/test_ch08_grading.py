@@ -82,6 +82,13 @@ MISTAKES = {
     "attending to the future": (mutate(REF, MASK, "mask = None"), ["test_cached_attention_prompt"], "future"),
     "mask aligned to the start": (mutate(REF, MASK, MASK.replace(".tril(total - s)", ".tril()")),
                                   ["test_cached_attention_prompt", "test_cached_attention_step"], "aligned to the start"),
+    "appended twice in append_to_cache": (mutate(REF, CAT, "return torch.cat([cache[0], key, key], dim=-2), "
+                                                     "torch.cat([cache[1], value, value], dim=-2)"),
+                                          ["test_append_to_cache", "test_cached_attention_step"], "appended twice"),
+    "appended twice in cached_attention": (mutate(REF, "keys, values = append_to_cache(cache, key, value)  # (B, H, t + s, d)",
+                                                  "keys, values = append_to_cache(cache, key, value)  # (B, H, t + s, d)\n"
+                                                  "    keys, values = append_to_cache((keys, values), key, value)"),
+                                           ["test_cached_attention_step", "test_cached_attention_prompt"], "appended twice"),
     "attends before appending": (mutate(REF, "keys, values = append_to_cache(cache, key, value)  # (B, H, t + s, d)",
                                         "keys, values = cache if cache is not None else (key, value)"),
                                  ["test_cached_attention_step"], "does not attend to itself"),

@@ -9,10 +9,17 @@ import torch.nn.functional as F
 
 from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
-from autograder.checks import CheckFailed, Suite, Trial, expect_close, expect_pair, expect_tensor
+from autograder.checks import CheckFailed, Suite, Trial, close, expect_close, expect_pair, expect_tensor
 
 SUITE = Suite("01_single_head")
 SOFTMAX, SDPA = "softmax", "scaled_dot_product_attention"
+TIMES_SQRT = "the scores are multiplied by sqrt(d_k); the scale is 1/sqrt(d_k): divide Q K^T by sqrt(d_k)"
+UNIFORM_ROWS = ("a query whose keys are all masked gets equal weights on every key instead of zeros: filling with a "
+                "large negative number (such as torch.finfo(dtype).min) instead of -inf makes such a row uniform. The "
+                "contract asks for zero weights and a zero output row there (fill with -inf and turn the NaN rows "
+                "into 0, or zero the rows that have no allowed key)")
+KQ = ("the wrong operand is transposed: your scores are K Q^T, of shape (..., m, n); they must be "
+      "Q K^T = query @ key.transpose(-2, -1), of shape (..., n, m), one row per query")
 # The softmax exercise is to write the softmax: torch's own earns nothing there (it is fine elsewhere).
 SUITE.forbidden = {SOFTMAX: {name: f"torch's {name}" for name in ("softmax", "log_softmax", "Softmax")}}
 
@@ -86,6 +93,7 @@ def _attention_mistakes(q, k, v, mask=None) -> dict[str, torch.Tensor]:
     sm = s_masked if mask is not None else s
     add("the scores are not scaled: divide Q K^T by sqrt(d_k)", sm)
     add("the scores are divided by d_k; the scale is 1/sqrt(d_k)", sm / d_k)
+    add(TIMES_SQRT, sm * math.sqrt(d_k))
     if d_v != d_k:
         add("the scores are scaled by sqrt(d_v); the scale uses the key width d_k", sm / math.sqrt(d_v))
     add("the softmax runs over the queries (dim=-2); it must run over the keys (dim=-1)", sm / math.sqrt(d_k), axis=-2)
@@ -112,16 +120,63 @@ def _weights_mistakes(q, k, d_v: int, mask=None) -> dict[str, torch.Tensor]:
            if d_v != d_k else {}),
         "the scores are not scaled: divide Q K^T by sqrt(d_k)": ref_softmax(s),
         "the scores are divided by d_k; the scale is 1/sqrt(d_k)": ref_softmax(s / d_k),
+        TIMES_SQRT: ref_softmax(s * math.sqrt(d_k)),
         "the softmax runs over the queries (dim=-2); it must run over the keys (dim=-1)": ref_softmax(s / math.sqrt(d_k), dim=-2),
     }
 
 
+def _runs(t: Trial, q, k, v) -> tuple | None:
+    """(output, weights) of the student's attention on these inputs, or None if it raises or gives wrong shapes."""
+    try:
+        out, w = expect_pair(t.call(SDPA, q, k, v), SDPA)
+        expect_tensor(out, (*q.shape[:-1], v.shape[-1]), "the output")
+        expect_tensor(w, (*q.shape[:-1], k.shape[-2]), "the weights")
+        return out, w
+    except CheckFailed:
+        return None
+
+
+def _why_it_failed(t: Trial, lead: tuple[int, ...]) -> str:
+    """Probe the student's attention to explain a failure on inputs with ``lead`` leading dims and n != m."""
+    if len(lead) != 1 and _runs(t, t.randn(2, 4, 5), t.randn(2, 6, 5), t.randn(2, 6, 3)) is not None:
+        return (f"Inputs with {len(lead)} leading dimension(s) must work too (3-D ones do): use transpose(-2, -1) "
+                "and @ (or matmul), not bmm or transpose(1, 2)")
+    q, k, v = t.randn(2, 5, 4), t.randn(2, 5, 4), t.randn(2, 5, 3)
+    square = _runs(t, q, k, v)
+    if square is None:
+        return ""
+    w = square[1]
+    if isinstance(w, torch.Tensor) and close(w, ref_softmax(k @ q.transpose(-2, -1) / math.sqrt(4))):
+        return KQ[0].upper() + KQ[1:]
+    return ("It works when there are as many keys as queries (n == m): something uses the query length n or a "
+            "shape (..., m, n) where the keys' length m belongs")
+
+
+def _explained(t: Trial, q, e: CheckFailed) -> CheckFailed:
+    """``e`` with the reason found by probing, when there is one."""
+    if str(e).startswith("not implemented"):
+        return e
+    hint = _why_it_failed(t, tuple(q.shape[:-2]))
+    return CheckFailed(f"{str(e).rstrip('.')}. {hint}") if hint else e
+
+
+def _pair(t: Trial, q, *args):
+    """The student's (output, weights) for (q, *args); an error is explained when probing finds why."""
+    try:
+        return expect_pair(t.call(SDPA, q, *args), SDPA)
+    except CheckFailed as e:
+        raise _explained(t, q, e) from None
+
+
 def _attend(t: Trial, q, k, v, mask=None, what: str = "scaled_dot_product_attention"):
     args = (q, k, v) if mask is None else (q, k, v, mask)
-    out, w = expect_pair(t.call(SDPA, *args), SDPA)
     exp_out, exp_w = ref_attention(q, k, v, mask)
-    expect_tensor(w, tuple(exp_w.shape), f"the weights of {what}")
-    expect_tensor(out, tuple(exp_out.shape), f"the output of {what}")
+    try:
+        out, w = expect_pair(t.call(SDPA, *args), SDPA)
+        expect_tensor(w, tuple(exp_w.shape), f"the weights of {what}")
+        expect_tensor(out, tuple(exp_out.shape), f"the output of {what}")
+    except CheckFailed as e:
+        raise _explained(t, q, e) from None
     return out, w, exp_out, exp_w
 
 
@@ -130,9 +185,7 @@ def sdpa_shapes(t: Trial) -> None:
     """Returns (output, weights) with shapes (B, n, d_v) and (B, n, m), for n != m and d_v != d_k."""
     for b, n, m, dk, dv in [(2, 3, 5, 4, 6), (1, 7, 2, 3, 1)]:
         q, k, v = t.randn(b, n, dk), t.randn(b, m, dk), t.randn(b, m, dv)
-        out, w = expect_pair(t.call(SDPA, q, k, v), SDPA)
-        expect_tensor(out, (b, n, dv), f"the output for query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}")
-        expect_tensor(w, (b, n, m), f"the weights for query {tuple(q.shape)}, key {tuple(k.shape)}")
+        _attend(t, q, k, v, what=f"attention for query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}")
 
 
 @SUITE.check("test_sdpa_values", parts=[SDPA])
@@ -152,13 +205,7 @@ def sdpa_batch_dims(t: Trial) -> None:
     """Works for any number of leading dimensions: none (n, d), one (B, n, d) and two (B, H, n, d)."""
     for lead in [(), (2, 3), (2, 1, 2)]:
         q, k, v = t.randn(*lead, 4, 5), t.randn(*lead, 6, 5), t.randn(*lead, 6, 3)
-        try:
-            out, w, exp_out, exp_w = _attend(t, q, k, v, what=f"attention on {len(lead) + 2}-D inputs")
-        except CheckFailed as e:
-            if str(e).startswith("not implemented"):
-                raise
-            raise CheckFailed(f"{e}. Inputs with {len(lead)} leading dimension(s) must work too: use "
-                              "transpose(-2, -1) and @ (or matmul), not bmm or transpose(1, 2)") from None
+        out, w, exp_out, exp_w = _attend(t, q, k, v, what=f"attention on {len(lead) + 2}-D inputs")
         expect_close(out, exp_out, f"the output for inputs of shape {tuple(q.shape)}", _attention_mistakes(q, k, v))
         expect_close(w, exp_w, f"the weights for inputs of shape {tuple(q.shape)}")
 
@@ -178,7 +225,8 @@ def sdpa_mask(t: Trial) -> None:
         raise CheckFailed("masked keys (mask False) get non-zero weight: fill their scores with -inf before the softmax")
     expect_close(w, exp_w, "the masked attention weights",
                  {"the mask is applied after the softmax: masked weights are zero but the rest no longer sum to 1. "
-                  "Fill the scores with -inf before the softmax": ref_softmax(q @ k.transpose(-2, -1) / math.sqrt(d)) * mask})
+                  "Fill the scores with -inf before the softmax": ref_softmax(q @ k.transpose(-2, -1) / math.sqrt(d)) * mask,
+                  **_weights_mistakes(q, k, v.shape[-1], mask)})
     expect_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), "the masked attention output",
                  _attention_mistakes(q, k, v, mask))
     per_batch = t.rand_mask(b, n, m, p=0.5)
@@ -194,15 +242,17 @@ def sdpa_fully_masked(t: Trial) -> None:
     q, k, v = t.randn(1, 3, 4), t.randn(1, 5, 4), t.randn(1, 5, 2)
     mask = torch.ones(3, 5, dtype=torch.bool)
     mask[1] = False
-    out, w = expect_pair(t.call(SDPA, q, k, v, mask), SDPA)
+    out, w = _pair(t, q, k, v, mask)
     for name, val in (("weights", w), ("output", out)):
         if isinstance(val, torch.Tensor) and torch.isnan(val).any():
             raise CheckFailed(f"the {name} contain NaN for a query whose keys are all masked: softmax over a row of "
                               "-inf divides 0 by 0. The contract asks for a zero row instead (for example, replace "
                               "the row's max by 0 when it is -inf and divide by the sum only where it is positive)")
     exp_out, exp_w = ref_attention(q, k, v, mask)
-    expect_close(w, exp_w, "the weights with one fully masked query row")
-    expect_close(out, exp_out, "the output with one fully masked query row")
+    uniform = ref_softmax((q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).double().masked_fill(~mask, -1e30))
+    expect_close(w, exp_w, "the weights with one fully masked query row",
+                 {UNIFORM_ROWS: uniform, **_weights_mistakes(q, k, v.shape[-1], mask)})
+    expect_close(out, exp_out, "the output with one fully masked query row", {UNIFORM_ROWS: uniform @ v.double()})
 
 
 @SUITE.check("test_sdpa_dtype_stability", parts=[SDPA])
@@ -210,13 +260,13 @@ def sdpa_dtype_stability(t: Trial) -> None:
     """float64 in gives float64 out; large scores (1e4 after scaling) stay finite and exact."""
     q, k, v = (t.randn(2, 3, 4, dtype=torch.float64), t.randn(2, 5, 4, dtype=torch.float64),
                t.randn(2, 5, 3, dtype=torch.float64))
-    out, w = expect_pair(t.call(SDPA, q, k, v), SDPA)
+    out, w = _pair(t, q, k, v)
     exp_out, exp_w = ref_attention(q, k, v)
     expect_tensor(out, tuple(exp_out.shape), "the output for float64 inputs", dtype=torch.float64)
     expect_tensor(w, tuple(exp_w.shape), "the weights for float64 inputs", dtype=torch.float64)
-    expect_close(out, exp_out, "the output for float64 inputs", atol=1e-8, rtol=1e-8)
+    expect_close(out, exp_out, "the output for float64 inputs", _attention_mistakes(q, k, v), atol=1e-8, rtol=1e-8)
     q, k, v = t.randn(2, 3, 4, scale=100.0), t.randn(2, 6, 4, scale=100.0), t.randn(2, 6, 3)
-    out, w = expect_pair(t.call(SDPA, q, k, v), SDPA)
+    out, w = _pair(t, q, k, v)
     if isinstance(w, torch.Tensor) and not torch.isfinite(w).all():
         raise CheckFailed("the weights overflow to NaN/inf for large scores (around 1e4): use a numerically stable "
                           "softmax that subtracts the row maximum")

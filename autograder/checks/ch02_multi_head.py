@@ -18,6 +18,7 @@ from attnkit import merge_heads as ref_merge
 from attnkit import softmax as ref_softmax
 from attnkit import split_heads as ref_split
 from autograder.checks import CheckFailed, StudentError, Suite, Trial, expect_close, expect_pair, expect_tensor
+from autograder.checks.ch01_single_head import UNIFORM_ROWS
 
 SUITE = Suite("02_multi_head")
 SPLIT, MERGE, MHA = "split_heads", "merge_heads", "MultiHeadAttention"
@@ -28,6 +29,8 @@ INTERLEAVED_SPLIT = ("the heads are interleaved (head h gets features h, h + H, 
                      "(H, Dh), not (Dh, H), so head h gets the contiguous block h*Dh:(h+1)*Dh")
 NO_TRANSPOSE_MERGE = ("it reshapes (B, H, n, Dh) to (B, n, H*Dh) without the transpose, which mixes positions "
                       "into features: transpose(1, 2) back to (B, n, H, Dh) first, then reshape")
+REVERSED_HEADS = ("the heads are concatenated in reverse order (head H-1 first): merge head h into features "
+                  "h*Dh:(h+1)*Dh, in head order, with transpose(1, 2) then reshape")
 MASK_AXES = ("a (B, n, m) mask lines up with the wrong axes of the (B, H, n, m) scores: add a head axis with "
              "mask.unsqueeze(1) so the same mask applies to every head")
 
@@ -63,7 +66,7 @@ def merge_heads_check(t: Trial) -> None:
             raise CheckFailed(f"merge_heads returned shape {(b, h, n * d)}: the result is (B, n, H*Dh), "
                               "so transpose the head and sequence axes before reshaping")
         expect_close(y, ref_merge(x), f"merge_heads of a {tuple(x.shape)} tensor",
-                     {NO_TRANSPOSE_MERGE: x.reshape(b, n, h * d)})
+                     {NO_TRANSPOSE_MERGE: x.reshape(b, n, h * d), **({REVERSED_HEADS: ref_merge(x.flip(1))} if h > 1 else {})})
 
 
 # -- MultiHeadAttention ---------------------------------------------------------------------------
@@ -96,6 +99,8 @@ def _attend(p: Params, qp: Tensor, kp: Tensor, vp: Tensor, h: int, mask: Tensor 
         mask = mask.unsqueeze(1) if mask.dim() == 3 else mask
         if mask_mode == "before":
             s = s.masked_fill(~mask, float("-inf"))
+        elif mask_mode == "large negative":
+            s = s.masked_fill(~mask, -1e30)
         elif mask_mode == "inverted":
             s = s.masked_fill(mask, float("-inf"))
     w = ref_softmax(s)
@@ -149,10 +154,14 @@ def mistakes(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | 
             f"divide by sqrt(head_dim) = sqrt({e // h})"] = _attend(p, Q, K, V, h, mask, scale=e)
     out["the output projection out_proj is missing: apply it to the concatenated heads"] = _attend(
         p, Q, K, V, h, mask, out_proj=False)
+    if e > h:
+        out[f"the scores are not scaled: divide each head's Q K^T by sqrt(head_dim) = sqrt({e // h})"] = _attend(
+            p, Q, K, V, h, mask, scale=1)
     if h > 1:
         out["splitting the heads: " + NO_TRANSPOSE_SPLIT] = _attend(p, Q, K, V, h, mask, split=bad_split)
         out["splitting the heads: " + INTERLEAVED_SPLIT] = _attend(p, Q, K, V, h, mask, split=interleaved)
         out["merging the heads: " + NO_TRANSPOSE_MERGE] = _attend(p, Q, K, V, h, mask, merge=bad_merge)
+        out["merging the heads: " + REVERSED_HEADS] = _attend(p, Q, K, V, h, mask, merge=lambda x: ref_merge(x.flip(1)))
         out["the heads are split and merged with reshape but no transpose, which mixes positions into heads: "
             "view as (B, n, H, Dh), then transpose(1, 2)"] = _attend(p, Q, K, V, h, mask, split=bad_split, merge=bad_merge)
     wrong = "a projection is applied to the wrong input: "
@@ -178,6 +187,9 @@ def mistakes(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | 
             _attend(p, Q, K, V, h, mask, mask_mode="inverted")
         out["the mask is applied after the softmax: mask the scores with -inf before the softmax"] = _attend(
             p, Q, K, V, h, mask, mask_mode="after")
+        if not bool(mask.any(-1).all()):  # some query has no allowed key
+            out[UNIFORM_ROWS] = _attend(
+                p, Q, K, V, h, mask, mask_mode="large negative")
         if mask.dim() == 3 and mask.shape[0] == h:
             out[MASK_AXES] = _attend(p, Q, K, V, h, mask.unsqueeze(0))  # example b's mask lands on head b
     return out

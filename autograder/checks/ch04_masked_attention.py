@@ -20,15 +20,18 @@ from attnkit import padding_mask as ref_padding
 from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
 from autograder.checks import CheckFailed, StudentError, Suite, Trial, expect_close, expect_pair, expect_tensor
-from autograder.checks.ch01_single_head import _attention_mistakes
+from autograder.checks.ch01_single_head import UNIFORM_ROWS, _attention_mistakes
 from autograder.checks.ch02_multi_head import _weights, mistakes
 
 SUITE = Suite("04_masked_attention")
 CAUSAL, PADDING, MASKED = "causal_mask", "padding_mask", "masked_attention"
 
 INVERTED = "the mask is inverted: True must mean 'may attend'"
-STRICT = ("the diagonal is hidden (a strictly lower triangle): position i may attend to itself, so the mask is True "
-          "on and below the diagonal (tril with diagonal=0)")
+STRICT = ("off by one: the diagonal is hidden (a strictly lower triangle, tril(diagonal=-1)): position i may attend "
+          "to itself, so the mask is True on and below the diagonal (tril with diagonal=0)")
+SEES_NEXT = ("off by one: the mask also lets each position see the next (future) position i+1 (tril(diagonal=1)); "
+             "query i may only see keys 0..i, so use tril with diagonal=0")
+NOT_SCALED = "the scores are not scaled: divide Q K^T by sqrt(d_k) before masking"
 NAN_ROWS = ("a query whose keys are all masked gives NaN: the softmax of a row of -inf is 0/0. The contract asks for "
             "zero weights and a zero output row (for example torch.nan_to_num, or divide only where the sum is positive)")
 
@@ -58,22 +61,26 @@ def expect_equal_mask(actual: Tensor, expected: Tensor, what: str, mistakes: dic
 # -- masks -----------------------------------------------------------------------------------------
 
 
+def _causal_mistakes(n: int) -> dict[str, Tensor]:
+    ones = torch.ones(n, n, dtype=torch.bool)
+    return {
+        INVERTED + " (query i may see keys 0..i): yours is True above the diagonal, where attention is "
+                   "forbidden": ~ones.tril(),
+        STRICT: ones.tril(-1),
+        SEES_NEXT: ones.tril(1),
+        "the triangle is the upper one, so query i sees the future keys i..n-1: query i (row i) may see keys "
+        "0..i (columns), so use tril, not triu": ones.triu(),
+        "the mask is all True: nothing is hidden": ones,
+    }
+
+
 @SUITE.check("test_causal_mask", parts=[CAUSAL])
 def causal_mask_check(t: Trial) -> None:
     """causal_mask(n) is a bool (n, n) tensor, True on and below the diagonal."""
     for n in (5, 2, 1, 8):  # n=5 first: for n=1 several mistakes coincide
         m = expect_bool_mask(t.call(CAUSAL, n) if n != 5 else t.call(CAUSAL, n, device="cpu"), (n, n),
                              f"causal_mask({n})")
-        ones = torch.ones(n, n, dtype=torch.bool)
-        expect_equal_mask(m, ref_causal(n), f"causal_mask({n})", {
-            INVERTED + " (query i may see keys 0..i): yours is True above the diagonal, where attention is "
-                       "forbidden": ~ones.tril(),
-            STRICT: ones.tril(-1),
-            "the triangle is the upper one, so query i sees the future keys i..n-1: query i (row i) may see keys "
-            "0..i (columns), so use tril, not triu":
-                ones.triu(),
-            "the mask is all True: nothing is hidden": ones,
-        })
+        expect_equal_mask(m, ref_causal(n), f"causal_mask({n})", _causal_mistakes(n))
 
 
 @SUITE.check("test_padding_mask", parts=[PADDING])
@@ -125,7 +132,16 @@ def _weight_mistakes(q, k, mask) -> dict[str, Tensor]:
         "before the softmax": after / after.sum(-1, keepdim=True).clamp_min(1e-30),
         INVERTED + ", so fill the scores where the mask is False": ref_softmax(s.masked_fill(mask, float("-inf"))),
         "the mask is ignored: fill the scores where the mask is False with -inf": ref_softmax(s),
+        NOT_SCALED: ref_softmax((q @ k.transpose(-2, -1)).masked_fill(~mask, float("-inf"))),
+        **_uniform_rows(s, mask),
     }
+
+
+def _uniform_rows(s: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """The weights when masked scores are filled with a large finite negative number: fully masked rows uniform."""
+    if bool(mask.expand_as(s).any(-1).all()):
+        return {}  # every row has an allowed key: same as the reference
+    return {UNIFORM_ROWS: ref_softmax(s.double().masked_fill(~mask, -1e30))}
 
 
 @SUITE.check("test_masked_attention", parts=[MASKED])
@@ -205,7 +221,8 @@ def masked_mha_check(t: Trial) -> None:
 
 def _mask_mistakes(p: dict[str, Tensor], x: Tensor, h: int, mask: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
     """The masking mistakes of chapter 02's list (ignored, inverted, after the softmax), for self-attention of x."""
-    return {f"masked_attention: {msg}": pair for msg, pair in mistakes(p, x, x, x, h, mask).items() if "mask" in msg}
+    return {f"masked_attention: {msg}": pair for msg, pair in mistakes(p, x, x, x, h, mask).items()
+            if "mask" in msg or "not scaled" in msg}
 
 
 @SUITE.check("test_causality", parts=[CAUSAL, MASKED])
@@ -226,9 +243,11 @@ def causality_check(t: Trial) -> None:
         expect_tensor(out2, (1, n, e), "the output of SelfAttention")
         if not torch.allclose(out2[:, : i + 1], out[:, : i + 1], atol=1e-5):
             if bool(mask.triu(1).any()):
+                named = [msg for msg, wrong in _causal_mistakes(n).items() if torch.equal(mask, wrong)]
                 raise CheckFailed(f"changing inputs after position {i} changes output {i}: the model sees the future. "
-                                  f"Your causal mask is True above the diagonal ({INVERTED}, and query i may only "
-                                  "see keys 0..i)")
+                                  + (f"Your causal mask is wrong: {named[0]}" if named else
+                                     "Your causal mask is True above the diagonal, where attention is forbidden: "
+                                     "query i may only see keys 0..i"))
             for msg, (o, _) in _mask_mistakes(p, x, h, mask).items():
                 if torch.allclose(out.double(), o, atol=1e-4):
                     raise CheckFailed(f"changing inputs after position {i} changes output {i}, because {msg}")
@@ -243,7 +262,7 @@ def causality_check(t: Trial) -> None:
     ref = _ref_module(p, e, h)
     with torch.no_grad():
         exp_out, _ = ref(x.double(), x.double(), x.double(), ref_causal(n))
-    wrong = {}
+    wrong = {msg: o for msg, (o, _) in _mask_mistakes(p, x, h, ref_causal(n)).items()}
     with torch.no_grad():
         wrong[STRICT] = ref(x.double(), x.double(), x.double(), ref_causal(n).tril(-1))[0]
     expect_close(out, exp_out, "the output of causal self-attention", wrong)

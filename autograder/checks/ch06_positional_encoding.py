@@ -8,10 +8,14 @@ import torch
 
 from attnkit import position_shift_matrix as ref_shift
 from attnkit import sinusoidal_positional_encoding as ref_pe
-from autograder.checks import CheckFailed, StudentError, Suite, Trial, expect_close, expect_tensor
+from autograder.checks import CheckFailed, StudentError, Suite, Trial, close, expect_close, expect_tensor
 
 SUITE = Suite("06_positional_encoding")
 PE, SHIFT, LEARNED = "sinusoidal_positional_encoding", "position_shift_matrix", "LearnedPositionalEmbedding"
+PE_FROM_1 = ("the positions start at 1: row i is position i, counted from 0 (torch.arange(num_positions)), so row 0 "
+             "is [sin 0, cos 0, ...] = [0, 1, 0, 1, ...]")
+LEARNED_FROM_1 = ("the positions start at 1: the row of position i is table[i], counted from 0, so a sequence of "
+                  "n positions uses rows 0..n-1 (torch.arange(n))")
 
 
 def _expect_value_error(call: Callable[[], object], what: str, hint: str) -> None:
@@ -32,9 +36,10 @@ def _expect_value_error(call: Callable[[], object], what: str, hint: str) -> Non
 # -- the sinusoidal table -------------------------------------------------------------------------
 
 
-def _table(n: int, d: int, freq: Callable[[torch.Tensor], torch.Tensor], sin_first: bool = True) -> torch.Tensor:
-    """An interleaved sin/cos table with the pair frequencies ``freq(j)``."""
-    i = torch.arange(n, dtype=torch.float64)[:, None]
+def _table(n: int, d: int, freq: Callable[[torch.Tensor], torch.Tensor], sin_first: bool = True,
+           start: int = 0) -> torch.Tensor:
+    """An interleaved sin/cos table with the pair frequencies ``freq(j)``, for positions start..start+n-1."""
+    i = torch.arange(start, start + n, dtype=torch.float64)[:, None]
     a = i * freq(torch.arange(d // 2, dtype=torch.float64))  # (n, d/2)
     first, second = (a.sin(), a.cos()) if sin_first else (a.cos(), a.sin())
     return torch.stack([first, second], -1).reshape(n, d)
@@ -60,6 +65,8 @@ def _pe_mistakes(n: int, d: int) -> dict[str, torch.Tensor]:
         "w_j = 10000^(-2j/dim)": per_column,
         "sin fills the first half of the columns and cos the second; they must interleave: column 2j is sin, 2j+1 cos":
             torch.cat([a.sin(), a.cos()], -1),
+        "the base is 1000; the frequencies are w_j = 10000^(-2j/dim)": _table(n, d, lambda j: 1000.0 ** (-2 * j / d)),
+        PE_FROM_1: _table(n, d, lambda j: 10000.0 ** (-2 * j / d), start=1),
     }
 
 
@@ -72,7 +79,7 @@ def sinusoidal_shape(t: Trial) -> None:
             raise CheckFailed(f"sinusoidal_positional_encoding({n}, {d}) has dtype {P.dtype}; it should be floating point")
     expect_close(P[0], torch.tensor([0.0, 1.0] * 5), "row 0 (position 0) of the table",
                  {"sin and cos are swapped: position 0 is sin(0) = 0 in even columns and cos(0) = 1 in odd ones":
-                  torch.tensor([1.0, 0.0] * 5)})
+                  torch.tensor([1.0, 0.0] * 5), PE_FROM_1: ref_pe(2, 10, dtype=torch.float64)[1]})
 
 
 @SUITE.check("test_sinusoidal_values", parts=[PE])
@@ -89,16 +96,28 @@ def sinusoidal_odd_dim(t: Trial) -> None:
     for d in (5, 1):
         _expect_value_error(lambda: t.call(PE, 4, d), f"sinusoidal_positional_encoding(4, {d})",
                             "With an odd dim the last sin column would have no cos partner: check dim % 2 first")
-    P = t.call(PE, 3, 2)  # the smallest even dim still works
-    expect_close(P, ref_pe(3, 2, dtype=torch.float64), "sinusoidal_positional_encoding(3, 2)")
+    # the smallest even dim still works (its values are test_sinusoidal_values' business)
+    expect_tensor(t.call(PE, 3, 2), (3, 2), "sinusoidal_positional_encoding(3, 2) (the smallest even dim must work)")
 
 
 # -- the shift matrix -----------------------------------------------------------------------------
 
 
+def _rotation(delta: int, d: int, w: torch.Tensor) -> torch.Tensor:
+    """The block-diagonal shift matrix (row-vector convention) with pair frequencies ``w``."""
+    c, s = torch.cos(delta * w), torch.sin(delta * w)
+    return torch.block_diag(*[torch.stack([torch.stack([c[j], -s[j]]), torch.stack([s[j], c[j]])])
+                              for j in range(d // 2)])
+
+
 def _shift_mistakes(delta: int, d: int) -> dict[str, torch.Tensor]:
     M = ref_shift(delta, d, dtype=torch.float64)
+    j = torch.arange(d // 2, dtype=torch.float64)
     return {
+        "the rotation frequencies are missing the factor 2: block j turns by delta * w_j with "
+        "w_j = 10000^(-2j/dim), the frequency of the table's pair j": _rotation(delta, d, 10000.0 ** (-j / d)),
+        "the rotation frequencies use the column index 2j where the pair index j belongs: block j turns by "
+        "delta * w_j with w_j = 10000^(-2j/dim)": _rotation(delta, d, 10000.0 ** (-4 * j / d)),
         "M rotates the wrong way: P[i] @ M gives P[i - delta]. For row vectors, block j is "
         "[[cos(delta w_j), -sin(delta w_j)], [sin(delta w_j), cos(delta w_j)]]; you built its transpose "
         "(the column-vector rotation)": M.T,
@@ -145,7 +164,9 @@ def _table_of(obj, max_len: int, dim: int) -> tuple[str, torch.Tensor]:
 
 def _learned_mistakes(x: torch.Tensor, table: torch.Tensor) -> dict[str, torch.Tensor]:
     n = x.shape[-2]
+    from_1 = {LEARNED_FROM_1: x + table[torch.arange(1, n + 1).clamp_max(table.shape[0] - 1)]}
     return {
+        **from_1,
         "it returns the position rows without adding x: forward must return x + the row of each position":
             table[:n].expand_as(x).clone(),
         "every position got the same row: the positions run along axis -2 (x.shape[-2] or x.shape[1]), "
@@ -176,7 +197,19 @@ def learned_embedding_max_len(t: Trial) -> None:
     obj = t.new(LEARNED, 5, 4)
     _, table = _table_of(obj, 5, 4)
     x = t.randn(2, 5, 4)
-    expect_close(obj(x), x + table, "the output for a sequence of exactly max_len = 5 positions")
+    try:
+        out = obj(x)
+    except StudentError as err:
+        if not str(err).startswith("not implemented"):
+            short = t.randn(2, 3, 4)
+            try:
+                from_1 = close(obj(short), short + table[1:4])
+            except CheckFailed:
+                from_1 = False
+            if from_1:
+                raise CheckFailed(f"a sequence of exactly max_len = 5 positions fails ({err}): {LEARNED_FROM_1}") from None
+        raise
+    expect_close(out, x + table, "the output for a sequence of exactly max_len = 5 positions", _learned_mistakes(x, table))
     _expect_value_error(lambda: obj(t.randn(2, 6, 4)), "LearnedPositionalEmbedding(5, 4) on a sequence of 6 positions",
                         "Position 5 has no learned row: compare x.shape[-2] with max_len and raise a ValueError that "
                         "names both")

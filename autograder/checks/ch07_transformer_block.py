@@ -27,6 +27,9 @@ LINEAR_FF = "the feed-forward network is linear: without the ReLU between linear
             "into one matrix; apply torch.relu to linear1's output"
 WRONG_ORDER_POST = ("a norm is in the wrong place for norm_first=False: this is the pre-norm order x + sublayer(norm(x)). "
                     "Post-norm (the default, as in the paper) normalises after the residual: x = norm(x + sublayer(x))")
+RESIDUAL_NORMED = ("the residual adds the normalised x{where}: in pre-norm the skip path carries x itself, "
+                   "x = x + sublayer(norm(x)); keep x and put norm(x) in a new variable (h = norm(x))")
+OWN_NORM = "each sublayer has its own norm ({names}): use each one once"
 WRONG_ORDER_PRE = ("a norm is in the wrong place for norm_first=True: this is the post-norm order norm(x + sublayer(x)). "
                    "Pre-norm normalises the sublayer's input and adds the un-normalised x: x = x + sublayer(norm(x))")
 
@@ -47,7 +50,7 @@ def _stack(x: Tensor, subs: list[Callable[[Tensor, Tensor], Tensor]], norms: lis
     for i, (sub, norm) in enumerate(zip(subs, norms)):
         if pre:
             h = norm(x)
-            base = h if bug == "residual of the normed x" else x
+            base = h if bug in ("residual of the normed x", f"residual of the normed x@{i}") else x
             x = base + sub(h, x_in) if residual[i] else sub(h, x_in)
         elif bug == "norm on the sublayer output":
             x = x + norm(sub(x, x_in)) if residual[i] else norm(sub(x, x_in))
@@ -68,7 +71,8 @@ def _feed_forward(ref_ff: RefFeedForward, student_ff: FeedForwardFn | None, act:
 
 def _encoder(ref: RefEncoder, x: Tensor, mask: Tensor | None, pre: bool, residual=(True, True), act: str = "relu",
              bug: str = "", ff: FeedForwardFn | None = None) -> Tensor:
-    norms = [ref.norm1, ref.norm2] if bug != "norms swapped" else [ref.norm2, ref.norm1]
+    norms = {"norms swapped": [ref.norm2, ref.norm1], "norm1 twice": [ref.norm1, ref.norm1],
+             "norm2 twice": [ref.norm2, ref.norm2]}.get(bug, [ref.norm1, ref.norm2])
     ffn = _feed_forward(ref.feed_forward, ff, act)
     subs = [lambda h, _: ref.self_attn(h, h, h, None if bug == "mask ignored" else mask)[0], lambda h, _: ffn(h)]
     return _stack(x, subs, norms, pre, residual, bug)
@@ -77,14 +81,22 @@ def _encoder(ref: RefEncoder, x: Tensor, mask: Tensor | None, pre: bool, residua
 def _decoder(ref: RefDecoder, x: Tensor, memory: Tensor, self_mask: Tensor | None, memory_mask: Tensor | None,
              pre: bool, residual=(True, True, True), act: str = "relu", bug: str = "",
              ff: FeedForwardFn | None = None) -> Tensor:
-    norms = [ref.norm1, ref.norm2, ref.norm3]
+    n1, n2, n3 = ref.norm1, ref.norm2, ref.norm3
+    norms = {"norm1 everywhere": [n1, n1, n1], "norm1 twice": [n1, n1, n3], "norm2 twice": [n1, n2, n2]}.get(
+        bug, [n1, n2, n3])
     ffn = _feed_forward(ref.feed_forward, ff, act)
     sm = None if bug == "self mask ignored" else self_mask
     mm = None if bug == "memory mask ignored" else memory_mask
+    if bug == "masks swapped":
+        sm, mm = memory_mask, self_mask
 
     def cross(h: Tensor, x_in: Tensor) -> Tensor:
         if bug == "cross attends to itself":
             return ref.cross_attn(h, h, h)[0]
+        if bug == "cross keys from x":
+            return ref.cross_attn(h, h, memory, mm)[0]
+        if bug == "cross queries from memory":
+            return ref.cross_attn(memory, h, h, mm)[0]
         if bug == "cross uses self_attn":
             return ref.self_attn(h, memory, memory, mm)[0]
         if bug == "cross queries from the block input":
@@ -115,9 +127,13 @@ def _encoder_mistakes(ref: RefEncoder, x: Tensor, mask: Tensor | None, pre: bool
         "norm1 and norm2 are swapped: norm1 belongs to the self-attention sublayer, norm2 to the feed-forward":
             e(bug="norms swapped"),
     }
+    own = OWN_NORM.format(names="norm1 for the self-attention, norm2 for the feed-forward")
+    out["norm1 is used for both sublayers: " + own] = e(bug="norm1 twice")
+    out["norm2 is used for both sublayers: " + own] = e(bug="norm2 twice")
     if pre:
-        out["the residual adds the normalised x: in pre-norm the skip path carries x itself, "
-            "x = x + sublayer(norm(x))"] = e(bug="residual of the normed x")
+        out[RESIDUAL_NORMED.format(where="")] = e(bug="residual of the normed x")
+        for i, where in enumerate((" around the self-attention", " around the feed-forward network")):
+            out[RESIDUAL_NORMED.format(where=where)] = e(bug=f"residual of the normed x@{i}")
     else:
         out["the norm is applied to the sublayer's output before the residual (x + norm(sublayer(x))); "
             "post-norm normalises the sum: norm(x + sublayer(x))"] = e(bug="norm on the sublayer output")
@@ -146,8 +162,24 @@ def _decoder_mistakes(ref: RefDecoder, x: Tensor, memory: Tensor, sm: Tensor | N
     if x.shape[1] == memory.shape[1] or mm is None:
         out["the cross-attention attends to x itself: its keys and values must come from memory, "
             "cross_attn(x, memory, memory, memory_mask)"] = d(bug="cross attends to itself")
+    if x.shape[1] == memory.shape[1]:
+        out["the cross-attention's keys come from x: keys and values must both come from memory, "
+            "cross_attn(x, memory, memory, memory_mask)"] = d(bug="cross keys from x")
+        out["the cross-attention's queries come from memory and its keys and values from x: the queries come from "
+            "x, the keys and values from memory, cross_attn(x, memory, memory, memory_mask)"] = d(
+            bug="cross queries from memory")
+        if sm is not None and mm is not None:
+            out["self_mask and memory_mask are swapped: self_mask (causal) goes to the self-attention, memory_mask "
+                "(padding of memory) to the cross-attention"] = d(bug="masks swapped")
+    own = OWN_NORM.format(names="norm1 for the self-attention, norm2 for the cross-attention, norm3 for the feed-forward")
+    out["norm1 is used twice (for the self- and the cross-attention): " + own] = d(bug="norm1 twice")
+    out["norm2 is used twice (for the cross-attention and the feed-forward): " + own] = d(bug="norm2 twice")
+    out["norm1 is used for every sublayer: " + own] = d(bug="norm1 everywhere")
     if pre:
-        out["the residual adds the normalised x: in pre-norm the skip path carries x itself"] = d(bug="residual of the normed x")
+        out[RESIDUAL_NORMED.format(where="")] = d(bug="residual of the normed x")
+        for i, where in enumerate((" around the self-attention", " around the cross-attention",
+                                   " around the feed-forward network")):
+            out[RESIDUAL_NORMED.format(where=where)] = d(bug=f"residual of the normed x@{i}")
     else:
         out["the norm is applied to the sublayer's output before the residual; post-norm normalises the sum: "
             "norm(x + sublayer(x))"] = d(bug="norm on the sublayer output")
@@ -230,7 +262,9 @@ def feed_forward(t: Trial) -> None:
                 wrong = {LINEAR_FF: _ff(ref, x, "none"),
                          "the activation is GELU; the feed-forward uses ReLU": _ff(ref, x, "gelu"),
                          "a ReLU is also applied to the output of linear2: only linear1's output goes through it":
-                             torch.relu(exp)}
+                             torch.relu(exp),
+                         "the ReLU is applied to the input x; it belongs between the layers, on linear1's output: "
+                         "linear2(relu(linear1(x)))": ref.linear2(ref.linear1(torch.relu(x)))}
             expect_close(obj(x), exp, f"FeedForward({e}, {hdim}) on x of shape {shape}", wrong)
 
 

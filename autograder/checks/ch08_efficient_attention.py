@@ -51,6 +51,8 @@ EITHER = ("position 1 attends to position 0 only: either the new position does n
           "and value before attending) or the causal mask is aligned to the start of the cache (shift the triangle "
           "right by t: tril(diagonal=t) on (s, t + s))")
 OLD_CACHE = "the returned cache does not hold the new positions: return the extended (keys, values)"
+TWICE = ("the new positions are appended twice, so each appears twice in the keys and values: append them once "
+         "(torch.cat([cache, new], dim=-2) in append_to_cache, and one call of append_to_cache in cached_attention)")
 
 State = tuple[Tensor, Tensor, Tensor]
 
@@ -201,8 +203,13 @@ def _expect_cache(value, expected: tuple[Tensor, Tensor], what: str, old: tuple[
     for name, got, exp in zip(("keys", "values"), value, expected):
         if not isinstance(got, Tensor):
             raise CheckFailed(f"{what}: {name} should be a torch.Tensor, got {type(got).__name__}")
+        i = 0 if name == "keys" else 1
+        if new is not None:
+            twice = torch.cat([*([old[i]] if old is not None else []), new[i], new[i]], dim=-2)
+            if close(got, twice):
+                raise CheckFailed(f"{what} is wrong: {TWICE}")
         if tuple(got.shape) != tuple(exp.shape):
-            if old is not None and tuple(got.shape) == tuple(old[0 if name == "keys" else 1].shape):
+            if old is not None and tuple(got.shape) == tuple(old[i].shape):
                 raise CheckFailed(f"{what} is wrong: {OLD_CACHE}")
             if got.dim() == exp.dim() and got.numel() == exp.numel():
                 raise CheckFailed(f"{what}: {name} have shape {tuple(got.shape)}, expected {tuple(exp.shape)}: "
@@ -259,6 +266,10 @@ def _step_mistakes(q: Tensor, keys: Tensor, values: Tensor, t0: int, s: int) -> 
         out[TOP_LEFT] = ref_attention(q, keys[..., :total, :], values[..., :total, :], top_left)[0]
     if s > 1:
         out[FUTURE] = ref_attention(q, keys[..., :total, :], values[..., :total, :])[0]
+    new_k, new_v = keys[..., t0:total, :], values[..., t0:total, :]
+    twice = torch.ones(s, total + s, dtype=torch.bool).tril(total)
+    out[TWICE] = ref_attention(q, torch.cat([keys[..., :t0, :], new_k, new_k], dim=-2),
+                               torch.cat([values[..., :t0, :], new_v, new_v], dim=-2), twice)[0]
     return out
 
 
