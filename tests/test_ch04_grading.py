@@ -63,6 +63,8 @@ MISTAKES = {
     "mask polarity in attention": (mutate(REF, FILL, 'scores = scores.masked_fill(mask, float("-inf"))'),
                                    ["test_masked_attention"], "inverted"),
     "mask ignored": (mutate(REF, FILL, "pass"), ["test_masked_attention", "test_causality"], "mask"),
+    "mask transposed in attention": (mutate(REF, FILL, 'scores = scores.masked_fill(~mask.transpose(-2, -1), float("-inf"))'),
+                                     ["test_masked_attention"], "mask is used transposed"),
     "no scaling": (mutate(REF, "scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])",
                           "scores = query @ key.transpose(-2, -1)"),
                    ["test_masked_attention", "test_masked_attention_fully_masked", "test_masked_mha", "test_causality"],

@@ -154,8 +154,8 @@ def masked_attention_check(t: Trial) -> None:
     causal = ref_causal(6)
     qs = t.randn(b, 6, d)
     padding = ref_padding(torch.tensor([6, 3]), m)  # (B, 1, m)
-    for (qq, mask, what) in [(q, random_mask, "attention with an (n, m) mask"),
-                             (qs, causal, "attention with a causal mask"),
+    for (qq, mask, what) in [(qs, causal, "attention with a causal mask"),  # square first: names a transposed mask
+                             (q, random_mask, "attention with an (n, m) mask"),
                              (q, padding, "attention with a (B, 1, m) padding mask")]:
         out, w, exp_out, exp_w = _attend(t, qq, k, v, mask, what)
         full = mask.expand_as(w)
@@ -166,6 +166,12 @@ def masked_attention_check(t: Trial) -> None:
             if w.shape == unmasked.shape and torch.allclose(w.double(), unmasked.double(), atol=1e-4):
                 raise CheckFailed(f"{what}: the mask is ignored: fill the scores where the mask is False with -inf "
                                   "before the softmax")
+            if mask.shape[-1] == mask.shape[-2] and w.shape[-1] == w.shape[-2]:
+                scores = qq @ k.transpose(-2, -1) / math.sqrt(d)
+                transposed = ref_softmax(scores.masked_fill(~mask.transpose(-2, -1), float("-inf")))
+                if w.shape == transposed.shape and torch.allclose(w.double(), transposed.double(), atol=1e-4):
+                    raise CheckFailed(f"{what}: the mask is used transposed: mask[..., i, j] says whether query i "
+                                      "(row) may see key j (column), the same layout as the scores")
             raise CheckFailed(f"{what}: masked keys (mask False) get non-zero weight: fill their scores with -inf "
                               "before the softmax")
         expect_close(w, exp_w, f"the weights of {what}", _weight_mistakes(qq, k, mask))
