@@ -25,6 +25,7 @@ import argparse
 import concurrent.futures as cf
 import csv
 import hashlib
+import html
 import io
 import json
 import multiprocessing as mp
@@ -58,7 +59,7 @@ def atomic_write(path: Path, data: str | bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
+            f.write(data.encode("utf-8", "backslashreplace") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -80,12 +81,27 @@ def _hash_files(h: "hashlib._Hash", paths: list[Path]) -> None:
         h.update(b"\0")
 
 
-def grader_version(assignment: str) -> str:
-    """A hash of everything that decides a grade besides the submission itself."""
-    h = hashlib.sha256()
+def grader_version(assignment: str, limits: Limits | None = None) -> str:
+    """A hash of everything that decides a grade besides the submission itself: the source notebooks,
+    the grader and its checks, the reference package the checks compare with, and the limits."""
+    import attnkit
+
+    h = hashlib.sha256(repr(limits or Limits()).encode())
     _hash_files(h, course.source_notebooks(assignment))
     _hash_files(h, sorted(HERE.glob("*.py")) + [HERE / "checks" / "__init__.py", HERE / "checks" / f"ch{assignment}.py"])
+    _hash_files(h, sorted(Path(attnkit.__file__).parent.glob("*.py")))
     return h.hexdigest()
+
+
+def clean_text(value: Any) -> Any:
+    """``value`` with every string made safe to encode as UTF-8 (lone surrogates from student text escaped)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {clean_text(k): clean_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean_text(v) for v in value]
+    return value
 
 
 @dataclass
@@ -131,6 +147,10 @@ def pick_notebooks(job: Job, ctx: Context) -> tuple[dict[str, Path | None], list
     if len(missing) == 1 and len(extra) == 1:
         chosen[missing[0]] = extra[0]
         notes.append(f"graded {extra[0].name} in place of the expected {missing[0]}.ipynb")
+    elif extra:
+        expected = ", ".join(f"{src.name}.ipynb" for src in ctx.sources)
+        notes.append(f"not graded: {', '.join(p.name for p in extra)} (only {expected} is graded; "
+                     "put your answers in that file)")
     return chosen, notes
 
 
@@ -138,9 +158,11 @@ def grade_job(job: Job, ctx: Context) -> dict[str, Any]:
     """Grade one student (runs in a worker process); always returns a result, never raises."""
     started = time.monotonic()
     try:
-        if not job.folder.is_dir():
+        if job.folder.is_symlink() or job.folder.parent.is_symlink() or not job.folder.is_dir():
             results = [grade_notebook(None, src, ctx.assignment, secret=ctx.secret) for src in ctx.sources]
-            reason = f"no submission folder {job.student}/{ctx.assignment}"
+            reason = (f"{job.student}/{ctx.assignment} is a symbolic link, not a folder: not graded"
+                      if job.folder.is_symlink() or job.folder.parent.is_symlink()
+                      else f"no submission folder {job.student}/{ctx.assignment}")
             notes: list[str] = []
         else:
             chosen, notes = pick_notebooks(job, ctx)
@@ -156,9 +178,9 @@ def grade_job(job: Job, ctx: Context) -> dict[str, Any]:
         reason = "internal grader error (see the log): " + tb.strip().splitlines()[-1][:200]
         for r in results:
             r.log.append(tb)
-    result = {"student": job.student, "assignment": ctx.assignment, "fingerprint": fingerprint(job, ctx),
-              "reason": reason[:1000], "seconds": round(time.monotonic() - started, 2),
-              "notebooks": [r.to_json() for r in results]}
+    result = clean_text({"student": job.student, "assignment": ctx.assignment, "fingerprint": fingerprint(job, ctx),
+                         "reason": reason[:1000], "seconds": round(time.monotonic() - started, 2),
+                         "notebooks": [r.to_json() for r in results]})
     try:
         render_feedback(ctx.workdir, ctx.assignment, result)
     except Exception as e:  # noqa: BLE001 - feedback failing must not lose the grade
@@ -199,7 +221,7 @@ class Records:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             return None
-        return data if isinstance(data, dict) and data.get("student") == student else None
+        return clean_text(data) if isinstance(data, dict) and data.get("student") == student else None
 
     def save(self, result: dict[str, Any]) -> None:
         atomic_write(self.results / f"{result['student']}.json", json.dumps(result, indent=1))
@@ -274,7 +296,7 @@ def feedback_notebook(assignment: str, nb: dict[str, Any], result: dict[str, Any
                 cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=head + "\npassed\n")]
     summary = [f"**Autograded**: {sum(t['points'] for t in nb['tests']):g} / {sum(t['max_points'] for t in nb['tests']):g} points."]
     if result.get("reason"):
-        summary.append(f"\n\n**Note**: {result['reason']}")
+        summary.append(f"\n\n**Note**: {html.escape(result['reason'])}")  # student text: never markup
     book.cells.insert(0, nbformat.v4.new_markdown_cell("".join(summary)))
     buf = io.StringIO()
     nbformat.write(book, buf)
@@ -352,7 +374,10 @@ def discover(submissions: Path, assignment: str, own: list[Path] = ()) -> tuple[
     jobs, skipped = [], []
     own = [p.resolve() for p in own]
     for entry in sorted(submissions.iterdir()):
-        if not entry.is_dir() or entry.name.startswith("."):
+        if entry.name.startswith(".") and entry.is_dir():
+            skipped.append(entry.name)
+            continue
+        if not entry.is_dir():
             continue
         if any(entry.resolve() == p or entry.resolve() in p.parents for p in own):
             continue
@@ -383,7 +408,7 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
     release = course.RELEASE / assignment
     sources = [SourceNotebook.load(p, release / p.name) for p in course.source_notebooks(assignment)]
     ctx = Context(assignment, sources, release, sorted({course.ROOT, submissions.resolve(), workdir}),
-                  limits or Limits(), records.secret(), grader_version(assignment), workdir)
+                  limits or Limits(), records.secret(), grader_version(assignment, limits), workdir)
     jobs, skipped = discover(submissions, assignment, own=[workdir, out])
     if students is not None:
         unknown = sorted(set(students) - {j.student for j in jobs})
@@ -391,7 +416,7 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
             raise SystemExit(f"no submission folder for: {', '.join(unknown)}")
         jobs = [j for j in jobs if j.student in set(students)]
     for name in skipped:
-        log(f"skipped folder {name!r}: not a valid student id")
+        log(f"skipped folder {clean_text(name)!r}: not a valid student id")
     results: dict[str, dict[str, Any]] = {}
     todo: list[Job] = []
     for job in jobs:

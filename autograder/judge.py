@@ -14,6 +14,7 @@ The flow for one notebook:
 from __future__ import annotations
 
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -217,6 +218,11 @@ def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *
                 if e.kind == "timeout":
                     hung_parts.update(check.parts)
                 session.lost()
+            except Exception as e:  # noqa: BLE001 - a check that breaks on odd answers fails alone
+                result.log.append(f"{cell.grade_id}: the check itself failed:\n{traceback.format_exc()}")
+                result.tests.append(TestResult(cell.grade_id, check.doc, 0.0, cell.points,
+                                               f"your answer could not be checked ({type(e).__name__}: {str(e)[:200]}); "
+                                               "check the type, dtype and shape of what your code returns"))
     finally:
         session.lost()
     skipped = [line for line in result.log if "was stopped and skipped" in line]

@@ -39,9 +39,12 @@ def read_notebook(path: Path) -> dict:
     if size > MAX_NOTEBOOK_BYTES:
         raise BadNotebook(f"the notebook file is {size >> 20} MiB, over the {MAX_NOTEBOOK_BYTES >> 20} MiB limit")
     try:
-        nb = json.loads(path.read_bytes().decode("utf-8"))
+        nb = json.loads(path.read_bytes().decode("utf-8-sig"))  # a byte-order mark (some editors add one) is fine
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise BadNotebook(f"the notebook is not valid JSON ({str(e)[:120]})") from None
+    if isinstance(nb, dict) and nb.get("nbformat") == 3 and isinstance(nb.get("worksheets"), list):
+        raise BadNotebook("the notebook is in the old format 3: open it in a current Jupyter and save it again "
+                          "(that converts it to format 4)")
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise BadNotebook("the file is JSON but not a notebook (no list of cells)")
     return nb

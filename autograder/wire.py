@@ -107,13 +107,17 @@ def _dec(v: Any, bufs: list[memoryview], depth: int = 0) -> Any:
             raise WireError("malformed array index")
         if dtype not in DTYPES:
             raise WireError(f"array dtype {dtype!r} is not allowed")
-        if not isinstance(shape, list) or len(shape) > 8 or not all(isinstance(s, int) and s >= 0 for s in shape):
+        if not isinstance(shape, list) or len(shape) > 8 or \
+                not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**31 for s in shape):
             raise WireError("malformed array shape")
         np_dtype = np.dtype(dtype)
         count = math.prod(shape)
         if count * np_dtype.itemsize != len(bufs[idx]):
             raise WireError("array shape and byte count disagree")
-        return np.frombuffer(bufs[idx], dtype=np_dtype).reshape(shape).copy()
+        try:
+            return np.frombuffer(bufs[idx], dtype=np_dtype).reshape(shape).copy()
+        except ValueError as e:  # numpy's own limits (for example too many elements along empty axes)
+            raise WireError(f"array shape {shape} refused: {e}") from None
     raise WireError("malformed value")
 
 

@@ -22,6 +22,7 @@ NB = "single_head.ipynb"
 FULL, SOFTMAX_POINTS, SDPA_POINTS = 11.0, 3.0, 8.0
 REF = reference_answers(SOURCE / A / NB)
 SOFTMAX, SDPA = REF["softmax"], REF["scaled_dot_product_attention"]
+ESCAPES = "<img src=x onerror=alert(1)><script>alert(2)</script>\ud800"  # markup and a lone surrogate
 MARKER = Path("/tmp/attn-corpus-marker")  # written by one submission, must be invisible to the next
 
 
@@ -237,6 +238,20 @@ _NET = _online()
             (folder / "gradebook.db").write_bytes(b"SQLite format 3\0garbage"),
         ), FULL),
         # -- broken files ------------------------------------------------------------------------------------
+        Case("bom_before_json", write_nb(b"\xef\xbb\xbf" + json.dumps(notebook()).encode()), FULL),
+        Case("markup_and_surrogate_in_cell_id", write_nb(notebook(edit=lambda nb: nb["cells"].append({
+            "cell_type": "code", "metadata": {"nbgrader": {"grade_id": ESCAPES, "solution": False}},
+            "source": "import os\nos._exit(1)\n", "outputs": [], "execution_count": None}))), FULL, reason="skipped"),
+        Case("answers_in_a_second_notebook", lambda folder: (
+            write_nb(release())(folder), write_nb(notebook(), name="single_head-Copy1.ipynb")(folder)),
+             0.0, reason="not graded: single_head-Copy1.ipynb"),
+        Case("assignment_folder_is_a_symlink", lambda folder: (
+            folder.parent.mkdir(parents=True, exist_ok=True), folder.symlink_to(SOURCE / A)),
+             0.0, reason="symbolic link"),
+        Case("bool_weights", write_nb(notebook(sdpa=SDPA + "\n_sdpa = scaled_dot_product_attention\n"
+                                               "def scaled_dot_product_attention(q, k, v, mask=None):\n"
+                                               "    out, w = _sdpa(q, k, v, mask)\n    return out, w > 0\n")),
+             SOFTMAX_POINTS, message="expected a floating-point tensor"),
         Case("invalid_json", write_nb("{\"cells\": [ oops"), 0.0, reason="not valid JSON"),
         Case("empty_file", write_nb(""), 0.0, reason="empty"),
         Case("json_not_a_notebook", write_nb(json.dumps({"hello": "world"})), 0.0, reason="not a notebook"),

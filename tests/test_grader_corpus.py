@@ -16,7 +16,7 @@ import pytest
 
 from autograder.batch import run
 from autograder.sandbox import Limits, can_isolate
-from corpus import A, CASES, FULL, MARKER
+from corpus import A, CASES, ESCAPES, FULL, MARKER
 
 pytestmark = pytest.mark.slow
 LIMITS = Limits(cell_timeout=8, call_timeout=4, notebook_timeout=120, memory_bytes=3 << 30, max_processes=128)
@@ -74,6 +74,14 @@ def test_feedback_for_everyone_without_hidden_tests(graded):
         html = pages[0].read_text()
         assert "run_local" not in html and "HIDDEN TESTS" not in html, "hidden tests leaked into feedback"
         assert "points" in html
+
+
+def test_student_text_is_escaped_in_feedback_and_csv(graded):
+    """A cell id with markup and a lone surrogate: shown as text in the feedback, and the CSV is still written."""
+    html = next((graded["base"] / "grading" / "feedback" / "markup_and_surrogate_in_cell_id" / A).glob("*.html")).read_text()
+    assert "<script>alert(2)" not in html and "<img src=x" not in html
+    assert "&lt;script&gt;alert(2)" in html
+    assert "\\ud800" in graded["rows"]["markup_and_surrogate_in_cell_id"]["reason"]
 
 
 def test_feedback_names_the_failure(graded):

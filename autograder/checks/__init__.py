@@ -267,6 +267,8 @@ def expect_tensor(value: Any, shape: tuple[int, ...] | None, what: str, dtype: t
     """``value`` must be a finite floating tensor of ``shape`` (and ``dtype`` when given)."""
     if not isinstance(value, Tensor):
         raise CheckFailed(f"{what} should be a torch.Tensor, got {type(value).__name__}")
+    if not value.is_floating_point():
+        raise CheckFailed(f"{what} has dtype {value.dtype}: expected a floating-point tensor, like the inputs")
     if shape is not None and tuple(value.shape) != tuple(shape):
         raise CheckFailed(f"{what} has shape {tuple(value.shape)}, expected {tuple(shape)}")
     if dtype is not None and value.dtype != dtype:
