@@ -33,3 +33,15 @@ def test_a_check_that_raises_fails_alone(tmp_path, monkeypatch):
     assert by_id[gid].points == 0 and "could not be checked (ZeroDivisionError" in by_id[gid].message
     assert sum(t.points for t in result.tests) == FULL - points[gid]  # every other check still counted
     assert any("the check itself failed" in line for line in result.log)
+
+
+@pytest.mark.parametrize("error, says", [
+    ("NotImplementedError: ", "not implemented yet"),
+    ("NotImplementedError", "not implemented yet"),
+    ("NotImplementedError: Cannot copy out of meta tensor; no data!", "your code raised NotImplementedError: Cannot copy"),
+    ("ValueError: bad", "your code raised ValueError: bad"),
+])
+def test_error_sentences_name_the_real_error(error, says):
+    from autograder.checks import describe_error
+
+    assert describe_error(error).startswith(says)
