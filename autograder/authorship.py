@@ -10,12 +10,20 @@ Taint follows Python's scopes, not bare names: a function is tainted by a global
 reads (a helper, a value computed with torch's attention), never by a local variable or
 parameter that happens to share a name with one. So a student's self-check cell that
 compares an answer with ``F.scaled_dot_product_attention`` costs nothing.
+
+A part's own bans (``extra``: torch's softmax in the softmax exercise) apply to everything the
+part reaches through global reads (helpers, import aliases, classes), not to other parts.
+The code is read cell by cell as the harness runs it: IPython magics are transformed the
+same way, and a cell that does not parse is skipped alone.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from autograder.harness import _strip_magics
 
 TORCH_ATTENTION = {
     "scaled_dot_product_attention": "torch's scaled_dot_product_attention",
@@ -28,52 +36,165 @@ TORCH_ATTENTION = {
     "TransformerDecoder": "torch.nn.TransformerDecoder",
     "Transformer": "torch.nn.Transformer",
 }
+# Any name containing one of these is torch's attention too (the aten operators behind it:
+# torch.ops.aten._scaled_dot_product_attention_math, _scaled_dot_product_flash_attention_for_cpu, ...).
+TORCH_ATTENTION_PARTS = ("scaled_dot_product", "multi_head_attention", "_transformer_encoder_layer",
+                         "scaled_dot_attention", "_flash_attention", "_efficient_attention", "_cudnn_attention")
 STRING_HINTS = ("attnkit", "scaled_dot_product", "multi_head_attention", "multiheadattention", "transformerencoderlayer",
-                "transformerdecoderlayer")
+                "transformerdecoderlayer", "_transformer_encoder_layer", "scaled_dot_attention", "_flash_attention",
+                "_efficient_attention", "_cudnn_attention")
 
 
-def _offences(nodes: Iterable[ast.AST], extra: Mapping[str, str], own: set[str] = frozenset()) -> list[str]:
-    """What in ``nodes`` delegates (``extra``: names this part must not use, with what they are).
+def _torch_attention(name: str) -> str | None:
+    """What torch attention ``name`` (an attribute or imported name) is, if it is one."""
+    if name in TORCH_ATTENTION:
+        return TORCH_ATTENTION[name]
+    if any(s in name for s in TORCH_ATTENTION_PARTS):
+        return f"torch's {name}"
+    return None
 
-    ``own``: the functions and methods the student defined; ``self.<one of them>`` is the
-    student's own method even when it shares a name with torch's.
+
+def _norm(name: str) -> str:
+    return name.lower().replace("_", "")
+
+
+def _forbidden(name: str, extra: Mapping[str, str]) -> str | None:
+    """What ``name`` is among a part's forbidden names: an exact match, or a name that contains one
+    whatever its case and underscores (``F.softmin``, ``torch._softmax``, ``aten._safe_softmax``, ``nn.LogSoftmax``)."""
+    if name in extra:
+        return extra[name]
+    low = _norm(name)
+    return next((what for key, what in extra.items() if _norm(key) and _norm(key) in low), None)
+
+
+@dataclass
+class _Context:
+    """What the whole notebook defines, for the exemptions and for folding strings."""
+
+    own_attrs: set[str] = field(default_factory=set)  # methods and self./cls. attributes the student defines
+    class_methods: dict[str, set[str]] = field(default_factory=dict)  # student classes -> names defined in them
+    instances: dict[str, set[str]] = field(default_factory=dict)  # global -> names defined in its class
+    consts: dict[str, ast.expr] = field(default_factory=dict)  # globals bound once, to a string expression
+
+
+class _Unit:
+    """A module-level statement or definition: the global names it binds and reads."""
+
+    def __init__(self, stmt: ast.stmt) -> None:
+        self.stmt = stmt
+        self.is_def = isinstance(stmt, DEFS)
+        self.bound = _bound_names(stmt)
+        self.reads = _global_reads(stmt)
+        self.nodes = list(ast.walk(stmt) if self.is_def else _module_level(stmt))
+
+    def is_global(self, name: str) -> bool:
+        """Whether ``name``, read in this unit, is the module's global of that name."""
+        return not self.is_def or name in self.reads
+
+
+def _offences(unit: _Unit, extra: Mapping[str, str], ctx: _Context, base: bool = True) -> list[str]:
+    """What in ``unit`` delegates (``extra``: names this part must not use, with what they are;
+    ``base``: also the reference package and torch's attention, which no part may use).
+
+    ``self.<name>`` is the student's own when the student defines ``<name>`` (a method or attribute),
+    even when it shares a name with torch's; so is ``Cls.<m>``, ``Cls().<m>`` and ``obj.<m>`` with
+    ``obj = Cls(...)`` when ``Cls`` is a class of the student's that defines ``m``.
     """
     found: list[str] = []
-    for n in nodes:
+    for n in unit.nodes:
         if isinstance(n, ast.Import):
-            found += ["imports the reference package attnkit" for a in n.names if a.name.split(".")[0] == "attnkit"]
+            if base:
+                found += ["imports the reference package attnkit" for a in n.names if a.name.split(".")[0] == "attnkit"]
+            for a in n.names:
+                what = _forbidden(a.name.split(".")[-1], extra)
+                if what:
+                    found.append(f"uses {what}")
         elif isinstance(n, ast.ImportFrom):
-            if (n.module or "").split(".")[0] == "attnkit":
+            if base and (n.module or "").split(".")[0] == "attnkit":
                 found.append("imports the reference package attnkit")
             for a in n.names:
-                if a.name in TORCH_ATTENTION:
-                    found.append(f"uses {TORCH_ATTENTION[a.name]}")
-                elif a.name in extra:
-                    found.append(f"uses {extra[a.name]}")
+                what = (_torch_attention(a.name) if base else None) or _forbidden(a.name, extra)
+                if what:
+                    found.append(f"uses {what}")
         elif isinstance(n, ast.Attribute):
-            if n.attr in own and isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"):
+            if _students_own(n, unit, ctx):
                 continue
-            if n.attr in TORCH_ATTENTION:
-                found.append(f"uses {TORCH_ATTENTION[n.attr]}")
-            elif n.attr in extra:
-                found.append(f"uses {extra[n.attr]}")
+            what = (_torch_attention(n.attr) if base else None) or _forbidden(n.attr, extra)
+            if what:
+                found.append(f"uses {what}")
         elif isinstance(n, ast.Name) and n.id == "attnkit":
-            found.append("uses the reference package attnkit")
-        elif isinstance(n, ast.Call) and _reflective(n.func):
+            if base:
+                found.append("uses the reference package attnkit")
+        elif (isinstance(n, ast.Call) and _reflective(n.func)) or (
+                isinstance(n, ast.Subscript) and (_reflective_value(n.value))):
             for arg in ast.walk(n):
-                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                    low = arg.value.lower()
-                    if any(h in low for h in STRING_HINTS):
-                        found.append(f"looks up {arg.value[:60]!r} by name (a way to reach the reference or torch's attention)")
+                text = _fold(arg, unit, ctx)
+                if text is None:
+                    continue
+                low = text.lower()
+                if base and any(h in low for h in STRING_HINTS):
+                    found.append(f"looks up {text[:60]!r} by name (a way to reach the reference or torch's own attention)")
+                else:
+                    what = next((w for key, w in extra.items() if _norm(key) and _norm(key) in _norm(text)), None)
+                    if what:
+                        found.append(f"looks up {text[:60]!r} by name (a way to reach {what})")
     return found
 
 
-REFLECTIVE = {"getattr", "__import__", "import_module", "eval", "exec", "compile", "__getattribute__", "vars", "globals"}
+def _students_own(n: ast.Attribute, unit: _Unit, ctx: _Context) -> bool:
+    v = n.value
+    if isinstance(v, ast.Name):
+        if v.id in ("self", "cls"):
+            return n.attr in ctx.own_attrs
+        if unit.is_global(v.id):
+            return n.attr in ctx.class_methods.get(v.id, ()) or n.attr in ctx.instances.get(v.id, ())
+    if isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and unit.is_global(v.func.id):
+        return n.attr in ctx.class_methods.get(v.func.id, ())
+    return False
+
+
+REFLECTIVE = {"getattr", "__import__", "import_module", "eval", "exec", "compile", "__getattribute__", "__getattr__",
+              "vars", "globals", "methodcaller", "attrgetter", "getattr_static", "resolve_name", "_get_operation_overload",
+              "_jit_get_operation"}
 
 
 def _reflective(func: ast.expr) -> bool:
     name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
     return name in REFLECTIVE
+
+
+def _reflective_value(value: ast.expr) -> bool:
+    """Whether subscripting ``value`` looks a name up (``vars(m)[...]``, ``m.__dict__[...]``)."""
+    return (isinstance(value, ast.Call) and _reflective(value.func)) or (
+        isinstance(value, ast.Attribute) and value.attr == "__dict__")
+
+
+def _fold(node: ast.AST, unit: _Unit, ctx: _Context, depth: int = 0) -> str | None:
+    """The string ``node`` evaluates to when it is built from constants (``'a' + 'b'``, ``''.join([...])``,
+    f-strings, a global bound once to such a string); else ``None``."""
+    if depth > 20:
+        return None
+    if isinstance(node, ast.Constant):
+        return node.value if isinstance(node.value, str) else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _fold(node.left, unit, ctx, depth + 1), _fold(node.right, unit, ctx, depth + 1)
+        return left + right if left is not None and right is not None else None
+    if isinstance(node, ast.JoinedStr):
+        pieces = []
+        for v in node.values:
+            piece = _fold(v.value if isinstance(v, ast.FormattedValue) else v, unit, ctx, depth + 1)
+            if piece is None:
+                return None
+            pieces.append(piece)
+        return "".join(pieces)
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "join"
+            and len(node.args) == 1 and not node.keywords and isinstance(node.args[0], (ast.List, ast.Tuple))):
+        sep = _fold(node.func.value, unit, ctx, depth + 1)
+        items = [_fold(e, unit, ctx, depth + 1) for e in node.args[0].elts]
+        return sep.join(items) if sep is not None and None not in items else None
+    if isinstance(node, ast.Name) and node.id in ctx.consts and unit.is_global(node.id):
+        return _fold(ctx.consts[node.id], unit, ctx, depth + 1)
+    return None
 
 
 COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.TryStar)
@@ -140,30 +261,141 @@ def _global_reads(stmt: ast.stmt) -> set[str]:
     return reads - (local - declared)
 
 
-def delegations(code: str, parts: Iterable[str], extra: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, str]:
+PARSE_ERRORS = (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError)
+MAX_REPAIRS = 50  # parses of the joined code; past that, one statement at a time
+
+
+def _parse(code: str | Sequence[str]) -> list[ast.Module]:
+    """The student's code as the harness runs it: magics transformed, a cell that does not parse skipped.
+
+    ``code``: the cells' sources in notebook order, or (older callers) all of them joined in one string;
+    then a statement that does not parse is skipped alone, with the lines indented under it.
+    """
+    if isinstance(code, str):
+        return _parse_joined(code)
+    trees = []
+    for cell in code:
+        try:
+            trees.append(ast.parse(_strip_magics(str(cell))))
+        except PARSE_ERRORS:
+            continue
+    return trees
+
+
+def _top_level(line: str) -> bool:
+    """Whether ``line`` starts a top-level statement (as far as one line tells)."""
+    return bool(line) and not line[0].isspace() and not line.startswith("#") and not line.startswith(
+        ("else", "elif", "except", "finally", "case ", ")", "]", "}"))
+
+
+def _parse_joined(code: str) -> list[ast.Module]:
+    try:
+        code = _strip_magics(code)
+    except Exception:  # noqa: BLE001 - IPython's transformer choked: parse what is there
+        pass
+    lines = ["" if "\0" in line else line for line in code.split("\n")]
+    for _ in range(MAX_REPAIRS):
+        try:
+            return [ast.parse("\n".join(lines))]
+        except SyntaxError as e:
+            bad = min(max((e.lineno or len(lines)) - 1, 0), len(lines) - 1)
+        except PARSE_ERRORS:
+            break
+        # Blank the statement the error is in (line numbers stay) and try again.
+        start = next((i for i in range(bad, -1, -1) if _top_level(lines[i])), bad)
+        end = next((i for i in range(bad + 1, len(lines)) if _top_level(lines[i])), len(lines))
+        if not any(lines[start:end]):
+            break  # nothing left to blank there: parse what can be parsed
+        for i in range(start, end):
+            lines[i] = ""
+    # Too broken to repair one error at a time: parse each top-level statement alone.
+    trees, chunk = [], []
+    for line in lines + ["pass"]:
+        if _top_level(line) and chunk:
+            try:
+                trees.append(ast.parse("\n".join(chunk)))
+            except PARSE_ERRORS:
+                pass
+            chunk = []
+        chunk.append(line)
+    return trees
+
+
+def _context(units: list[_Unit]) -> _Context:
+    ctx = _Context()
+    binders: dict[str, list[_Unit]] = {}
+    declared_global: set[str] = set()
+    for u in units:
+        for name in u.bound:
+            binders.setdefault(name, []).append(u)
+        for n in ast.walk(u.stmt):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                ctx.own_attrs.add(n.name)
+            elif (isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name)
+                  and n.value.id in ("self", "cls")):
+                ctx.own_attrs.add(n.attr)
+            elif isinstance(n, ast.Global):
+                declared_global.update(n.names)
+    # A global is a student's class (or an instance of one) only when nothing else ever binds it.
+    for name, us in binders.items():
+        if name not in declared_global and all(isinstance(u.stmt, ast.ClassDef) for u in us):
+            ctx.class_methods[name] = set().union(*(_class_names(u.stmt) for u in us))
+    for name, us in binders.items():
+        if name in declared_global or name in ctx.class_methods:
+            continue
+        value = _single_assignment(us, name)
+        if value is None:
+            continue
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ctx.class_methods:
+            ctx.instances[name] = ctx.class_methods[value.func.id]
+        elif isinstance(value, (ast.Constant, ast.BinOp, ast.JoinedStr, ast.Call)):
+            ctx.consts[name] = value
+    return ctx
+
+
+def _single_assignment(units: list[_Unit], name: str) -> ast.expr | None:
+    """The value of ``name = <value>`` when that is the only statement binding ``name``."""
+    if len(units) != 1 or not isinstance(units[0].stmt, ast.Assign):
+        return None
+    stmt = units[0].stmt
+    if len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) and stmt.targets[0].id == name:
+        return stmt.value
+    return None
+
+
+def _class_names(cls: ast.ClassDef) -> set[str]:
+    """The names a class body defines (methods, class attributes)."""
+    names: set[str] = set()
+    for stmt in cls.body:
+        if isinstance(stmt, DEFS):
+            names.add(stmt.name)
+        else:
+            names |= {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    return names
+
+
+def delegations(code: str | Sequence[str], parts: Iterable[str],
+                extra: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, str]:
     """Map each part whose answer delegates to a sentence saying how.
 
-    ``code`` is all the student's code in notebook order; ``extra`` adds, per part,
-    names that part must not use (``{"softmax": {"softmax": "torch's softmax"}}``).
+    ``code``: the student's cells in notebook order (a list of sources), or all of them joined in
+    one string; ``extra`` adds, per part, names that part must not use
+    (``{"softmax": {"softmax": "torch's softmax"}}``), there and in everything it reaches.
     A helper that delegates taints every part that calls it; another part does not.
     """
     extra = extra or {}
     parts = list(parts)
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return {}
-    # name -> (offences, names it refers to)
-    own = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    units = [_Unit(stmt) for tree in _parse(code) for stmt in _units(tree.body)]
+    ctx = _context(units)
+    # name -> the units binding it; its offences; the globals it reads
+    binders: dict[str, list[_Unit]] = {}
     defs: dict[str, tuple[list[str], set[str]]] = {}
-    for stmt in _units(tree.body):
-        bound = _bound_names(stmt)
-        refs = _global_reads(stmt)
-        nodes = list(ast.walk(stmt) if isinstance(stmt, DEFS) else _module_level(stmt))
-        for name in bound:
-            off = _offences(nodes, extra.get(name, {}), own)
+    for unit in units:
+        off = _offences(unit, {}, ctx)
+        for name in unit.bound:
+            binders.setdefault(name, []).append(unit)
             old = defs.get(name, ([], set()))
-            defs[name] = (old[0] + off, old[1] | (refs - {name}))
+            defs[name] = (old[0] + off, old[1] | (unit.reads - {name}))
     tainted: dict[str, str] = {n: d[0][0] for n, d in defs.items() if d[0]}
     changed = True
     while changed:
@@ -176,4 +408,32 @@ def delegations(code: str, parts: Iterable[str], extra: Mapping[str, Mapping[str
             if hit is not None:
                 tainted[name] = f"calls {hit}, which {tainted[hit]}"
                 changed = True
-    return {p: f"{p} {tainted[p]}" for p in parts if p in tainted}
+    found = {p: f"{p} {tainted[p]}" for p in parts if p in tainted}
+    for p in parts:
+        if p not in found and extra.get(p):
+            how = _reaches_forbidden(p, parts, extra[p], binders, defs, ctx)
+            if how:
+                found[p] = f"{p} {how}"
+    return {p: found[p] for p in parts if p in found}
+
+
+def _reaches_forbidden(part: str, parts: list[str], banned: Mapping[str, str], binders: dict[str, list[_Unit]],
+                       defs: dict[str, tuple[list[str], set[str]]], ctx: _Context) -> str | None:
+    """How ``part`` uses one of its banned names: itself, or in a global it reaches (not through other parts)."""
+    via: dict[str, str | None] = {part: None}
+    todo = [part]
+    while todo:
+        name = todo.pop(0)
+        for unit in binders.get(name, []):
+            off = _offences(unit, banned, ctx, base=False)
+            if off:
+                chain, at = [], name
+                while via[at] is not None:
+                    chain.append(at)
+                    at = via[at]
+                return "".join(f"calls {n}, which " for n in reversed(chain)) + off[0]
+        for ref in sorted(defs.get(name, ([], set()))[1]):
+            if ref in binders and ref not in via and ref not in parts:
+                via[ref] = name
+                todo.append(ref)
+    return None

@@ -9,11 +9,12 @@ judge compares them with the reference in a process the student never ran in.
 Whatever the student does to this process (patch torch, replace this module's
 functions, print "passed") can only change the numbers it sends back, never the
 verdict. This file is copied into the sandbox and imports only the standard
-library, numpy and torch.
+library, numpy and torch (and IPython's input transformer, for a cell with IPython syntax).
 """
 
 from __future__ import annotations
 
+import ast
 import io
 import os
 import sys
@@ -22,7 +23,10 @@ import types
 
 import numpy as np
 
-import wire
+try:
+    import wire
+except ImportError:  # imported from the autograder package (authorship reuses _strip_magics), not in the sandbox
+    from autograder import wire
 
 MAX_REQUEST = 256 << 20
 OUT_CAP = 64 << 10
@@ -86,6 +90,51 @@ def _tripwires(torch: types.ModuleType) -> None:
         c = getattr(torch.nn, cls, None)
         if c is not None:
             c.forward = trip(f"torch.nn.{cls}")
+    _dispatcher_tripwires(torch)
+
+
+# aten operators that compute attention: reached through torch.ops.aten, the C bindings, fast paths and
+# decompositions alike, they all end in one of these, whatever Python name led there.
+ATEN_ATTENTION = ("scaled_dot_product", "multi_head_attention", "_transformer_encoder_layer", "scaled_dot_attention",
+                  "_flash_attention", "_efficient_attention", "_cudnn_attention")
+# The dispatch keys whose kernels are replaced (only those an operator has: the others keep their defaults).
+TRIP_KEYS = ("CompositeImplicitAutograd", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
+             "CPU", "CUDA", "MPS", "XPU", "NestedTensorCPU", "NestedTensorCUDA", "AutocastCPU", "AutocastCUDA")
+_LIBRARIES: list = []  # the registrations last as long as their Library object
+
+
+def _dispatcher_tripwires(torch: types.ModuleType) -> None:
+    """Make the aten attention operators refuse to run, at the dispatcher.
+
+    The kernels of these few operators are replaced by one that raises :class:`Delegated`; every other
+    operator keeps its kernel, so ordinary code runs exactly as fast as before (unlike a dispatch mode,
+    which would see every operator).
+    """
+    import warnings
+
+    try:
+        names = [n[len("aten::"):] for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")]
+        lib = torch.library.Library("aten", "IMPL")
+    except (AttributeError, RuntimeError):
+        return
+    _LIBRARIES.append(lib)
+    for name in sorted(names):
+        base = name.split(".")[0]
+        if not any(s in base for s in ATEN_ATTENTION):
+            continue
+
+        def refuse(*args, _name=base, **kwargs):
+            raise Delegated(f"torch.ops.aten.{_name} is torch's own implementation; "
+                            "the exercise asks you to compute attention yourself")
+
+        for key in TRIP_KEYS:
+            try:
+                if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", key):
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # "overriding a previously registered kernel": the point
+                        lib.impl(name, refuse, key)
+            except (RuntimeError, ValueError):
+                pass
 
 
 class _NoIPython:
@@ -96,18 +145,52 @@ class _NoIPython:
 
 
 def _strip_magics(code: str) -> str:
-    """Turn IPython-only lines (``%magic``, ``!shell``) into comments so plain Python can run the cell."""
-    if code.lstrip().startswith("%%"):
-        # A cell magic (%%time, %%capture, ...): run the cell's body as plain Python.
-        first, _, body = code.lstrip().partition("\n")
-        code = f"pass  # {first}\n" + body
-    out = []
-    for line in code.splitlines():
-        stripped = line.lstrip()
-        if stripped.startswith(("%", "!")):
-            line = line[: len(line) - len(stripped)] + "pass  # " + stripped
-        out.append(line)
-    return "\n".join(out) + "\n"
+    """Turn IPython-only syntax (``%magic``, ``!shell``, ``obj?``) into plain Python that does nothing.
+
+    A cell magic on the first line (``%%time``, ``%%capture``, ...) becomes ``pass`` and the cell's body
+    runs as plain Python. A cell that is plain Python is left exactly as it is (a continuation line
+    ``% x.dim()`` or a ``%`` inside a string is no magic); one that is not is handed to IPython's own
+    input transformer, which turns only real magics at the start of logical lines into
+    ``get_ipython()`` calls (a no-op here). The grader's static authorship scan uses this same function.
+    """
+    lines = code.split("\n")
+    i = 0
+    while i < len(lines):
+        stripped = lines[i].strip()
+        if stripped.startswith("%%"):
+            lines[i] = "pass  # " + stripped
+        elif stripped:
+            break
+        i += 1
+    code = "\n".join(lines)
+    if not _maybe_ipython(lines):
+        return code
+    try:
+        compile(code, "<cell>", "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+        return code  # plain Python already
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        pass
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager  # imported only for cells that need it
+
+        return TransformerManager().transform_cell(code)
+    except Exception:  # noqa: BLE001 - no IPython, or it choked: comment the magic lines out instead
+        out = []
+        for line in lines:
+            stripped = line.lstrip()
+            if stripped.startswith(("%", "!")):
+                line = line[: len(line) - len(stripped)] + "pass  # " + stripped
+            out.append(line)
+        return "\n".join(out) + "\n"
+
+
+def _maybe_ipython(lines: list[str]) -> bool:
+    """Whether a line could be IPython syntax (a magic, a shell escape or a help request)."""
+    for line in lines:
+        stripped = line.strip()
+        if stripped.startswith(("%", "!")) or stripped.endswith("?"):
+            return True
+    return False
 
 
 def main() -> None:

@@ -176,7 +176,7 @@ def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *
         return fail_all("the notebook has no answer cells: nothing to grade")
 
     parts = [c.grade_id for c in source.solutions()]
-    student_code = "\n".join(code for label, code in plan.cells if not label.startswith("setup cell"))
+    student_code = [code for label, code in plan.cells if not label.startswith("setup cell")]  # cell by cell
     delegated = authorship.delegations(student_code, parts, getattr(suite, "forbidden", {}))
 
     session = Session(plan, files, hide or [], limits, result)

@@ -95,3 +95,211 @@ def test_a_method_of_the_students_own_named_like_torchs_is_not_torchs():
 def test_delegation_is_still_found(cells, part, says):
     found = scan(*cells)
     assert part in found and says in found[part], found
+
+
+# -- the whole notebook is read, whatever one cell holds (IPython syntax, a syntax error) ------------------
+
+DELEGATING_SOFTMAX = "def softmax(x, dim=-1):\n    return torch.softmax(x, dim).nan_to_num(0.0)\n"
+
+
+@pytest.mark.parametrize("other", [
+    "%matplotlib inline\n",
+    "!pip install einops\n",
+    "%%time\nx = 1\n",
+    "x?\n",
+    "def oops(:\n    pass\n",
+    "y = (1,\n",
+    's = """never closed\n',
+    "    indented = 1\n",
+    "x = 1\0\n",
+])
+def test_a_cell_that_is_not_python_does_not_hide_the_others(other):
+    # joined in one string (what the judge passes) and cell by cell, before and after the answer
+    assert "softmax" in scan(other, DELEGATING_SOFTMAX)
+    assert "softmax" in scan(DELEGATING_SOFTMAX, other)
+    cells = [textwrap.dedent(ANSWERS), other, DELEGATING_SOFTMAX]
+    assert "softmax" in delegations(cells, PARTS, FORBIDDEN)
+
+
+def test_a_cell_magic_at_the_top_does_not_hide_its_body():
+    assert "softmax" in scan("%%time\n" + DELEGATING_SOFTMAX)
+    assert "softmax" in delegations([textwrap.dedent(ANSWERS), "%%capture\n%%time\n" + DELEGATING_SOFTMAX], PARTS, FORBIDDEN)
+
+
+def test_cells_are_read_one_by_one():
+    # A string opened in one broken cell and closed in another would swallow the cell between them
+    # if the cells were joined; the harness runs that middle cell, so the scan reads it.
+    cells = [textwrap.dedent(ANSWERS), 's = """\n', DELEGATING_SOFTMAX, '"""\n']
+    assert "softmax" in delegations(cells, PARTS, FORBIDDEN)
+    # a cell that does not parse never runs: what it holds taints nothing
+    assert delegations([textwrap.dedent(ANSWERS), "def softmax(x, dim=-1):\n    return torch.softmax(x dim)\n"],
+                       PARTS, FORBIDDEN) == {}
+
+
+def test_ipython_syntax_in_correct_answers_costs_nothing():
+    honest = ("%matplotlib inline\n"
+              "def softmax(x, dim=-1):\n    dim = (dim\n           % x.dim())\n"
+              "    e = torch.exp(x - x.amax(dim=dim, keepdim=True))\n    return e / e.sum(dim=dim, keepdim=True)\n")
+    assert scan(honest) == {}
+    assert delegations([textwrap.dedent(ANSWERS), honest, "!ls\n"], PARTS, FORBIDDEN) == {}
+
+
+# -- a part's own bans reach its helpers, aliases and classes, not the other parts -------------------------
+
+@pytest.mark.parametrize("cells, says", [
+    (["from torch import softmax as _sm\ndef softmax(x, dim=-1):\n    return _sm(x, dim)\n"], "calls _sm"),
+    (["import torch.nn.functional as G\n_f = G.softmax\n", "def softmax(x, dim=-1):\n    return _f(x, dim)\n"],
+     "calls _f"),
+    (["def _inner(x, dim):\n    return x.softmax(dim)\n", "def _outer(x, dim):\n    return _inner(x, dim)\n",
+      "def softmax(x, dim=-1):\n    return _outer(x, dim)\n"], "calls _outer, which calls _inner, which uses torch's softmax"),
+    (["class _Impl:\n    @staticmethod\n    def run(x, dim):\n        return torch.softmax(x, dim)\n",
+      "def softmax(x, dim=-1):\n    return _Impl.run(x, dim)\n"], "calls _Impl"),
+])
+def test_a_parts_bans_follow_its_helpers(cells, says):
+    found = scan(*cells)
+    assert "softmax" in found and says in found["softmax"] and "torch's softmax" in found["softmax"], found
+
+
+def test_a_parts_bans_do_not_reach_other_parts():
+    # torch's softmax is allowed in the attention, even through a helper it shares with the softmax
+    cells = ["from torch import softmax as _sm\ndef _weights(s, dim=-1):\n    return _sm(s, dim)\n",
+             "def softmax(x, dim=-1):\n    return _weights(x, dim)\n",
+             "def scaled_dot_product_attention(q, k, v, mask=None):\n"
+             "    w = _weights(q @ k.transpose(-2, -1))\n    return w @ v, w\n"]
+    found = scan(*cells)
+    assert list(found) == ["softmax"] and "calls _weights, which calls _sm" in found["softmax"], found
+
+
+# -- every route to torch's softmax, for chapter 01's real bans ---------------------------------------
+
+CH01 = ["softmax", "scaled_dot_product_attention"]
+
+
+def ch01_scan(code: str) -> dict[str, str]:
+    from autograder.checks import load_suite
+
+    return delegations(textwrap.dedent(code), CH01, load_suite("01_single_head").forbidden)
+
+
+@pytest.mark.parametrize("body", [
+    "F.softmin(-x, dim)",
+    "torch.nn.Softmin(dim)(-x)",
+    "torch.nn.LogSoftmax(dim)(x).exp()",
+    "torch._softmax(x, dim, False)",
+    "torch.ops.aten._softmax(x, dim, False)",
+    "torch.ops.aten._safe_softmax(x, dim)",
+    "torch.nn.functional.gumbel_softmax(x * 1e9, tau=1e9)",
+    "getattr(torch, 'soft' + 'max')(x, dim)",
+    "getattr(torch, ''.join(['so', 'ft', 'min']))(-x, dim)",
+    "torch.distributions.Categorical(logits=x.movedim(dim, -1)).probs.movedim(-1, dim)",
+])
+def test_every_route_to_torchs_softmax_is_found(body):
+    found = ch01_scan(f"import torch\nimport torch.nn.functional as F\ndef softmax(x, dim=-1):\n    return {body}\n")
+    assert "softmax" in found, found
+
+
+# -- torch's attention through the dispatcher ----------------------------------------------------------
+
+@pytest.mark.parametrize("body", [
+    "torch.ops.aten._scaled_dot_product_attention_math(q, k, v)",
+    "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[0], None",
+    "getattr(torch.ops.aten, 'scaled_dot_' + 'product_attention')(q, k, v), None",
+    "torch.ops.aten.__getattr__(f'scaled_dot_{\"product\"}_attention')(q, k, v), None",
+    "vars(F)[_NAME](q, k, v), None",
+    "operator.methodcaller('scaled_dot_product_attention', q, k, v)(F), None",
+])
+def test_torchs_attention_through_the_dispatcher_is_found(body):
+    code = ("import operator\nimport torch\nimport torch.nn.functional as F\n"
+            "_NAME = ''.join(['scaled', '_dot', '_product', '_attention'])\n"
+            f"def scaled_dot_product_attention(q, k, v, mask=None):\n    return {body}\n")
+    found = ch01_scan(code)
+    assert "scaled_dot_product_attention" in found and "softmax" not in found, found
+
+
+def test_the_harness_refuses_torchs_attention_at_the_dispatcher():
+    import subprocess
+    import sys
+
+    probe = textwrap.dedent('''
+        import torch
+        from autograder import harness
+        harness._tripwires(torch)
+        q = torch.randn(1, 2, 3, 4)
+        mha = torch.nn.MultiheadAttention(4, 2, batch_first=True).eval()
+        routes = {
+            "math": lambda: torch.ops.aten._scaled_dot_product_attention_math(q, q, q),
+            "getattr": lambda: getattr(torch.ops.aten, "scaled_dot_" + "product_attention")(q, q, q),
+            "flash": lambda: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, q, q),
+            "nested C": lambda: torch._C._VariableFunctions._native_multi_head_attention(
+                q[0], q[0], q[0], 4, 2, torch.randn(12, 4), torch.randn(12), torch.randn(4, 4), torch.randn(4)),
+            "fast path": lambda: torch.nn.MultiheadAttention.__mro__[1].__call__(mha, q[0], q[0], q[0]),
+            "encoder": lambda: torch._transformer_encoder_layer_fwd,
+        }
+        refused = []
+        for name, route in routes.items():
+            try:
+                with torch.inference_mode():
+                    out = route()
+                if callable(out):
+                    continue
+            except harness.Delegated:
+                refused.append(name)
+        print(sorted(refused))
+        # everything else still runs
+        assert torch.allclose(torch.softmax(q, -1).sum(-1), torch.ones(1, 2, 3))
+    ''')
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[-2] == str(sorted(["math", "getattr", "flash", "nested C", "fast path"])), out.stdout
+
+
+# -- IPython syntax in the harness: only real magics are touched --------------------------------------
+
+def test_the_harness_transforms_only_real_magics():
+    from autograder.harness import _strip_magics
+
+    plain = ("def softmax(x, dim=-1):\n    dim = (dim\n           % x.dim())\n"
+             '    """Docs.\n%notamagic\n!nor this\n    """\n    return x\n')
+    assert _strip_magics(plain) == plain
+    both = "%matplotlib inline\n" + plain + "!echo hi\n"
+    ns: dict = {"get_ipython": lambda: type("Stub", (), {"__getattr__": lambda self, name: lambda *a, **k: None})()}
+    python = _strip_magics(both)
+    assert plain in python and "%matplotlib" not in python.replace(plain, "")
+    exec(compile(python, "<cell>", "exec"), ns)
+    assert callable(ns["softmax"])
+    ns = {}
+    exec(compile(_strip_magics("%%time\ny = (7\n     % 4)\n"), "<cell>", "exec"), ns)
+    assert ns["y"] == 3
+
+
+# -- a method of the student's own class is the student's, whatever its name ---------------------------
+
+HONEST_CLASSES = [
+    ["class _Soft:\n    def softmax(self, x, dim=-1):\n        e = torch.exp(x - x.amax(dim, keepdim=True))\n"
+     "        return e / e.sum(dim, keepdim=True)\n", "softmax = _Soft().softmax\n"],
+    ["class _Soft:\n    def softmax(self, x, dim=-1):\n        e = torch.exp(x - x.amax(dim, keepdim=True))\n"
+     "        return e / e.sum(dim, keepdim=True)\n", "_impl = _Soft()\n", "softmax = _impl.softmax\n"],
+    ["class _Soft:\n    @staticmethod\n    def softmax(x, dim=-1):\n        e = torch.exp(x - x.amax(dim, keepdim=True))\n"
+     "        return e / e.sum(dim, keepdim=True)\n", "def softmax(x, dim=-1):\n    return _Soft.softmax(x, dim)\n"],
+]
+HOSTILE_CLASSES = [
+    # the class's method itself delegates
+    ["class _Soft:\n    def softmax(self, x, dim=-1):\n        return torch.softmax(x, dim)\n", "softmax = _Soft().softmax\n"],
+    # a tensor subclass that hands over to torch's
+    ["class _T(torch.Tensor):\n    def softmax(self, dim):\n        return super().softmax(dim)\n",
+     "def softmax(x, dim=-1):\n    return x.as_subclass(_T).softmax(dim)\n"],
+    # the class's name is rebound to something else
+    ["class _Soft:\n    def softmax(self, x, dim=-1):\n        return x\n", "_Soft = torch\n",
+     "def softmax(x, dim=-1):\n    return _Soft.softmax(x, dim)\n"],
+    # a local that shares the class's name
+    ["class _Soft:\n    def softmax(self, x, dim=-1):\n        return x\n",
+     "def softmax(x, dim=-1):\n    _Soft = x\n    return _Soft.softmax(dim)\n"],
+]
+
+
+@pytest.mark.parametrize("honest, hostile", list(zip(HONEST_CLASSES, HOSTILE_CLASSES)) + [(HONEST_CLASSES[0], HOSTILE_CLASSES[3])])
+def test_a_method_of_the_students_own_class_is_not_torchs(honest, hostile):
+    assert ch01_scan(textwrap.dedent(ANSWERS) + "\n" + "\n".join(honest)) == {}
+    # ... but torch's softmax behind a class, or a name that only looks like the class, is still found
+    found = ch01_scan(textwrap.dedent(ANSWERS) + "\n" + "\n".join(hostile))
+    assert "softmax" in found, found

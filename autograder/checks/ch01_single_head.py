@@ -21,7 +21,10 @@ UNIFORM_ROWS = ("a query whose keys are all masked gets equal weights on every k
 KQ = ("the wrong operand is transposed: your scores are K Q^T, of shape (..., m, n); they must be "
       "Q K^T = query @ key.transpose(-2, -1), of shape (..., n, m), one row per query")
 # The softmax exercise is to write the softmax: torch's own earns nothing there (it is fine elsewhere).
-SUITE.forbidden = {SOFTMAX: {name: f"torch's {name}" for name in ("softmax", "log_softmax", "Softmax")}}
+# A name containing one of these (any case, any underscores: torch._softmax, aten._safe_softmax, F.softmin,
+# nn.LogSoftmax) is torch's too, as is a distribution built from logits (it computes their softmax).
+SUITE.forbidden = {SOFTMAX: {name: f"torch's {name}" for name in (
+    "softmax", "log_softmax", "Softmax", "LogSoftmax", "softmin", "Softmin", "logits_to_probs", "Categorical")}}
 
 
 # -- softmax ------------------------------------------------------------------------------------
