@@ -6,12 +6,15 @@ notebook. The zygote pays it once per grading process: it imports the harness
 Unix socket. For every submission it forks a child that, before running any
 student code,
 
+0. joins the sandbox's cgroup when the judge made one (memory and processes
+   limited for the sandbox as a whole);
 1. enters new mount, network, PID, IPC and UTS namespaces (a second fork makes
    the sandboxed process PID 1 of its namespace, so killing it ends everything
    it started; the first fork stays behind to report its exit status);
 2. hides the course, the submissions, the grading folder, ``/root``, ``/home``
    and ``/tmp`` behind empty tmpfs mounts, leaving only the Python installation
-   (read-only) and the submission's scratch folder visible;
+   and the sandbox's folder visible, read-only, with the scratch folder inside it
+   on a size-limited tmpfs of its own (a copy of what the student received);
 3. drops to an unprivileged user with no new privileges and applies the limits;
 4. runs the harness loop on the pipes the judge passed over the socket.
 
@@ -26,6 +29,7 @@ import ctypes
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
 import struct
@@ -50,8 +54,13 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
     _check(LIBC.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
 
 
-def _isolate_filesystem(expose: list[str], hide: list[str]) -> None:
-    """Hide ``hide`` behind empty tmpfs mounts and bring ``expose`` back (read-only unless last)."""
+def _isolate_filesystem(expose: list[str], hide: list[str], work: str | None = None, scratch_bytes: int = 0) -> None:
+    """Hide ``hide`` behind empty tmpfs mounts and bring ``expose`` back (read-only unless last).
+
+    With ``scratch_bytes``, everything exposed is read-only and ``work`` (inside the last exposed folder)
+    becomes a tmpfs of that size holding a copy of what was there: student code can fill its scratch
+    folder, never the host's disk.
+    """
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("tmpfs", STAGING, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=700")
     for i, path in enumerate(expose):
@@ -63,8 +72,15 @@ def _isolate_filesystem(expose: list[str], hide: list[str]) -> None:
     for i, path in enumerate(expose):
         os.makedirs(path, exist_ok=True)
         _mount(f"{STAGING}/{i}", path, None, MS_BIND | MS_REC)
-        if i < len(expose) - 1:  # everything but the scratch folder is read-only
+        if i < len(expose) - 1 or scratch_bytes:  # everything but the scratch folder is read-only
             _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
+    if scratch_bytes and work:
+        scratch = f"{STAGING}/scratch"
+        os.mkdir(scratch)
+        _mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(scratch_bytes)},nr_inodes=65536,mode=755")
+        shutil.copytree(work, scratch, symlinks=True, dirs_exist_ok=True)
+        _mount(scratch, work, None, MS_BIND)
+        _mount(None, work, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
     _check(LIBC.umount2(STAGING.encode(), MNT_DETACH), "umount staging")
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
@@ -75,6 +91,11 @@ def _run_child(spec: dict, fds: list[int]) -> None:
     code = 70
     try:
         os.setsid()
+        # Into the sandbox's cgroup first: this process and everything it starts share one memory and
+        # process limit. Failing to join is fatal (no sandbox runs without the limits it was promised).
+        for group in spec.get("cgroups", []):
+            with open(os.path.join(group, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
         LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
         pid = os.fork()
@@ -91,7 +112,7 @@ def _run_child(spec: dict, fds: list[int]) -> None:
         os.dup2(devnull, 0)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
-        _isolate_filesystem(spec["expose"], spec["hide"])
+        _isolate_filesystem(spec["expose"], spec["hide"], spec["work"], spec.get("scratch_bytes", 0))
         uid, work = spec["uid"], spec["work"]
         for dirpath, dirnames, filenames in os.walk(work):
             for name in [dirpath] + [os.path.join(dirpath, n) for n in dirnames + filenames]:

@@ -87,3 +87,142 @@ def test_student_code_dies_with_a_killed_grader():
     while processes_of(uid) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert processes_of(uid) == [], "student code outlived the grader that started it"
+
+
+def _python(code: str, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh grading process, killed after ``timeout`` (so a grader that hangs fails the test)."""
+    import sys
+
+    try:
+        return subprocess.run([sys.executable, "-c", f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n" + code],
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the grading process hung for {timeout} s: {e.stdout!r} {e.stderr!r}")
+
+
+STALL_REQUESTS = ("import os, sys\n_keep = os.dup(int(sys.argv[1]))\n_pr, _pw = os.pipe()\n"
+                  "os.dup2(_pr, int(sys.argv[1]))  # the harness now reads a pipe nobody writes\n")
+
+
+def test_a_process_that_stops_reading_or_replying_is_stopped():
+    # W5: the request is written with the same deadline as the reply is awaited; before, a large request to
+    # a process that stopped reading blocked the grader forever.
+    code = ("import time\nfrom autograder.sandbox import Limits, Sandbox, SandboxError\n"
+            "def attempt(box, code, timeout):\n    t = time.monotonic()\n    try:\n"
+            "        box.request({'op': 'exec', 'code': code, 'label': 'x'}, timeout=timeout)\n        print('answered')\n"
+            "    except SandboxError as e:\n        print(e.kind, round(time.monotonic() - t), e)\n"
+            "with Sandbox() as box:\n"
+            f"    assert box.request({{'op': 'exec', 'code': {STALL_REQUESTS!r}, 'label': 'x'}}, timeout=20)['ok']\n"
+            "    attempt(box, '#' + 'x' * 300_000, 3)\n"
+            "with Sandbox() as box:\n"
+            "    attempt(box, 'import os, struct, sys, time\\nos.write(int(sys.argv[2]), struct.pack(\"<Q\", 100) + b\"abc\")\\n'\n"
+            "                 'time.sleep(600)\\n', 2)\n")
+    done = _python(code, timeout=120)
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2, done.stdout + done.stderr
+    kind, seconds, message = lines[0].split(" ", 2)
+    assert kind == "timeout" and int(seconds) <= 6 and "stopped reading its requests" in message, lines[0]
+    kind, seconds, message = lines[1].split(" ", 2)
+    assert kind == "timeout" and int(seconds) <= 10 and "half-way through its reply" in message, lines[1]
+
+
+@pytest.mark.slow
+def test_a_stalled_pipe_does_not_stop_the_batch(tmp_path):
+    import csv
+    import sys
+
+    from corpus import A, FULL, notebook, write_nb
+
+    subs = tmp_path / "subs"
+    write_nb(notebook(extra=[STALL_REQUESTS, "# padding\n" + ("#" + "x" * 99 + "\n") * 3000]))(subs / "c1_pipe_stall" / A)
+    write_nb(notebook())(subs / "c2_after" / A)
+    out = tmp_path / "grades.csv"
+    try:
+        done = subprocess.run([sys.executable, "-m", "autograder", "grade", str(subs), "--assignment", A, "--out", str(out),
+                               "--workers", "1", "--notebook-timeout", "12", "--cell-timeout", "3", "--call-timeout", "2"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=150)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the batch hung on a submission that stopped reading its requests")
+    assert done.returncode == 0, done.stderr[-2000:]
+    with open(out, newline="") as f:
+        rows = {row["student"]: row for row in csv.DictReader(f)}
+    assert float(rows["c2_after"]["score"]) == FULL, rows
+    assert "stopped reading its requests" in rows["c1_pipe_stall"]["reason"], rows
+
+
+def _cgroup_or_skip():
+    from autograder.sandbox import cgroup_plan
+
+    if not can_isolate() or cgroup_plan() is None:
+        pytest.skip("needs root, namespaces and a writable cgroup (v2, or v1 memory and pids)")
+
+
+def test_memory_limit_counts_every_process_of_the_sandbox():
+    # W8: six children of 300 MB each used to add up to far more than the limit (an rlimit is per process).
+    _cgroup_or_skip()
+    with Sandbox(hide=[ROOT], limits=Limits(memory_bytes=1 << 30)) as box:
+        assert any(s.startswith("cgroup") for s in box.isolation), box.isolation
+        dirs = list(box.cgroup.dirs)
+        assert all(d.is_dir() for d in dirs)
+        assert run(box, "x = 1")["ok"]
+        with pytest.raises(SandboxError) as err:
+            run(box, "import os, time\nfor i in range(6):\n    if os.fork() == 0:\n        blob = b'\\1' * (300 << 20)\n"
+                     "        time.sleep(60)\n        os._exit(0)\ntime.sleep(60)\n", timeout=40)
+        assert err.value.kind == "crash", err.value
+        assert "ran out of memory" in str(err.value) and "all its processes together" in str(err.value)
+    assert not any(d.exists() for d in dirs), "the sandbox's cgroup was left behind"
+
+
+def test_without_cgroup_the_log_says_so(monkeypatch):
+    import autograder.sandbox as sb
+
+    if not can_isolate():
+        pytest.skip("needs root and namespaces")
+    monkeypatch.setattr(sb, "cgroup_plan", lambda: None)
+    with Sandbox(hide=[ROOT]) as box:
+        assert box.cgroup is None
+        assert any("no cgroup" in s and "per process" in s for s in box.isolation), box.isolation
+        assert run(box, "print(1)")["ok"]
+
+
+@isolated
+def test_scratch_folder_is_a_bounded_tmpfs():
+    # W7: the scratch folder was a folder of the host's /tmp, limited only per file.
+    with Sandbox(hide=[ROOT], limits=Limits(scratch_bytes=32 << 20)) as box:
+        reply = run(box, "import os\nos.makedirs('fill', exist_ok=True)\nfor i in range(64):\n"
+                         "    with open(f'fill/f{i}', 'wb') as f:\n        f.write(b'\\0' * (1 << 20))\n")
+        assert not reply["ok"] and "No space left on device" in reply["error"], reply
+        assert "scratch folder holds at most 32 MiB" in reply["error"]
+        assert not (box.root / "work" / "fill").exists(), "the student's files reached the host's disk"
+        reply = run(box, "import os, shutil\nshutil.rmtree('fill')\nopen(os.path.join(os.environ['TMPDIR'], 'a'), 'w').write('ok')\n"
+                         "print(open(os.path.join(os.environ['TMPDIR'], 'a')).read())\n"
+                         "for p in ['/tmp', os.path.dirname(os.getcwd()), os.path.dirname(os.getcwd()) + '/harness']:\n"
+                         "    try:\n        open(p + '/planted', 'w')\n        print('wrote', p)\n    except OSError:\n        pass\n")
+        assert reply["ok"] and reply["output"].split() == ["ok"], reply
+
+
+@isolated
+def test_a_killed_grader_leaves_nothing_behind():
+    import signal
+    import sys
+
+    import autograder.sandbox as sb
+
+    code = (f"import sys, time\nsys.path.insert(0, {str(ROOT)!r})\n"
+            "from autograder.sandbox import Sandbox\nbox = Sandbox()\nbox.start()\n"
+            "print(box.root, *(box.cgroup.dirs if box.cgroup else []), flush=True)\ntime.sleep(600)\n")
+    grader = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    left = [Path(p) for p in grader.stdout.readline().split()]
+    assert left and all(p.exists() for p in left)
+    grader.send_signal(signal.SIGKILL)
+    grader.wait()
+    sb._SWEPT.clear()
+    sb._CGROUP_PLAN.clear()
+    deadline = time.monotonic() + 10
+    while any(p.exists() for p in left) and time.monotonic() < deadline:
+        sb._SWEPT.clear()
+        sb._CGROUP_PLAN.clear()
+        with Sandbox():  # a new grader's first sandbox sweeps what dead graders left
+            pass
+        time.sleep(0.2)
+    assert not any(p.exists() for p in left), f"left behind: {[p for p in left if p.exists()]}"
