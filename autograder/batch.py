@@ -487,13 +487,15 @@ def add_grade_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--notebook-timeout", type=float, default=d.notebook_timeout, help="seconds per notebook in all")
     p.add_argument("--memory-mb", type=int, default=d.memory_bytes >> 20, help="address-space limit of student code")
     p.add_argument("--max-processes", type=int, default=d.max_processes, help="process/thread limit of student code")
+    p.add_argument("--scratch-mb", type=int, default=d.scratch_bytes >> 20,
+                   help="size of the student's scratch folder (a tmpfs of its own where namespaces are available)")
     p.set_defaults(func=_grade)
 
 
 def _grade(args: argparse.Namespace) -> int:
     limits = Limits(cell_timeout=args.cell_timeout, call_timeout=args.call_timeout,
                     notebook_timeout=args.notebook_timeout, memory_bytes=args.memory_mb << 20,
-                    max_processes=args.max_processes)
+                    max_processes=args.max_processes, scratch_bytes=args.scratch_mb << 20)
     results = run(args.submissions, args.assignment, args.out, args.workdir, limits, args.workers, args.force,
                   log=lambda s: print(s, file=sys.stderr, flush=True), scheduler=args.scheduler,
                   students=args.students)

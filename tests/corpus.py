@@ -264,6 +264,23 @@ _NET = _online()
              message="softmax"),
         Case("missing_notebook", lambda folder: folder.mkdir(parents=True), 0.0, reason="no notebook named"),
         Case("renamed_notebook", write_nb(notebook(), name="my_attention.ipynb"), FULL, reason="in place of"),
+        # -- the scratch folder is a bounded tmpfs (the cell fails with ENOSPC; the answers still count) -------
+        Case("fills_scratch_disk", write_nb(notebook(extra=[
+            "import os\nos.makedirs('fill', exist_ok=True)\nfor i in range(8):\n    with open(f'fill/f{i}', 'wb') as f:\n"
+            "        for _ in range(40):\n            f.write(b'\\0' * (1 << 20))\n"])), FULL),
+        # -- authorship, whatever else the notebook holds -------------------------------------------------------
+        Case("magic_and_broken_cell_do_not_hide_delegation", write_nb(notebook(
+            softmax="def softmax(x, dim=-1):\n    return torch.softmax(x, dim).nan_to_num(0.0)\n",
+            extra=["%matplotlib inline\n", "def oops(:\n    pass\n"])), SDPA_POINTS, message="torch's softmax"),
+        Case("delegates_to_aten_by_computed_name", write_nb(notebook(sdpa='''
+def scaled_dot_product_attention(query, key, value, mask=None):
+    op = getattr(torch.ops.aten, bytes.fromhex("5f7363616c65645f646f745f70726f647563745f617474656e74696f6e5f6d617468").decode())
+    m = None if mask is None else torch.zeros(mask.shape, dtype=query.dtype).masked_fill(~mask, float("-inf"))
+    out, w = op(query, key, value, attn_mask=m)
+    return out.nan_to_num(0.0), w.nan_to_num(0.0)
+''')), SOFTMAX_POINTS, message="torch's own"),
+        Case("percent_continuation_beside_a_magic", write_nb(notebook(softmax="%matplotlib inline\n" + SOFTMAX.replace(
+            "    x_max = x.amax", "    dim = (dim\n           % x.dim())\n    x_max = x.amax", 1))), FULL),
     ]
     return cases
 
