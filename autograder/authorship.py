@@ -71,7 +71,6 @@ def _forbidden(name: str, extra: Mapping[str, str]) -> str | None:
 class _Context:
     """What the whole notebook defines, for the exemptions and for folding strings."""
 
-    own_attrs: set[str] = field(default_factory=set)  # methods and self./cls. attributes the student defines
     class_methods: dict[str, set[str]] = field(default_factory=dict)  # student classes -> names defined in them
     instances: dict[str, set[str]] = field(default_factory=dict)  # global -> names defined in its class
     consts: dict[str, ast.expr] = field(default_factory=dict)  # globals bound once, to a string expression
@@ -144,8 +143,11 @@ def _offences(unit: _Unit, extra: Mapping[str, str], ctx: _Context, base: bool =
 def _students_own(n: ast.Attribute, unit: _Unit, ctx: _Context) -> bool:
     v = n.value
     if isinstance(v, ast.Name):
-        if v.id in ("self", "cls"):
-            return n.attr in ctx.own_attrs
+        if v.id in ("self", "cls"):  # the student's own only if this class (or a student base class) defines it
+            if not isinstance(unit.stmt, ast.ClassDef):
+                return False
+            bases = [b.id for b in unit.stmt.bases if isinstance(b, ast.Name)]
+            return n.attr in _class_names(unit.stmt) or any(n.attr in ctx.class_methods.get(b, ()) for b in bases)
         if unit.is_global(v.id):
             return n.attr in ctx.class_methods.get(v.id, ()) or n.attr in ctx.instances.get(v.id, ())
     if isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and unit.is_global(v.func.id):
@@ -329,12 +331,7 @@ def _context(units: list[_Unit]) -> _Context:
         for name in u.bound:
             binders.setdefault(name, []).append(u)
         for n in ast.walk(u.stmt):
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                ctx.own_attrs.add(n.name)
-            elif (isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name)
-                  and n.value.id in ("self", "cls")):
-                ctx.own_attrs.add(n.attr)
-            elif isinstance(n, ast.Global):
+            if isinstance(n, ast.Global):
                 declared_global.update(n.names)
     # A global is a student's class (or an instance of one) only when nothing else ever binds it.
     for name, us in binders.items():
@@ -364,13 +361,15 @@ def _single_assignment(units: list[_Unit], name: str) -> ast.expr | None:
 
 
 def _class_names(cls: ast.ClassDef) -> set[str]:
-    """The names a class body defines (methods, class attributes)."""
+    """The names a class body defines (methods, class attributes) and the ``self.<name>`` its methods assign."""
     names: set[str] = set()
     for stmt in cls.body:
         if isinstance(stmt, DEFS):
             names.add(stmt.name)
         else:
             names |= {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    names |= {n.attr for n in ast.walk(cls) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+              and isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")}
     return names
 
 

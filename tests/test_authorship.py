@@ -303,3 +303,17 @@ def test_a_method_of_the_students_own_class_is_not_torchs(honest, hostile):
     # ... but torch's softmax behind a class, or a name that only looks like the class, is still found
     found = ch01_scan(textwrap.dedent(ANSWERS) + "\n" + "\n".join(hostile))
     assert "softmax" in found, found
+
+
+def test_self_attribute_is_exempt_only_when_the_class_defines_it():
+    """A dummy function of the same name elsewhere does not make ``self.log_softmax`` the student's own."""
+    loophole = ("def log_softmax(x):\n    return x\n\n"
+                "class T(torch.Tensor):\n    def probs(self):\n        return self.log_softmax(-1).exp()\n\n"
+                "def softmax(x, dim=-1):\n    return x.as_subclass(T).probs()\n")
+    found = scan(loophole)
+    assert "softmax" in found and "calls T, which uses torch" in found["softmax"], found
+    inherited = ("class Base(torch.nn.Module):\n    def scaled_dot_product_attention(self, q, k, v):\n"
+                 "        return scaled_dot_product_attention(q, k, v)[0]\n\n"
+                 "class MultiHeadAttention(Base):\n    def forward(self, x):\n"
+                 "        return self.scaled_dot_product_attention(x, x, x)\n")
+    assert scan(inherited) == {}
