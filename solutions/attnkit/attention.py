@@ -86,11 +86,12 @@ def _check_tensors(query: Tensor, key: Tensor, value: Tensor) -> None:
         raise ValueError(f"query, key and value are on different devices: {query.device}, {key.device}, {value.device}")
 
 
-def check_inputs(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None) -> None:
+def check_inputs(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None) -> tuple[int, ...]:
     """Raise an error naming what was expected and what came unless the inputs fit :func:`scaled_dot_product_attention`.
 
     ``query`` ``(..., n, d_k)``, ``key`` ``(..., m, d_k)``, ``value`` ``(..., m, d_v)``: floating point,
     one dtype, one device, batch dimensions that broadcast; ``mask`` as in :func:`check_mask`.
+    Returns the broadcast batch shape ``...``.
     """
     _check_tensors(query, key, value)
     try:
@@ -101,6 +102,7 @@ def check_inputs(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None 
         ) from None
     if mask is not None:
         check_mask(mask, query.shape[-2], key.shape[-2], tuple(batch_shape))
+    return tuple(batch_shape)
 
 
 def scaled_dot_product_attention(

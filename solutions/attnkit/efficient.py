@@ -88,10 +88,9 @@ def tiled_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | No
     Returns:
         ``(..., n, d_v)``; a query with no allowed key gets a zero row.
     """
-    check_inputs(query, key, value, mask)
+    batch = check_inputs(query, key, value, mask)  # the broadcast batch shape
     _check_positive(block_q=block_q, block_k=block_k)
     n, m, d_k = query.shape[-2], key.shape[-2], query.shape[-1]
-    batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
     if mask is not None:
         mask = mask.to(query.device).expand(*mask.shape[:-2], n, m)  # a view: slicing tiles works on size-1 axes
     scale = 1.0 / math.sqrt(d_k)
@@ -201,13 +200,12 @@ def causal_linear_attention(query: Tensor, key: Tensor, value: Tensor,
     Returns:
         ``(..., n, d_v)``.
     """
-    check_inputs(query, key, value)
+    batch = check_inputs(query, key, value)  # the broadcast batch shape
     if query.shape[-2] != key.shape[-2]:
         raise ValueError(f"causal attention pairs query i with keys j <= i, so it needs as many queries as keys: "
                          f"query {tuple(query.shape)}, key {tuple(key.shape)}")
     _check_positive(chunk=chunk)
     phi_q, phi_k = feature_map(query), feature_map(key)  # (..., n, d_k)
-    batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
     n, d_k, d_v = query.shape[-2], query.shape[-1], value.shape[-1]
     S = value.new_zeros(*batch, d_k, d_v)  # running sum of phi(k_j) v_j^T
     z = value.new_zeros(*batch, 1, d_k)  # running sum of phi(k_j)
