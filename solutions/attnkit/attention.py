@@ -169,9 +169,11 @@ def _fused_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | N
             mask = mask.to(query.device)
         has_key = mask.any(dim=-1, keepdim=True)  # (..., n, 1): does the row allow any key?
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask | ~has_key)  # (..., n, d_v)
-        return out.masked_fill(~has_key, 0.0)
     except torch.OutOfMemoryError:
         raise
     except Exception:  # torch raises RuntimeError, IndexError, ... for inputs its kernel refuses
         check_inputs(query, key, value, mask)  # raises, naming what was expected and what came
         return _explicit_attention(query, key, value, mask)[0]  # legal inputs the kernel refused
+    if out.shape[:-2] != query.shape[:-2]:  # a broadcast batch: make sure the mask did not enlarge it
+        check_inputs(query, key, value, mask)
+    return out.masked_fill(~has_key, 0.0)
