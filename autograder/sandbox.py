@@ -650,7 +650,10 @@ class Sandbox:
         limit = "its total time limit" if budget < timeout else f"the limit of {timeout:.0f} s"
         deadline = time.monotonic() + budget
         try:
-            sent = self._send(wire.encode(msg), deadline)
+            wire.send(self._w, msg, deadline)
+            sent = True
+        except TimeoutError:
+            sent = False
         except OSError:  # a broken pipe: the process is gone
             self._check_oom()
             raise SandboxError("crash", self._death_reason()) from None
@@ -661,14 +664,14 @@ class Sandbox:
                                           f"stopped at {limit}")
         # While waiting, look at the cgroup twice a second: an OOM kill stops the request at once
         # (the kernel may have killed only a child, leaving the cell waiting for it).
-        while not self._wait(self._r, select.POLLIN, min(deadline, time.monotonic() + 0.5) if self.cgroup else deadline):
+        while not wire.wait(self._r, select.POLLIN, min(deadline, time.monotonic() + 0.5) if self.cgroup else deadline):
             self._check_oom()
             if time.monotonic() < deadline:
                 continue
             self.kill()
             raise SandboxError("timeout", f"still running after {budget:.0f} s: stopped at {limit}")
         try:
-            reply = self._recv(time.monotonic() + max(budget, 5.0))
+            reply = wire.recv(self._r, self.limits.reply_bytes, time.monotonic() + max(budget, 5.0))
         except EOFError:
             self.proc.wait()
             raise SandboxError("crash", self._death_reason()) from None
@@ -697,55 +700,6 @@ class Sandbox:
     def _oom_message(self) -> str:
         return (f"the notebook's process ran out of memory (limit {self.limits.memory_bytes >> 20} MiB for all "
                 "its processes together) and was killed")
-
-    @staticmethod
-    def _wait(fd: int, event: int, deadline: float) -> bool:
-        """Wait until ``fd`` is ready for ``event`` (or broken); False at the deadline."""
-        poller = select.poll()
-        poller.register(fd, event)
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            if poller.poll(max(1, int(left * 1000) + 1)):
-                return True
-
-    def _send(self, data: bytes, deadline: float) -> bool:
-        """Write one framed message (as :func:`wire.send` does); False if the deadline came first."""
-        for part in (struct.pack("<Q", len(data)), data):
-            view = memoryview(part)
-            while view:
-                try:
-                    n = os.write(self._w, view)
-                except BlockingIOError:
-                    n = 0
-                if n:
-                    view = view[n:]
-                elif not self._wait(self._w, select.POLLOUT, deadline):
-                    return False
-        return True
-
-    def _read_exact(self, n: int, deadline: float) -> bytes:
-        chunks = []
-        while n:
-            try:
-                chunk = os.read(self._r, min(n, 1 << 20))
-            except BlockingIOError:
-                if not self._wait(self._r, select.POLLIN, deadline):
-                    raise TimeoutError from None
-                continue
-            if not chunk:
-                raise EOFError("the other side closed the channel")
-            chunks.append(chunk)
-            n -= len(chunk)
-        return b"".join(chunks)
-
-    def _recv(self, deadline: float) -> Any:
-        """Read one message, refusing one over ``reply_bytes``; TimeoutError at the deadline."""
-        (total,) = struct.unpack("<Q", self._read_exact(8, deadline))
-        if total > self.limits.reply_bytes:
-            raise wire.WireError(f"message of {total} bytes exceeds the limit of {self.limits.reply_bytes}")
-        return wire.decode(self._read_exact(total, deadline))
 
     def _death_reason(self) -> str:
         code = self.proc.poll() if self.proc else None

@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import select
 import struct
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,24 +130,49 @@ def encode(msg: Any) -> bytes:
     return struct.pack("<Q", len(header)) + header + b"".join(bufs)
 
 
-def send(fd: int, msg: Any) -> None:
+def send(fd: int, msg: Any, deadline: float | None = None) -> None:
+    """Write one message; on a non-blocking ``fd``, TimeoutError if ``deadline`` (time.monotonic) comes first."""
     data = memoryview(encode(msg))
-    struct_len = struct.pack("<Q", len(data))
-    _write_all(fd, struct_len)
-    _write_all(fd, data)
+    _write_all(fd, struct.pack("<Q", len(data)), deadline)
+    _write_all(fd, data, deadline)
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
+def wait(fd: int, event: int, deadline: float | None) -> bool:
+    """Wait until ``fd`` is ready for ``event`` (select.POLLIN or POLLOUT) or broken; False at ``deadline``
+    (time.monotonic; None: no deadline)."""
+    poller = select.poll()
+    poller.register(fd, event)
+    while True:
+        if deadline is None:
+            left_ms = None
+        else:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            left_ms = max(1, int(left * 1000) + 1)
+        if poller.poll(left_ms):
+            return True
+
+
+def _write_all(fd: int, data: bytes | memoryview, deadline: float | None = None) -> None:
     view = memoryview(data)
     while view:
-        n = os.write(fd, view)
-        view = view[n:]
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:  # a non-blocking fd whose reader is behind
+            if not wait(fd, select.POLLOUT, deadline):
+                raise TimeoutError("the other side stopped reading") from None
 
 
-def _read_exact(fd: int, n: int) -> bytes:
+def _read_exact(fd: int, n: int, deadline: float | None = None) -> bytes:
     chunks = []
     while n:
-        chunk = os.read(fd, min(n, 1 << 20))
+        try:
+            chunk = os.read(fd, min(n, 1 << 20))
+        except BlockingIOError:  # a non-blocking fd with nothing to read yet
+            if not wait(fd, select.POLLIN, deadline):
+                raise TimeoutError("the other side stalled half-way through a message") from None
+            continue
         if not chunk:
             raise EOFError("the other side closed the channel")
         chunks.append(chunk)
@@ -153,12 +180,13 @@ def _read_exact(fd: int, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def recv(fd: int, max_bytes: int) -> Any:
-    """Read one message; refuse anything larger than ``max_bytes``."""
-    (total,) = struct.unpack("<Q", _read_exact(fd, 8))
+def recv(fd: int, max_bytes: int, deadline: float | None = None) -> Any:
+    """Read one message; refuse anything larger than ``max_bytes``; on a non-blocking ``fd``,
+    TimeoutError if ``deadline`` comes first."""
+    (total,) = struct.unpack("<Q", _read_exact(fd, 8, deadline))
     if total > max_bytes:
         raise WireError(f"message of {total} bytes exceeds the limit of {max_bytes}")
-    return decode(_read_exact(fd, total))
+    return decode(_read_exact(fd, total, deadline))
 
 
 def decode(data: bytes) -> Any:
