@@ -23,7 +23,7 @@ import ast
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autograder.harness import _strip_magics
+from autograder.harness import ATEN_ATTENTION, _strip_magics
 
 TORCH_ATTENTION = {
     "scaled_dot_product_attention": "torch's scaled_dot_product_attention",
@@ -37,12 +37,10 @@ TORCH_ATTENTION = {
     "Transformer": "torch.nn.Transformer",
 }
 # Any name containing one of these is torch's attention too (the aten operators behind it:
-# torch.ops.aten._scaled_dot_product_attention_math, _scaled_dot_product_flash_attention_for_cpu, ...).
-TORCH_ATTENTION_PARTS = ("scaled_dot_product", "multi_head_attention", "_transformer_encoder_layer",
-                         "scaled_dot_attention", "_flash_attention", "_efficient_attention", "_cudnn_attention")
-STRING_HINTS = ("attnkit", "scaled_dot_product", "multi_head_attention", "multiheadattention", "transformerencoderlayer",
-                "transformerdecoderlayer", "_transformer_encoder_layer", "scaled_dot_attention", "_flash_attention",
-                "_efficient_attention", "_cudnn_attention")
+# torch.ops.aten._scaled_dot_product_attention_math, _scaled_dot_product_flash_attention_for_cpu, ...);
+# the harness refuses the same operators at run time.
+TORCH_ATTENTION_PARTS = ATEN_ATTENTION
+STRING_HINTS = ("attnkit", "multiheadattention", "transformerencoderlayer", "transformerdecoderlayer", *ATEN_ATTENTION)
 
 
 def _torch_attention(name: str) -> str | None:

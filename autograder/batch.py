@@ -158,10 +158,10 @@ def grade_job(job: Job, ctx: Context) -> dict[str, Any]:
     """Grade one student (runs in a worker process); always returns a result, never raises."""
     started = time.monotonic()
     try:
-        if job.folder.is_symlink() or job.folder.parent.is_symlink() or not job.folder.is_dir():
+        linked = job.folder.is_symlink() or job.folder.parent.is_symlink()
+        if linked or not job.folder.is_dir():
             results = [grade_notebook(None, src, ctx.assignment, secret=ctx.secret) for src in ctx.sources]
-            reason = (f"{job.student}/{ctx.assignment} is a symbolic link, not a folder: not graded"
-                      if job.folder.is_symlink() or job.folder.parent.is_symlink()
+            reason = (f"{job.student}/{ctx.assignment} is a symbolic link, not a folder: not graded" if linked
                       else f"no submission folder {job.student}/{ctx.assignment}")
             notes: list[str] = []
         else:
