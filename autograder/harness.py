@@ -286,6 +286,18 @@ def main() -> None:
                     reply = {"ok": True, "value": to_wire(torch.zeros_like(args[grad]) if g is None else g)}
                 else:
                     reply = {"ok": True, "value": to_wire(result)}
+            elif op == "value":
+                # A conceptual question's answer: a plain value the student assigned (a number, a tuple, a
+                # choice). Tensors and numpy arrays travel as arrays; the judge checks the type.
+                name = req["target"]
+                if name not in ns:
+                    raise NameError(f"nothing named {name!r} is defined: assign your answer to {name}")
+                v = ns[name]
+                if isinstance(v, np.ndarray):
+                    v = torch.from_numpy(v.copy())
+                if isinstance(v, np.generic):
+                    v = v.item()
+                reply = {"ok": True, "value": to_wire(v)}
             elif op == "params":
                 obj = resolve(req["target"])
                 reply = {"ok": True, "value": {k: to_wire(v) for k, v in obj.state_dict().items()}}

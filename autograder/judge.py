@@ -82,6 +82,9 @@ class SandboxBackend(Backend):
         return self._ask({"op": "call", "target": target, "attr": attr, "args": args, "kwargs": kwargs, "grad": wrt,
                           "probe": probe})
 
+    def value(self, name):
+        return self._ask({"op": "value", "target": name})
+
     def params(self, target):
         value = self._ask({"op": "params", "target": target})
         if not isinstance(value, dict):

@@ -45,3 +45,30 @@ def test_error_sentences_name_the_real_error(error, says):
     from autograder.checks import describe_error
 
     assert describe_error(error).startswith(says)
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_a_conceptual_answer_is_read_as_a_plain_value(local):
+    """``Trial.value`` reads what the student assigned, the same in the sandbox and in a notebook kernel."""
+    from autograder.checks import LocalBackend, StudentError, Trial
+    from autograder.judge import SandboxBackend
+    from autograder.sandbox import Sandbox
+
+    code = "import numpy as np, torch\nq1 = 0.25\nq2 = (3, 4)\nq3 = 'b'\nq4 = np.float64(2.5)\nq5 = torch.ones(2)\n"
+    if local:
+        ns: dict = {}
+        exec(code, ns)
+        trial = Trial(LocalBackend(ns), 0)
+        check = lambda: None  # noqa: E731
+    else:
+        box = Sandbox(limits=Limits(cell_timeout=20, call_timeout=10, notebook_timeout=120)).__enter__()
+        assert box.request({"op": "exec", "code": code, "label": "<t>"}, timeout=20)["ok"]
+        trial = Trial(SandboxBackend(box, box.limits), 0)
+        check = lambda: box.__exit__(None, None, None)  # noqa: E731
+    try:
+        assert trial.value("q1") == 0.25 and tuple(trial.value("q2")) == (3, 4) and trial.value("q3") == "b"
+        assert trial.value("q4") == 2.5 and trial.value("q5").tolist() == [1.0, 1.0]
+        with pytest.raises(StudentError, match="assign your answer to q9"):
+            trial.value("q9")
+    finally:
+        check()

@@ -87,6 +87,10 @@ class Backend:
     def grad(self, target: str | Ref, args: list, kwargs: dict, wrt: int, probe: np.ndarray, attr: str | None = None) -> Any:
         raise NotImplementedError
 
+    def value(self, name: str) -> Any:
+        """The plain value (number, string, tuple, list, tensor as array) the student assigned to ``name``."""
+        raise NotImplementedError
+
     def params(self, target: Ref) -> dict:
         raise NotImplementedError
 
@@ -159,6 +163,16 @@ class LocalBackend(Backend):
             return torch.zeros_like(targs[wrt]) if g is None else g
 
         return self._out(self._run(go))
+
+    def value(self, name):
+        if name not in self.ns:
+            raise StudentError(f"nothing named {name!r} is defined: assign your answer to {name}")
+        v = self.ns[name]
+        if isinstance(v, np.ndarray):
+            v = torch.from_numpy(v.copy())
+        if isinstance(v, np.generic):
+            v = v.item()
+        return self._out(v)
 
     def params(self, target):
         return {k: self._out(v) for k, v in self._resolve(target).state_dict().items()}
@@ -254,6 +268,11 @@ class Trial:
         """Construct the student's class ``name``; the object stays in the student's process."""
         ref = self.backend.call(name, list(_to_wire(args)), _to_wire(kwargs), keep=True)
         return Obj(self, ref)
+
+    def value(self, name: str) -> Any:
+        """The value the student assigned to ``name`` (a conceptual question's answer): numbers, strings,
+        bools, tuples and lists come back as themselves, tensors and arrays as tensors."""
+        return _from_wire(self.backend.value(name))
 
     def grad(self, target: str | Obj, *args: Any, wrt: int, probe: Tensor, **kwargs: Any) -> Tensor:
         """Gradient of ``sum(f(*args)[0] * probe)`` with respect to ``args[wrt]``, computed by the student's code."""
