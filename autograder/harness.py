@@ -297,6 +297,8 @@ def main() -> None:
                     v = torch.from_numpy(v.copy())
                 if isinstance(v, np.generic):
                     v = v.item()
+                if isinstance(v, tuple) and type(v) is not tuple:  # torch.Size, a namedtuple
+                    v = tuple(v)
                 reply = {"ok": True, "value": to_wire(v)}
             elif op == "params":
                 obj = resolve(req["target"])

@@ -72,3 +72,26 @@ def test_a_conceptual_answer_is_read_as_a_plain_value(local):
             trial.value("q9")
     finally:
         check()
+
+
+def test_conceptual_answer_helpers_name_wrong_answers_and_hide_the_right_one():
+    from autograder.checks import CheckFailed, expect_choice, expect_number, expect_tuple
+
+    expect_number(0.2500001, 0.25, "q")
+    expect_number(torch_scalar := __import__("torch").tensor(0.25), 0.25, "q")  # a 0-d tensor is a number
+    with pytest.raises(CheckFailed, match="that is Var without the scaling"):
+        expect_number(16, 1.0, "q", mistakes={"that is Var without the scaling": 16.0})
+    with pytest.raises(CheckFailed, match="not right") as err:
+        expect_number(3, 1.0, "q")
+    assert "1.0" not in str(err.value) or "3" in str(err.value)
+    with pytest.raises(CheckFailed, match="should be a number"):
+        expect_number(True, 1.0, "q")
+    expect_tuple([2, 4, 8], (2, 4, 8), "shape")
+    with pytest.raises(CheckFailed, match="heads first"):
+        expect_tuple((4, 2, 8), (2, 4, 8), "shape", mistakes={"heads first": (4, 2, 8)})
+    expect_choice(" B ", "b", "pattern", "abc")
+    with pytest.raises(CheckFailed, match="should be one of"):
+        expect_choice("z", "b", "pattern", "abc")
+    with pytest.raises(CheckFailed, match="that is the causal one"):
+        expect_choice("a", "b", "pattern", "abc", mistakes={"a": "that is the causal one"})
+    del torch_scalar

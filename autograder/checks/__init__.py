@@ -28,7 +28,7 @@ from torch import Tensor
 
 from autograder.wire import Ref
 
-__all__ = ["CheckFailed", "Suite", "Trial", "load_suite", "run_local"]
+__all__ = ["CheckFailed", "Suite", "Trial", "load_suite", "run_local", "expect_number", "expect_tuple", "expect_choice"]
 
 
 class CheckFailed(AssertionError):
@@ -172,6 +172,8 @@ class LocalBackend(Backend):
             v = torch.from_numpy(v.copy())
         if isinstance(v, np.generic):
             v = v.item()
+        if isinstance(v, tuple) and type(v) is not tuple:  # torch.Size, a namedtuple
+            v = tuple(v)
         return self._out(v)
 
     def params(self, target):
@@ -324,6 +326,66 @@ def expect_close(actual: Tensor, expected: Tensor, what: str, mistakes: Mapping[
             raise CheckFailed(f"{what} is wrong: {message}")
     err = (actual.to(torch.float64) - expected.to(torch.float64)).abs().max().item()
     raise CheckFailed(f"{what} does not match the expected values (largest difference {err:.3g})")
+
+
+# -- conceptual questions: the answer is a value the student assigned (read with Trial.value) -----------
+
+
+def _as_number(value: Any, what: str) -> float:
+    if isinstance(value, Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CheckFailed(f"{what} should be a number, got {type(value).__name__}")
+    return float(value)
+
+
+def expect_number(value: Any, expected: float, what: str, mistakes: Mapping[str, float] | None = None,
+                  rel: float = 1e-3, abs_tol: float = 1e-6) -> None:
+    """``value`` must be a number within ``rel`` (relative) or ``abs_tol`` of ``expected``; a known wrong
+    value (``mistakes``: message -> value) is named. The expected value is not revealed."""
+    import math
+
+    v = _as_number(value, what)
+    if math.isclose(v, expected, rel_tol=rel, abs_tol=abs_tol):
+        return
+    for message, wrong in (mistakes or {}).items():
+        if math.isclose(v, wrong, rel_tol=rel, abs_tol=abs_tol):
+            raise CheckFailed(f"{what} is wrong: {message}")
+    raise CheckFailed(f"{what} is not right (you answered {v:.6g})")
+
+
+def expect_tuple(value: Any, expected: tuple, what: str, mistakes: Mapping[str, tuple] | None = None) -> None:
+    """``value`` must be a tuple (or list) equal to ``expected`` item by item (numbers compared exactly)."""
+    if isinstance(value, Tensor) and value.dim() == 1:
+        value = value.tolist()
+    if not isinstance(value, (tuple, list)):
+        raise CheckFailed(f"{what} should be a tuple like {tuple('.' * len(expected))!r}, got {type(value).__name__}")
+    got = tuple(value)
+    if got == tuple(expected):
+        return
+    for message, wrong in (mistakes or {}).items():
+        if got == tuple(wrong):
+            raise CheckFailed(f"{what} is wrong: {message}")
+    raise CheckFailed(f"{what} is not right (you answered {got!r})")
+
+
+def expect_choice(value: Any, expected: str, what: str, choices: Iterable[str],
+                  mistakes: Mapping[str, str] | None = None) -> None:
+    """``value`` must name one of ``choices`` (case and surrounding spaces ignored) and be ``expected``;
+    ``mistakes`` maps a wrong choice to the message that explains it."""
+    options = [str(c) for c in choices]
+    if not isinstance(value, str):
+        raise CheckFailed(f"{what} should be one of {', '.join(repr(c) for c in options)} (a string), "
+                          f"got {type(value).__name__}")
+    got = value.strip().lower()
+    if got not in [c.lower() for c in options]:
+        raise CheckFailed(f"{what} should be one of {', '.join(repr(c) for c in options)}, got {value[:40]!r}")
+    if got == expected.lower():
+        return
+    for wrong, message in (mistakes or {}).items():
+        if got == wrong.lower():
+            raise CheckFailed(f"{what} is wrong: {message}")
+    raise CheckFailed(f"{what} is not right (you chose {value.strip()[:40]!r})")
 
 
 def seed_for(secret: str, assignment: str, grade_id: str) -> int:
