@@ -177,7 +177,7 @@ def test_reference_answers_to_questions_get_full_marks():
 
 @pytest.mark.parametrize("gid, value", [
     ("test_q_keys_seen", [1, 2, 3, 4, 4, 4]), ("test_q_mask_pattern", " B "), ("test_q_finite_fill_weight", 0.25),
-    ("test_q_causal_pairs", 500500.0), ("test_q_causal_swap", (3, 2)),
+    ("test_q_nan_step", "B"), ("test_q_causal_swap", (3, 2)),
 ])
 def test_right_answers_in_other_forms_get_the_point(gid, value):
     assert grade_answer(gid, **{gid.removeprefix("test_"): value}) == ""
@@ -195,9 +195,8 @@ QUESTION_MISTAKES = [
     ("test_q_finite_fill_weight", 0, "cannot tell"),
     ("test_q_finite_fill_weight", float("nan"), "NaN is what a fill of -inf gives"),
     ("test_q_finite_fill_weight", 1, "four scores are equal"),
-    ("test_q_causal_pairs", 1000000, "every pair"),
-    ("test_q_causal_pairs", 499500, "leaves out the diagonal"),
-    ("test_q_causal_pairs", 500000, "half the square"),
+    ("test_q_nan_step", "a", "exactly 0.0"),
+    ("test_q_nan_step", "c", "already in the weights"),
     ("test_q_causal_swap", (), "without a mask"),
     ("test_q_causal_swap", (0, 1, 2, 3), "did not move"),
     ("test_q_causal_swap", (1, 0), "stay the same"),
@@ -213,8 +212,8 @@ def test_usual_wrong_answer_is_named(gid, value, words):
 
 @pytest.mark.parametrize("gid, value", [("test_q_keys_seen", (1, 2, 3, 4, 4, 5)), ("test_q_mask_pattern", "e"),
                                         ("test_q_mask_pattern", 2), ("test_q_finite_fill_weight", 0.5),
-                                        ("test_q_causal_pairs", 12), ("test_q_causal_swap", (1, 3))])
+                                        ("test_q_nan_step", "d"), ("test_q_causal_swap", (1, 3))])
 def test_other_wrong_answers_fail_without_giving_the_answer_away(gid, value):
     message = grade_answer(gid, **{gid.removeprefix("test_"): value})
-    assert message and "(1, 2, 3, 4, 4, 4)" not in message and "500500" not in message and "0.25" not in message \
+    assert message and "(1, 2, 3, 4, 4, 4)" not in message and "0.25" not in message \
         and "(2, 3)" not in message and "'b'" not in message.split("should be one of")[0], message
