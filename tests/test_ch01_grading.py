@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
+from autograder.checks import CheckFailed, load_suite, run_local
+from autograder.checks.ch01_single_head import STATED_REQUIREMENTS
+from autograder.course import SOURCE
+from checking import (assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, namespace,
+                      reference_answers, run_suite, source_code)
 
 A = "01_single_head"
 REF = source_code(A)
+ALL_CHECKS = list(load_suite(A).checks)
+# the reference answers to the conceptual questions, appended to the unusual (otherwise complete) answers below
+QUESTIONS = "".join(code for gid, code in reference_answers(SOURCE / A / "single_head.ipynb").items()
+                    if gid.startswith("q_"))
 
 SETUP = "import math\nimport torch\n"
 
@@ -22,7 +31,7 @@ def scaled_dot_product_attention(query, key, value, mask=None):
         scores = scores.masked_fill(mask.logical_not(), -float("inf"))
     w = softmax(scores, dim=-1)
     return torch.einsum("...nm,...mv->...nv", w, v).to(query.dtype), w.to(query.dtype)
-'''
+''' + QUESTIONS
 
 LOOP = SETUP + '''
 def softmax(x, dim=-1):
@@ -43,7 +52,7 @@ def scaled_dot_product_attention(query, key, value, mask=None):
         scores = torch.where(mask, scores, torch.full_like(scores, float("-inf")))
     weights = softmax(scores)
     return torch.matmul(weights, value), weights
-'''
+''' + QUESTIONS
 
 
 def test_reference_gets_full_marks():
@@ -117,3 +126,114 @@ def test_batch_dims_hint_only_when_it_applies():
     wrong_operand = MISTAKES["wrong operand transposed"][0]
     assert "bmm" not in run_suite(A, wrong_operand)["test_sdpa_batch_dims"]
     assert "bmm" in run_suite(A, MISTAKES["only 3-D inputs"][0])["test_sdpa_batch_dims"]
+
+
+# -- stated requirements (issue 13): each one broken alone loses points on its check, named -------------
+
+SM_RETURN = "return e / torch.where(total > 0, total, torch.ones_like(total))"
+REQUIREMENTS = {
+    # requirement (as in STATED_REQUIREMENTS): (a mutant of the reference that breaks only it, words of the message)
+    "softmax along dim": (MISTAKES["softmax ignores dim"][0], "dim"),
+    "softmax stable near 1e4": (MISTAKES["unstable softmax"][0], "overflow"),
+    "softmax of an all -inf slice is zero": (MISTAKES["NaN for fully masked row"][0], "entirely -inf"),
+    "softmax keeps shape and dtype": (mutate(REF, SM_RETURN, f"return ({SM_RETURN[7:]}).float()"), "dtype"),
+    "attention returns a pair": (mutate(REF, "return weights @ value, weights", "return weights @ value"), "pair"),
+    "shapes with n != m and d_v != d_k": (MISTAKES["wrong operand transposed"][0], "wrong operand"),
+    "any number of leading dimensions": (MISTAKES["only 3-D inputs"][0], "leading dimension"),
+    "scale 1/sqrt(d_k)": (MISTAKES["no scaling"][0], "not scaled"),
+    "softmax over the keys": (MISTAKES["softmax over queries"][0], "over the keys"),
+    "mask True means may attend": (MISTAKES["mask polarity"][0], "polarity"),
+    "mask before the softmax": (MISTAKES["mask after softmax"][0], "after the softmax"),
+    "mask broadcast, per-example mask": (mutate(REF, '        scores = scores.masked_fill(~mask, float("-inf"))',
+                                                '        mask = mask[:1] if mask.dim() == 3 else mask  # example 0\'s only\n'
+                                                '        scores = scores.masked_fill(~mask, float("-inf"))'),
+                                         "per-example (B, n, m) mask"),
+    "fully masked row gives zeros": (MISTAKES["large negative fill, no zero rows"][0], "zeros"),
+    "float64 in, float64 out": (mutate(REF, "    d_k = query.shape[-1]\n",
+                                       "    query, key, value = query.float(), key.float(), value.float()\n"
+                                       "    d_k = query.shape[-1]\n"), "float64"),
+    "large scores stay finite": (mutate(REF, "weights = softmax(scores, dim=-1)  # (..., n, m)",
+                                        "weights = torch.exp(scores) / torch.exp(scores).sum(-1, keepdim=True)"),
+                                 "overflow"),
+}
+
+
+def test_every_stated_requirement_is_walked():
+    """The requirement list of the check module and this walk name the same requirements."""
+    assert set(REQUIREMENTS) == set(STATED_REQUIREMENTS)
+
+
+@pytest.mark.parametrize("name", list(REQUIREMENTS))
+def test_stated_requirement_broken_alone_loses_points_on_its_check(name):
+    code, words = REQUIREMENTS[name]
+    assert_mistake_named(A, name, code, STATED_REQUIREMENTS[name], words)
+
+
+# -- conceptual questions (issue 14) ------------------------------------------------------------------
+
+
+def grade_answer(gid: str, **values) -> str:
+    """The message of question check ``gid`` for a namespace holding ``values`` ("" when it passes)."""
+    try:
+        run_local(A, gid, {"__name__": "__main__", **values})
+    except CheckFailed as e:
+        return str(e)
+    return ""
+
+
+QUESTION_CHECKS = [gid for gid in ALL_CHECKS if gid.startswith("test_q_")]
+
+
+def test_reference_answers_to_questions_get_full_marks():
+    ns = namespace(SETUP + QUESTIONS)
+    for gid in QUESTION_CHECKS:
+        var = gid.removeprefix("test_")
+        assert grade_answer(gid, **{var: ns[var]}) == "", gid
+
+
+@pytest.mark.parametrize("gid, value", [
+    ("test_q_score_variance", 64), ("test_q_variance_over_dk", 0.015625), ("test_q_weight", 0.731),
+    ("test_q_output_shape", [8, 3, 5, 32]), ("test_q_output_shape", torch.Size([8, 3, 5, 32])),
+])
+def test_right_answers_in_other_forms_get_the_point(gid, value):
+    assert grade_answer(gid, **{gid.removeprefix("test_"): value}) == ""
+
+
+QUESTION_MISTAKES = [
+    # (check, wrong value, words its message must contain)
+    ("test_q_score_variance", 1.0, "after dividing by sqrt(d_k)"),
+    ("test_q_score_variance", 8.0, "standard deviation"),
+    ("test_q_score_variance", 4096, "d_k^2"),
+    ("test_q_score_variance", 0, "mean"),
+    ("test_q_variance_over_dk", 1.0, "d_k^2"),
+    ("test_q_variance_over_dk", 0.125, "standard deviation"),
+    ("test_q_variance_over_dk", 64, "without any scaling"),
+    ("test_q_variance_over_dk", 8, "not by sqrt(c)"),
+    ("test_q_weight", 0.8808, "without the 1/sqrt(d_k) scaling"),
+    ("test_q_weight", 0.6225, "by d_k = 4"),
+    ("test_q_weight", 0.2689, "second key"),
+    ("test_q_weight", 1.0, "normalises the scores themselves"),
+    ("test_q_weight", 0.5, "alike"),
+    ("test_q_output_shape", (8, 3, 5, 16), "d_v"),
+    ("test_q_output_shape", (8, 3, 7, 32), "one row per query"),
+    ("test_q_output_shape", (8, 3, 5, 7), "shape of the weights"),
+    ("test_q_output_shape", (5, 32), "leading"),
+]
+
+
+@pytest.mark.parametrize("gid, value, words", QUESTION_MISTAKES)
+def test_usual_wrong_answer_is_named(gid, value, words):
+    message = grade_answer(gid, **{gid.removeprefix("test_"): value})
+    assert words in message, message
+
+
+@pytest.mark.parametrize("gid, value", [("test_q_score_variance", 17.0), ("test_q_weight", 0.3),
+                                        ("test_q_output_shape", (1, 2)), ("test_q_score_variance", "64"),
+                                        ("test_q_output_shape", 64)])
+def test_other_wrong_answers_fail_without_giving_the_answer_away(gid, value):
+    message = grade_answer(gid, **{gid.removeprefix("test_"): value})
+    assert message and "64.0" not in message and "0.731" not in message and "(8, 3, 5, 32)" not in message, message
+
+
+def test_unanswered_question_says_so():
+    assert "assign your answer to q_weight" in grade_answer("test_q_weight")

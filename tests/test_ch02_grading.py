@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, source_code
+from autograder.checks import CheckFailed, load_suite, run_local
+from autograder.checks.ch02_multi_head import STATED_REQUIREMENTS
+from autograder.course import SOURCE
+from checking import (assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, namespace,
+                      reference_answers, source_code)
 
 A = "02_multi_head"
 REF = source_code(A)
 SETUP = REF.split("def split_heads")[0]  # the given setup cell (softmax, scaled_dot_product_attention)
+ALL_CHECKS = list(load_suite(A).checks)
+# the reference answers to the conceptual questions, appended to the unusual (otherwise complete) answers below
+QUESTIONS = "".join(code for gid, code in reference_answers(SOURCE / A / "multi_head.ipynb").items()
+                    if gid.startswith("q_"))
 
 LOOP_EINSUM = SETUP + '''
 def split_heads(x, num_heads):
@@ -21,7 +30,8 @@ def merge_heads(x):
 class MultiHeadAttention(nn.Module):
     def __init__(self, embed_dim, num_heads, bias=True):
         super().__init__()
-        assert embed_dim % num_heads == 0, "embed_dim must be divisible by num_heads"
+        if embed_dim % num_heads != 0:
+            raise ValueError("embed_dim must be divisible by num_heads")
         self.h, self.d = num_heads, embed_dim // num_heads
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias)
         self.k_proj = nn.Linear(embed_dim, embed_dim, bias)
@@ -42,7 +52,7 @@ class MultiHeadAttention(nn.Module):
             weights.append(w)
         out = torch.cat(outs, dim=-1).to(query.dtype)
         return self.out_proj(out), torch.stack(weights, dim=1).to(query.dtype)
-'''
+''' + QUESTIONS
 
 # A wide head-batched version that permutes instead of transposing and never calls the given attention.
 PERMUTE = SETUP + '''
@@ -73,7 +83,7 @@ class MultiHeadAttention(nn.Module):
             s = torch.where(mask, s, float("-inf"))
         w = softmax(s)
         return self.out_proj(merge_heads(w @ v)), w
-'''
+''' + QUESTIONS
 
 
 def test_reference_gets_full_marks():
@@ -144,3 +154,117 @@ def test_classic_mistake_loses_points_with_named_message(name):
 ], ids=["subclass-torch-mha", "helper-torch-sdpa", "import-attnkit"])
 def test_delegation_earns_nothing_for_that_part(code, part):
     assert_delegation_named(A, code, part)
+
+
+# -- stated requirements (issue 13): each one broken alone loses points on its check, named -------------
+
+OWN_SOFTMAX_NAN = '''s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, n, m)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(s, dim=-1)  # a fully masked row: 0/0 = NaN
+        out = weights @ v'''
+REQUIREMENTS = {
+    # requirement (as in STATED_REQUIREMENTS): (a mutant of the reference that breaks only it, words of the message)
+    "split: head axis before the sequence axis": (MISTAKES["split forgets transpose"][0], "transpose"),
+    "split: contiguous feature blocks per head": (MISTAKES["split interleaved"][0], "interleaved"),
+    "merge: inverse of split, heads in order": (MISTAKES["heads merged in reverse order"][0], "reverse order"),
+    "four nn.Linear(E, E) projections": (mutate(mutate(REF, "self.out_proj = nn.Linear", "self.o_proj = nn.Linear"),
+                                                "return self.out_proj(", "return self.o_proj("), "no out_proj"),
+    "bias flag": (mutate(REF, "bias=bias)", "bias=True)"), "still has biases"),
+    "ValueError when E % H != 0": (mutate(REF, '''        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")''',
+                                          '''        assert embed_dim % num_heads == 0, "embed_dim must be divisible by num_heads"'''),
+                                   "ValueError"),
+    "per-head weights (B, H, n, m), n != m": (MISTAKES["averaged weights"][0], "per-head"),
+    "each projection on its own input": (MISTAKES["v_proj on key"][0], "wrong input"),
+    "scale 1/sqrt(head_dim)": (MISTAKES["scale by sqrt(embed_dim)"][0], "sqrt(head_dim)"),
+    "out_proj on the merged heads": (MISTAKES["no output projection"][0], "out_proj is missing"),
+    "mask True means may attend": (mutate(REF, ATTN, "out, weights = scaled_dot_product_attention(q, k, v, "
+                                                     "None if mask is None else ~mask)"), "polarity"),
+    "3-D mask applies to every head": (MISTAKES["3-D mask without head axis"][0], "unsqueeze(1)"),
+    "4-D mask per head": (mutate(REF, ATTN, "if mask is not None and mask.dim() == 4:\n"
+                                            "            mask = mask[:, :1]  # head 0's mask for every head\n        " + ATTN),
+                          "(B, H, n, m) per-head mask"),
+    "fully masked row gives zeros": (mutate(REF, ATTN, OWN_SOFTMAX_NAN), "all masked gets NaN"),
+}
+
+
+def test_every_stated_requirement_is_walked():
+    """The requirement list of the check module and this walk name the same requirements."""
+    assert set(REQUIREMENTS) == set(STATED_REQUIREMENTS)
+
+
+@pytest.mark.parametrize("name", list(REQUIREMENTS))
+def test_stated_requirement_broken_alone_loses_points_on_its_check(name):
+    code, words = REQUIREMENTS[name]
+    assert_mistake_named(A, name, code, STATED_REQUIREMENTS[name], words)
+
+
+def test_large_negative_fill_is_named_for_a_fully_masked_row():
+    code = mutate(REF, ATTN, OWN_SOFTMAX_NAN.replace('float("-inf")', "-1e9").replace("  # a fully masked row: 0/0 = NaN", ""))
+    assert_mistake_named(A, "large negative fill", code, "test_mha_mask", "equal weights")
+
+
+# -- conceptual questions (issue 14) ------------------------------------------------------------------
+
+
+def grade_answer(gid: str, **values) -> str:
+    """The message of question check ``gid`` for a namespace holding ``values`` ("" when it passes)."""
+    try:
+        run_local(A, gid, {"__name__": "__main__", **values})
+    except CheckFailed as e:
+        return str(e)
+    return ""
+
+
+def test_reference_answers_to_questions_get_full_marks():
+    ns = namespace(SETUP + QUESTIONS)
+    questions = [gid for gid in ALL_CHECKS if gid.startswith("test_q_")]
+    assert len(questions) >= 3
+    for gid in questions:
+        var = gid.removeprefix("test_")
+        assert grade_answer(gid, **{var: ns[var]}) == "", gid
+
+
+@pytest.mark.parametrize("gid, value", [
+    ("test_q_split_shape", [4, 8, 10, 12]), ("test_q_head_scale", 8), ("test_q_mha_params", 1050624.0),
+    ("test_q_weights_shape", torch.Size([2, 4, 5, 7])),
+])
+def test_right_answers_in_other_forms_get_the_point(gid, value):
+    assert grade_answer(gid, **{gid.removeprefix("test_"): value}) == ""
+
+
+QUESTION_MISTAKES = [
+    # (check, wrong value, words its message must contain)
+    ("test_q_split_shape", (4, 10, 8, 12), "before the transpose"),
+    ("test_q_split_shape", (4, 8, 10, 96), "all E = 96 features"),
+    ("test_q_split_shape", (4, 12, 10, 8), "swaps the number of heads"),
+    ("test_q_split_shape", (32, 10, 12), "folds the heads into the batch"),
+    ("test_q_head_scale", 22.627, "sqrt(embed_dim)"),
+    ("test_q_head_scale", 64, "head_dim itself"),
+    ("test_q_head_scale", 512, "embed_dim"),
+    ("test_q_head_scale", 2.828, "number of heads"),
+    ("test_q_mha_params", 4 * 512 * 512, "bias"),
+    ("test_q_mha_params", 3 * (512 * 512 + 512), "not out_proj"),
+    ("test_q_mha_params", 25 * (512 * 512 + 512), "its own (E, E) projections"),
+    ("test_q_mha_params", 25 * 512 * 512, "its own (E, E) projections"),
+    ("test_q_mha_params", 4 * (512 * 64 + 64), "one head's"),
+    ("test_q_weights_shape", (2, 5, 7), "averaged over the heads"),
+    ("test_q_weights_shape", (2, 4, 5, 16), "before merging"),
+    ("test_q_weights_shape", (2, 4, 7, 5), "one row per query"),
+    ("test_q_weights_shape", (8, 5, 7), "folds the heads"),
+    ("test_q_weights_shape", (2, 5, 64), "shape of the output"),
+]
+
+
+@pytest.mark.parametrize("gid, value, words", QUESTION_MISTAKES)
+def test_usual_wrong_answer_is_named(gid, value, words):
+    message = grade_answer(gid, **{gid.removeprefix("test_"): value})
+    assert words in message, message
+
+
+@pytest.mark.parametrize("gid, value", [("test_q_split_shape", (4, 8, 12, 10)), ("test_q_head_scale", 7.9),
+                                        ("test_q_mha_params", 1050625), ("test_q_weights_shape", "(2, 4, 5, 7)")])
+def test_other_wrong_answers_fail_without_giving_the_answer_away(gid, value):
+    message = grade_answer(gid, **{gid.removeprefix("test_"): value})
+    assert message and "(4, 8, 10, 12)" not in message and "1050624" not in message and "(2, 4, 5, 7)" not in message, message

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, source_code
+from autograder.checks import CheckFailed, load_suite, run_local
+from autograder.checks.ch03_self_attention import STATED_REQUIREMENTS
+from autograder.course import SOURCE
+from checking import (assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, namespace,
+                      reference_answers, source_code)
 
 A = "03_self_attention"
 REF = source_code(A)
 SETUP = REF.split("class SelfAttention")[0]  # the given setup cell
+ALL_CHECKS = list(load_suite(A).checks)
+# the reference answers to the conceptual questions, appended to the unusual (otherwise complete) answers below
+QUESTIONS = "".join(code for gid, code in reference_answers(SOURCE / A / "self_attention.ipynb").items()
+                    if gid.startswith("q_"))
 
 UNUSUAL = SETUP + '''
 class SelfAttention(nn.Module):
@@ -29,7 +37,7 @@ def design_weights(x, targets):
     W_q = (x64.T @ onehot @ x64) * 6.0                 # (d, d)
     W_k = x64.T @ x64 * 6.0 * x.shape[1] ** 0.5        # (d, d) projects onto the span of the rows
     return W_q.to(x.dtype), W_k.to(x.dtype)
-'''
+''' + QUESTIONS
 
 # The key side does the choosing instead: key j is the embedding of every position that targets j.
 KEY_SIDE = SETUP + REF.split("def design_weights")[0].split(SETUP)[1] + '''
@@ -41,7 +49,7 @@ def design_weights(x, targets):
     W_q = torch.eye(d) * 5 * d ** 0.25
     W_k = x.cpu().T @ S.T @ x.cpu() * 5 * d ** 0.25
     return W_q.to(x.device), W_k.to(x.device)
-'''
+''' + QUESTIONS
 
 
 def test_reference_gets_full_marks():
@@ -82,3 +90,113 @@ def test_delegation_earns_nothing_for_that_part():
                  "        self.attn = nn.MultiheadAttention(e, h, batch_first=True)\n"
     results = assert_delegation_named(A, code, "SelfAttention")
     assert results["test_design_weights"] == ""
+
+
+# -- stated requirements (issue 13): each one broken alone loses points on its check, named -------------
+
+REQUIREMENTS = {
+    # requirement (as in STATED_REQUIREMENTS): (a mutant of the reference that breaks only it, words of the message)
+    "attribute attn": (MISTAKES["wrong attribute name"][0], "attn"),
+    "returns (output, weights) of the right shapes": (MISTAKES["only the output"][0], "pair"),
+    "x is query, key and value": (mutate(REF, FWD, "out, w = self.attn(x, x, x, mask)\n        return out + x, w"),
+                                  "residual connection"),
+    "attn created once in __init__": (MISTAKES["attn built in forward"][0], "in __init__"),
+    "mask passed on": (MISTAKES["mask ignored"][0], "mask is ignored"),
+    "fully masked row gives zeros": (mutate(REF, FWD, "if mask is not None:  # switch empty rows back on, no NaN\n"
+                                                      "            mask = mask | ~mask.any(-1, keepdim=True)\n        " + FWD),
+                                     "attends to every key instead"),
+    "permutation equivariance": (mutate(REF, FWD, "x = x + 0.1 * torch.arange(x.shape[1], dtype=x.dtype)[:, None]\n"
+                                                  "        " + FWD), "permutation equivariant"),
+    "design: a pair of (d, d_k) matrices": (mutate(REF, "    return W_q, W_k\n", "    return W_q\n"), "pair"),
+    "design: at least 0.9 on the target": (MISTAKES["too weak"][0], "scale"),
+    "design: shared targets": (mutate(REF, DESIGN, "W_q = strength * math.sqrt(d) * x[torch.argsort(targets)].T @ x"),
+                               "share a target"),
+}
+
+
+def test_every_stated_requirement_is_walked():
+    """The requirement list of the check module and this walk name the same requirements."""
+    assert set(REQUIREMENTS) == set(STATED_REQUIREMENTS)
+
+
+@pytest.mark.parametrize("name", list(REQUIREMENTS))
+def test_stated_requirement_broken_alone_loses_points_on_its_check(name):
+    code, words = REQUIREMENTS[name]
+    assert_mistake_named(A, name, code, STATED_REQUIREMENTS[name], words)
+
+
+def test_shared_target_mutant_is_right_on_permutations():
+    """The argsort mutant above breaks only the shared-targets requirement: on a permutation it is right."""
+    import torch
+
+    ns = namespace(REQUIREMENTS["design: shared targets"][0])
+    x, targets = torch.eye(4), torch.tensor([2, 0, 3, 1])
+    W_q, W_k = ns["design_weights"](x, targets)
+    weights = torch.softmax((x @ W_q) @ (x @ W_k).T / 2.0, dim=-1)
+    assert bool((weights[torch.arange(4), targets] >= 0.9).all())
+
+
+# -- conceptual questions (issue 14) ------------------------------------------------------------------
+
+
+def grade_answer(gid: str, **values) -> str:
+    """The message of question check ``gid`` for a namespace holding ``values`` ("" when it passes)."""
+    try:
+        run_local(A, gid, {"__name__": "__main__", **values})
+    except CheckFailed as e:
+        return str(e)
+    return ""
+
+
+def test_reference_answers_to_questions_get_full_marks():
+    ns = namespace(SETUP + QUESTIONS)
+    questions = [gid for gid in ALL_CHECKS if gid.startswith("test_q_")]
+    assert len(questions) >= 3
+    for gid in questions:
+        var = gid.removeprefix("test_")
+        assert grade_answer(gid, **{var: ns[var]}) == "", gid
+
+
+@pytest.mark.parametrize("gid, value", [
+    ("test_q_changed_rows", (2, 0)), ("test_q_changed_rows", [0, 2]), ("test_q_weights_memory", 1024),
+    ("test_q_scores_flops", 134217728.0), ("test_q_margin", 3.296),
+])
+def test_right_answers_in_other_forms_get_the_point(gid, value):
+    assert grade_answer(gid, **{gid.removeprefix("test_"): value}) == ""
+
+
+QUESTION_MISTAKES = [
+    # (check, wrong value, words its message must contain)
+    ("test_q_changed_rows", (), "equivariant, not invariant"),
+    ("test_q_changed_rows", (0, 1, 2, 3), "set"),
+    ("test_q_changed_rows", (3, 1), "stay the same"),
+    ("test_q_changed_rows", (0,), "two inputs"),
+    ("test_q_weights_memory", 256, "entries"),
+    ("test_q_weights_memory", 64, "one head"),
+    ("test_q_weights_memory", 1073.741824, "MB"),
+    ("test_q_weights_memory", 0.25, "linearly"),
+    ("test_q_weights_memory", 2048, "8 bytes"),
+    ("test_q_scores_flops", 1024 * 1024 * 64, "multiply-adds"),
+    ("test_q_scores_flops", 2 * 1024 * 64 * 64, "projection"),
+    ("test_q_scores_flops", 1024 * 1024, "number of scores"),
+    ("test_q_scores_flops", 2 * 1024 * 64, "one query's row"),
+    ("test_q_margin", 2.197, "one other key"),
+    ("test_q_margin", 0.9, "weight itself"),
+    ("test_q_margin", -0.1054, "denominator"),
+    ("test_q_margin", 27, "logarithm"),
+    ("test_q_margin", 1.281, "solve"),
+]
+
+
+@pytest.mark.parametrize("gid, value, words", QUESTION_MISTAKES)
+def test_usual_wrong_answer_is_named(gid, value, words):
+    message = grade_answer(gid, **{gid.removeprefix("test_"): value})
+    assert words in message, message
+
+
+@pytest.mark.parametrize("gid, value", [("test_q_changed_rows", (0, 3)), ("test_q_weights_memory", 1000),
+                                        ("test_q_scores_flops", 12345), ("test_q_margin", "ln 27")])
+def test_other_wrong_answers_fail_without_giving_the_answer_away(gid, value):
+    message = grade_answer(gid, **{gid.removeprefix("test_"): value})
+    assert message and "(0, 2)" not in message and "1024" not in message and "134217728" not in message \
+        and "3.29" not in message, message

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
+from autograder.checks import CheckFailed, load_suite, run_local
+from autograder.checks.ch04_masked_attention import STATED_REQUIREMENTS
+from autograder.course import SOURCE
+from checking import (assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, namespace,
+                      reference_answers, run_suite, source_code)
 
 A = "04_masked_attention"
 REF = source_code(A)
 SETUP = REF.split("def causal_mask")[0]  # the given setup cell
+ALL_CHECKS = list(load_suite(A).checks)
+# the reference answers to the conceptual questions, appended to the unusual (otherwise complete) answer below
+QUESTIONS = "".join(code for gid, code in reference_answers(SOURCE / A / "masked_attention.ipynb").items()
+                    if gid.startswith("q_"))
 
 UNUSUAL = SETUP + '''
 def causal_mask(n, device=None):
@@ -29,7 +37,7 @@ def masked_attention(query, key, value, mask):
     total = e.sum(-1, keepdim=True)
     w = torch.where(total > 0, e / total, torch.zeros_like(e))
     return (w @ v).to(query.dtype), w.to(query.dtype)
-'''
+''' + QUESTIONS
 
 CAUSAL = "return torch.ones(n, n, dtype=torch.bool, device=device).tril()  # (n, n)"
 PAD = "return (positions < lengths[:, None])[:, None, :]  # (B, 1, max_len)"
@@ -100,3 +108,112 @@ def test_delegation_earns_nothing_for_that_part():
                   "    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)\n    return out, None\n")
     results = assert_delegation_named(A, code, "masked_attention")
     assert results["test_causal_mask"] == "" and results["test_padding_mask"] == ""
+
+
+# -- stated requirements (issue 13): each one broken alone loses points on its check, named -------------
+
+SCORES = "scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])"
+REQUIREMENTS = {
+    # requirement (as in STATED_REQUIREMENTS): (a mutant of the reference that breaks only it, words of the message)
+    "causal: bool": (MISTAKES["float causal mask"][0], "bool"),
+    "causal: on and below the diagonal": (MISTAKES["strictly lower causal mask"][0], "diagonal is hidden"),
+    "causal: device honoured": (mutate(REF, CAUSAL, "return torch.ones(n, n, dtype=torch.bool).tril()"),
+                                "device argument is ignored"),
+    "padding: (B, 1, max_len)": (MISTAKES["padding without query axis"][0], "(B, 1, max_len)"),
+    "padding: True at the real tokens": (MISTAKES["padding off by one (<=)"][0], "off by one"),
+    "attention: scaled scores": (MISTAKES["no scaling"][0], "not scaled"),
+    "attention: -inf before the softmax, True = may attend": (MISTAKES["mask after the softmax"][0], "after the softmax"),
+    "attention: rows are queries": (MISTAKES["mask transposed in attention"][0], "transposed"),
+    "attention: n != m, d_v != d_k, broadcast masks": (mutate(REF, FILL, 'scores = scores.masked_fill(~mask.squeeze(1), '
+                                                                         'float("-inf"))'), "must broadcast"),
+    "attention: any leading dimensions": (mutate(REF, SCORES, "scores = torch.bmm(query, key.transpose(1, 2)) / "
+                                                              "math.sqrt(query.shape[-1])"), "leading dimensions"),
+    "attention: fully masked row gives zeros": (MISTAKES["NaN rows"][0], "NaN"),
+    "causality end to end": (MISTAKES["upper triangle"][0], "future"),
+}
+
+
+def test_every_stated_requirement_is_walked():
+    """The requirement list of the check module and this walk name the same requirements."""
+    assert set(REQUIREMENTS) == set(STATED_REQUIREMENTS)
+
+
+@pytest.mark.parametrize("name", list(REQUIREMENTS))
+def test_stated_requirement_broken_alone_loses_points_on_its_check(name):
+    code, words = REQUIREMENTS[name]
+    assert_mistake_named(A, name, code, STATED_REQUIREMENTS[name], words)
+
+
+def test_a_causal_mask_that_cannot_be_built_on_meta_is_not_marked_down():
+    """The device is read back on the meta device; a correct mask built in a way meta cannot run keeps the point."""
+    code = mutate(REF, CAUSAL, "m = torch.ones(n, n, dtype=torch.bool, device=device).tril()\n"
+                               "    assert m.device.type != 'meta' or False, 'no meta here'\n    return m")
+    assert run_suite(A, code)["test_causal_mask"] == ""
+    missing = mutate(REF, "def causal_mask(n: int, device=None)", "def causal_mask(n: int)")
+    missing = missing.replace("device=device).tril()  # (n, n)", ").tril()  # (n, n)")
+    assert "device" in run_suite(A, missing)["test_causal_mask"]
+
+
+# -- conceptual questions (issue 14) ------------------------------------------------------------------
+
+
+def grade_answer(gid: str, **values) -> str:
+    """The message of question check ``gid`` for a namespace holding ``values`` ("" when it passes)."""
+    try:
+        run_local(A, gid, {"__name__": "__main__", **values})
+    except CheckFailed as e:
+        return str(e)
+    return ""
+
+
+def test_reference_answers_to_questions_get_full_marks():
+    ns = namespace(SETUP + QUESTIONS)
+    questions = [gid for gid in ALL_CHECKS if gid.startswith("test_q_")]
+    assert len(questions) >= 3
+    for gid in questions:
+        var = gid.removeprefix("test_")
+        assert grade_answer(gid, **{var: ns[var]}) == "", gid
+
+
+@pytest.mark.parametrize("gid, value", [
+    ("test_q_keys_seen", [1, 2, 3, 4, 4, 4]), ("test_q_mask_pattern", " B "), ("test_q_finite_fill_weight", 0.25),
+    ("test_q_nan_step", "B"), ("test_q_causal_swap", (3, 2)),
+])
+def test_right_answers_in_other_forms_get_the_point(gid, value):
+    assert grade_answer(gid, **{gid.removeprefix("test_"): value}) == ""
+
+
+QUESTION_MISTAKES = [
+    # (check, wrong value, words its message must contain)
+    ("test_q_keys_seen", (1, 2, 3, 4, 5, 6), "ignores the padding mask"),
+    ("test_q_keys_seen", (4, 4, 4, 4, 4, 4), "ignores the causal mask"),
+    ("test_q_keys_seen", (1, 2, 3, 4, 0, 0), "hides keys (columns)"),
+    ("test_q_keys_seen", (0, 1, 2, 3, 3, 3), "hides the diagonal"),
+    ("test_q_mask_pattern", "a", "causal mask alone"),
+    ("test_q_mask_pattern", "c", "hides query 3"),
+    ("test_q_mask_pattern", "d", "padding mask alone"),
+    ("test_q_finite_fill_weight", 0, "cannot tell"),
+    ("test_q_finite_fill_weight", float("nan"), "NaN is what a fill of -inf gives"),
+    ("test_q_finite_fill_weight", 1, "four scores are equal"),
+    ("test_q_nan_step", "a", "exactly 0.0"),
+    ("test_q_nan_step", "c", "already in the weights"),
+    ("test_q_causal_swap", (), "without a mask"),
+    ("test_q_causal_swap", (0, 1, 2, 3), "did not move"),
+    ("test_q_causal_swap", (1, 0), "stay the same"),
+    ("test_q_causal_swap", (3,), "incomplete"),
+]
+
+
+@pytest.mark.parametrize("gid, value, words", QUESTION_MISTAKES)
+def test_usual_wrong_answer_is_named(gid, value, words):
+    message = grade_answer(gid, **{gid.removeprefix("test_"): value})
+    assert words in message, message
+
+
+@pytest.mark.parametrize("gid, value", [("test_q_keys_seen", (1, 2, 3, 4, 4, 5)), ("test_q_mask_pattern", "e"),
+                                        ("test_q_mask_pattern", 2), ("test_q_finite_fill_weight", 0.5),
+                                        ("test_q_nan_step", "d"), ("test_q_causal_swap", (1, 3))])
+def test_other_wrong_answers_fail_without_giving_the_answer_away(gid, value):
+    message = grade_answer(gid, **{gid.removeprefix("test_"): value})
+    assert message and "(1, 2, 3, 4, 4, 4)" not in message and "0.25" not in message \
+        and "(2, 3)" not in message and "'b'" not in message.split("should be one of")[0], message

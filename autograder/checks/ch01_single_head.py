@@ -1,4 +1,34 @@
-"""Graded checks for exercise 01_single_head: ``softmax`` and ``scaled_dot_product_attention``."""
+"""Graded checks for exercise 01_single_head: ``softmax``, ``scaled_dot_product_attention`` and four
+conceptual questions.
+
+Stated requirements (the exercise's text and docstrings), each with the check that exercises it; a
+reviewer compares this list with the notebook, ``tests/test_ch01_grading.py`` breaks each one alone:
+
+softmax(x, dim=-1)
+  - normalises along ``dim``, any axis, default -1 ........................ test_softmax_dim
+  - stable for scores around 1e4 (subtract the maximum) ................... test_softmax_stable
+  - a slice that is entirely -inf gives zeros, not NaN (docstring) ........ test_softmax_stable
+  - keeps the shape and dtype of ``x`` (docstring) ........................ test_softmax_basic
+scaled_dot_product_attention(query, key, value, mask=None)
+  - returns the pair ``(output, weights)`` ................................ test_sdpa_shapes
+  - output (..., n, d_v), weights (..., n, m), with n != m and d_v != d_k . test_sdpa_shapes
+  - any number of leading batch dimensions (none, one, two) ............... test_sdpa_batch_dims
+  - scores scaled by 1/sqrt(d_k) .......................................... test_sdpa_values
+  - softmax over the keys (the weights of a query sum to 1) ............... test_sdpa_values
+  - mask True means "may attend" .......................................... test_sdpa_mask
+  - the masked scores become -inf *before* the softmax .................... test_sdpa_mask
+  - a mask broadcastable to (..., n, m): an (n, m) one over the batch, a
+    per-example (B, n, m) one ............................................. test_sdpa_mask
+  - a query whose keys are all masked: zero weights and a zero output row,
+    never NaN (and not equal weights) ..................................... test_sdpa_fully_masked
+  - float64 in, float64 out (outputs keep the inputs' dtype) .............. test_sdpa_dtype_stability
+  - large scores (1e4 after scaling) stay finite .......................... test_sdpa_dtype_stability
+Both
+  - no torch softmax inside ``softmax``; no torch attention or attnkit: the authorship scan and the
+    run-time tripwire (``SUITE.forbidden``), tested in test_delegation_earns_nothing_for_that_part.
+Not graded, on purpose: "use your softmax" in the attention is advice (torch's softmax is allowed
+there); the device (the judge's inputs arrive on the CPU; the visible tests run on the student's device).
+"""
 
 from __future__ import annotations
 
@@ -9,9 +39,28 @@ import torch.nn.functional as F
 
 from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
-from autograder.checks import CheckFailed, Suite, Trial, close, expect_close, expect_pair, expect_tensor
+from autograder.checks import (CheckFailed, Suite, Trial, close, expect_close, expect_number, expect_pair, expect_tensor,
+                               expect_tuple)
 
 SUITE = Suite("01_single_head")
+# requirement -> the check that exercises it (the list above, in the order of the notebook)
+STATED_REQUIREMENTS = {
+    "softmax along dim": "test_softmax_dim",
+    "softmax stable near 1e4": "test_softmax_stable",
+    "softmax of an all -inf slice is zero": "test_softmax_stable",
+    "softmax keeps shape and dtype": "test_softmax_basic",
+    "attention returns a pair": "test_sdpa_shapes",
+    "shapes with n != m and d_v != d_k": "test_sdpa_shapes",
+    "any number of leading dimensions": "test_sdpa_batch_dims",
+    "scale 1/sqrt(d_k)": "test_sdpa_values",
+    "softmax over the keys": "test_sdpa_values",
+    "mask True means may attend": "test_sdpa_mask",
+    "mask before the softmax": "test_sdpa_mask",
+    "mask broadcast, per-example mask": "test_sdpa_mask",
+    "fully masked row gives zeros": "test_sdpa_fully_masked",
+    "float64 in, float64 out": "test_sdpa_dtype_stability",
+    "large scores stay finite": "test_sdpa_dtype_stability",
+}
 SOFTMAX, SDPA = "softmax", "scaled_dot_product_attention"
 TIMES_SQRT = "the scores are multiplied by sqrt(d_k); the scale is 1/sqrt(d_k): divide Q K^T by sqrt(d_k)"
 UNIFORM_ROWS = ("a query whose keys are all masked gets equal weights on every key instead of zeros: filling with a "
@@ -52,6 +101,9 @@ def softmax_basic(t: Trial) -> None:
         if not torch.allclose(y.sum(-1).double(), torch.ones(shape[:-1], dtype=torch.float64), atol=1e-5):
             raise CheckFailed("softmax rows do not sum to 1 along the last axis: did you normalise over the right axis?")
         expect_close(y, ref_softmax(x), f"softmax of a {shape} tensor", _softmax_mistakes(x, -1))
+    x = t.randn(2, 5, dtype=torch.float64)
+    y = expect_tensor(t.call(SOFTMAX, x), (2, 5), "softmax of a float64 tensor", dtype=torch.float64)
+    expect_close(y, ref_softmax(x), "softmax of a float64 tensor", atol=1e-10, rtol=1e-10)
 
 
 @SUITE.check("test_softmax_dim", parts=[SOFTMAX])
@@ -75,6 +127,20 @@ def softmax_stable(t: Trial) -> None:
     expect_close(y, ref_softmax(x), "softmax of scores near ±1e4", atol=3e-3)
     x = t.randn(4, 6, scale=5e3)
     expect_close(t.call(SOFTMAX, x), ref_softmax(x), "softmax of random scores of size 1e4", atol=3e-3)
+    # The docstring's contract: a slice with no allowed entry (every key masked) is all zero.
+    x = t.randn(3, 4)
+    x[1] = float("-inf")
+    x[2, :2] = float("-inf")
+    y = t.call(SOFTMAX, x)
+    what = "softmax of a row that is entirely -inf (every key masked)"
+    if isinstance(y, torch.Tensor) and tuple(y.shape) == (3, 4) and y.is_floating_point():
+        if torch.isnan(y[1]).any():
+            raise CheckFailed(f"{what} gives NaN: exp(-inf - max) with max = -inf is exp(nan). The docstring asks "
+                              "for zeros there: replace a -inf maximum by 0 and divide only where the sum is positive")
+        if close(y[1], torch.full((4,), 0.25)):
+            raise CheckFailed(f"{what} gives equal weights 1/4 instead of zeros: a row with no allowed key must "
+                              "be all zero (the docstring's contract)")
+    expect_close(y, ref_softmax(x), what, atol=1e-5)
 
 
 # -- scaled dot-product attention --------------------------------------------------------------
@@ -276,3 +342,72 @@ def sdpa_dtype_stability(t: Trial) -> None:
     exp_out, exp_w = ref_attention(q, k, v)
     expect_close(w, exp_w, "the weights for large scores", atol=1e-4)
     expect_close(out, exp_out, "the output for large scores", atol=1e-3)
+
+
+# -- conceptual questions (the inputs are in the question; the answer is a value) ----------------------
+# The right values are computed here from the question's inputs, so a reader can check them.
+
+D_K = 64  # q_score_variance, q_variance_over_dk: q and k have 64 independent entries of mean 0, variance 1
+
+
+@SUITE.check("test_q_score_variance", parts=["q_score_variance"])
+def q_score_variance(t: Trial) -> None:
+    """Var(q . k) for d_k = 64 independent entries of variance 1 (no scaling)."""
+    expect_number(t.value("q_score_variance"), float(D_K), "q_score_variance", {
+        "1 is the variance after dividing by sqrt(d_k); the question asks for the raw dot product q . k":
+            1.0,
+        f"{math.sqrt(D_K):g} = sqrt(d_k) is the standard deviation; the variance is its square": math.sqrt(D_K),
+        f"{D_K ** 2} = d_k^2 is too large: q . k is a sum of d_k independent products, each of variance 1, "
+        "and the variances of independent terms add": float(D_K ** 2),
+        "0 is the mean of q . k; its variance is the sum of the d_k products' variances": 0.0,
+    })
+
+
+@SUITE.check("test_q_variance_over_dk", parts=["q_variance_over_dk"])
+def q_variance_over_dk(t: Trial) -> None:
+    """Var(q . k / d_k) for d_k = 64: dividing by c divides the variance by c^2."""
+    expect_number(t.value("q_variance_over_dk"), D_K / D_K ** 2, "q_variance_over_dk", {
+        "1 is the variance after dividing by sqrt(d_k) (or the variance divided by d_k once); dividing q . k "
+        "by d_k = 64 divides its variance by d_k^2": 1.0,
+        f"{1 / math.sqrt(D_K):g} = 1/sqrt(d_k) is the standard deviation; the variance is its square":
+            1 / math.sqrt(D_K),
+        f"{D_K:g} is the variance without any scaling": float(D_K),
+        f"{math.sqrt(D_K):g}: dividing by c divides the variance by c^2 = {D_K ** 2}, not by sqrt(c)":
+            D_K / math.sqrt(D_K),
+    })
+
+
+# q_weight: d_k = 4, one query q = (2, 0, 0, 0), keys k1 = (1, 0, 0, 0), k2 = (0, 0, 0, 0).
+Q_WEIGHT_SCORES = (2.0 / math.sqrt(4), 0.0)  # the scaled scores of the two keys
+
+
+def _weight_on_first(s1: float, s2: float) -> float:
+    return math.exp(s1) / (math.exp(s1) + math.exp(s2))
+
+
+@SUITE.check("test_q_weight", parts=["q_weight"])
+def q_weight(t: Trial) -> None:
+    """The weight the query puts on the first key in a hand-sized example (d_k = 4, two keys)."""
+    s1, s2 = Q_WEIGHT_SCORES
+    expect_number(t.value("q_weight"), _weight_on_first(s1, s2), "q_weight", {
+        f"{_weight_on_first(2.0, 0.0):.3f} is the weight without the 1/sqrt(d_k) scaling: the scores are "
+        "q . k / sqrt(4)": _weight_on_first(2.0, 0.0),
+        f"{_weight_on_first(0.5, 0.0):.3f} divides the score by d_k = 4; the scale is 1/sqrt(d_k) = 1/2":
+            _weight_on_first(0.5, 0.0),
+        f"{_weight_on_first(s2, s1):.3f} is the weight on the second key (the all-zero one)": _weight_on_first(s2, s1),
+        "1.0 normalises the scores themselves (1 / (1 + 0)); the weights are exp(score) / sum of exp(scores)": 1.0,
+        "0.5 treats the two keys alike, but their scores q . k differ": 0.5,
+    }, rel=2e-3)
+
+
+# q_output_shape: query (8, 3, 5, 16), key (8, 3, 7, 16), value (8, 3, 7, 32).
+@SUITE.check("test_q_output_shape", parts=["q_output_shape"])
+def q_output_shape(t: Trial) -> None:
+    """The output shape of attention for query (8, 3, 5, 16), key (8, 3, 7, 16), value (8, 3, 7, 32)."""
+    expect_tuple(t.value("q_output_shape"), (8, 3, 5, 32), "q_output_shape", {
+        "(8, 3, 5, 16) has the width d_k of the queries and keys; the output mixes value rows, so its width "
+        "is d_v = 32": (8, 3, 5, 16),
+        "(8, 3, 7, 32) has one row per key; the output has one row per query (n = 5)": (8, 3, 7, 32),
+        "(8, 3, 5, 7) is the shape of the weights (one weight per query and key), not of the output": (8, 3, 5, 7),
+        "(5, 32) drops the leading (batch, head) dimensions; they are kept": (5, 32),
+    })

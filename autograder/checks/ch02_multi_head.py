@@ -1,4 +1,31 @@
-"""Graded checks for exercise 02_multi_head: ``split_heads``, ``merge_heads`` and ``MultiHeadAttention``.
+"""Graded checks for exercise 02_multi_head: ``split_heads``, ``merge_heads``, ``MultiHeadAttention`` and
+four conceptual questions.
+
+Stated requirements (the exercise's text and docstrings), each with the check that exercises it; a
+reviewer compares this list with the notebook, ``tests/test_ch02_grading.py`` breaks each one alone:
+
+split_heads(x, num_heads)
+  - (B, n, H*Dh) -> (B, H, n, Dh): the head axis before the sequence axis .. test_split_heads
+  - head h holds the contiguous features h*Dh:(h+1)*Dh (not interleaved,
+    not a plain reshape of the flattened (n, E) block) ..................... test_split_heads
+merge_heads(x)
+  - (B, H, n, Dh) -> (B, n, H*Dh), the inverse of split_heads: the heads
+    concatenated per position, in head order .............................. test_merge_heads
+MultiHeadAttention(embed_dim, num_heads, bias=True)
+  - nn.Linear attributes q_proj, k_proj, v_proj, out_proj, each (E, E) .... test_mha_shapes
+  - bias=True gives every projection a bias, bias=False none .............. test_mha_shapes
+  - raises a ValueError (that type) when embed_dim % num_heads != 0 ....... test_mha_shapes
+  - forward returns (output (B, n, E), per-head weights (B, H, n, m)), not
+    their average, for n != m .............................................. test_mha_shapes
+  - q_proj on query, k_proj on key, v_proj on value (different tensors) ... test_mha_values
+  - each head's scores scaled by 1/sqrt(Dh), one head's width ............. test_mha_values
+  - out_proj applied to the merged heads .................................. test_mha_values
+  - mask True means "may attend", applied before the softmax .............. test_mha_mask
+  - a mask broadcastable to (B, n, m) applies to every head (unsqueeze(1)) test_mha_mask
+  - a 4-D mask is (B, H, n, m): one mask per head ......................... test_mha_mask
+  - a query whose keys are all masked: zero weights (the output row is
+    out_proj of zeros), never NaN ......................................... test_mha_mask
+Not stated, not graded: the dtype and the device (the exercise states neither).
 
 The student's module gets weights drawn here (copied in with ``Obj.load``), so
 the expected answer is computed in the judge from the same weights, by
@@ -17,10 +44,28 @@ from torch import Tensor, nn
 from attnkit import merge_heads as ref_merge
 from attnkit import softmax as ref_softmax
 from attnkit import split_heads as ref_split
-from autograder.checks import CheckFailed, StudentError, Suite, Trial, expect_close, expect_pair, expect_tensor
+from autograder.checks import (CheckFailed, StudentError, Suite, Trial, expect_close, expect_number, expect_pair,
+                               expect_tensor, expect_tuple)
 from autograder.checks.ch01_single_head import UNIFORM_ROWS
 
 SUITE = Suite("02_multi_head")
+# requirement -> the check that exercises it (the list above, in the order of the notebook)
+STATED_REQUIREMENTS = {
+    "split: head axis before the sequence axis": "test_split_heads",
+    "split: contiguous feature blocks per head": "test_split_heads",
+    "merge: inverse of split, heads in order": "test_merge_heads",
+    "four nn.Linear(E, E) projections": "test_mha_shapes",
+    "bias flag": "test_mha_shapes",
+    "ValueError when E % H != 0": "test_mha_shapes",
+    "per-head weights (B, H, n, m), n != m": "test_mha_shapes",
+    "each projection on its own input": "test_mha_values",
+    "scale 1/sqrt(head_dim)": "test_mha_values",
+    "out_proj on the merged heads": "test_mha_values",
+    "mask True means may attend": "test_mha_mask",
+    "3-D mask applies to every head": "test_mha_mask",
+    "4-D mask per head": "test_mha_mask",
+    "fully masked row gives zeros": "test_mha_mask",
+}
 SPLIT, MERGE, MHA = "split_heads", "merge_heads", "MultiHeadAttention"
 
 NO_TRANSPOSE_SPLIT = ("it reshapes to (B, H, n, Dh) without the transpose, which mixes positions into heads: "
@@ -31,6 +76,9 @@ NO_TRANSPOSE_MERGE = ("it reshapes (B, H, n, Dh) to (B, n, H*Dh) without the tra
                       "into features: transpose(1, 2) back to (B, n, H, Dh) first, then reshape")
 REVERSED_HEADS = ("the heads are concatenated in reverse order (head H-1 first): merge head h into features "
                   "h*Dh:(h+1)*Dh, in head order, with transpose(1, 2) then reshape")
+NAN_ROWS = ("a query whose keys are all masked gets NaN: the softmax of a row of -inf is 0/0. The contract "
+            "asks for zero weights there (so that row's output is out_proj of zeros): use the given "
+            "scaled_dot_product_attention, or turn the NaN rows of your softmax into 0")
 MASK_AXES = ("a (B, n, m) mask lines up with the wrong axes of the (B, H, n, m) scores: add a head axis with "
              "mask.unsqueeze(1) so the same mask applies to every head")
 
@@ -134,6 +182,19 @@ def torch_reference(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Te
     return out.detach(), w.detach()
 
 
+def expected(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The right (output, weights): torch's module, or the formula where some query has no allowed key
+    (torch gives NaN there; the contract asks for zero weights, so that row's output is out_proj(0))."""
+    if mask is not None and not bool(_full(mask, q.shape[0], h, q.shape[1], k.shape[1]).any(-1).all()):
+        return reference(p, q, k, v, h, mask)
+    return torch_reference(p, q, k, v, h, mask)
+
+
+def _full(mask: Tensor, b: int, h: int, n: int, m: int) -> Tensor:
+    """``mask`` broadcast to (B, H, n, m), a 3-D one applying to every head."""
+    return (mask.unsqueeze(1) if mask.dim() == 3 else mask).expand(b, h, n, m)
+
+
 def mistakes(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None) -> dict[str, tuple[Tensor, Tensor]]:
     """message -> (output, weights) a classic mistake would produce on these inputs and weights."""
     e = q.shape[-1]
@@ -218,9 +279,13 @@ def _run(t: Trial, obj, p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask
     if isinstance(w, Tensor) and tuple(w.shape) == (b, n, m):
         raise CheckFailed(f"the weights have shape {(b, n, m)}: return the per-head weights (B, H, n, m) = "
                           f"{(b, h, n, m)}, not their average")
+    if mask is not None:
+        for name, val in (("per-head weights", w), ("output", out)):
+            if isinstance(val, Tensor) and val.is_floating_point() and torch.isnan(val).any():
+                raise CheckFailed(f"the {name} of MultiHeadAttention{what} contain NaN: {NAN_ROWS}")
     expect_tensor(out, (b, n, e), f"the output of MultiHeadAttention{what}")
     expect_tensor(w, (b, h, n, m), f"the per-head weights of MultiHeadAttention{what}")
-    exp_out, exp_w = torch_reference(p, q, k, v, h, mask)
+    exp_out, exp_w = expected(p, q, k, v, h, mask)
     wrong = mistakes(p, q, k, v, h, mask)
     expect_close(out, exp_out, f"the output of MultiHeadAttention{what}", {msg: o for msg, (o, _) in wrong.items()})
     expect_close(w, exp_w, f"the per-head weights of MultiHeadAttention{what}",
@@ -259,6 +324,10 @@ def mha_shapes(t: Trial) -> None:
         except StudentError as err:
             if str(err).startswith("not implemented"):
                 raise
+            if not str(err).split(":")[0].endswith("ValueError"):  # "your code raised ValueError: ..."
+                raise CheckFailed(f"MultiHeadAttention({e}, {h}) raised the wrong kind of error ({err}): the exercise "
+                                  "asks for a ValueError when embed_dim is not divisible by num_heads (an assert "
+                                  "raises AssertionError, and disappears under python -O)") from None
             continue
         raise CheckFailed(f"MultiHeadAttention({e}, {h}) should raise an error (a ValueError saying embed_dim must be "
                           f"divisible by num_heads): {e} features cannot be split evenly into {h} heads")
@@ -294,3 +363,70 @@ def mha_mask(t: Trial) -> None:
     per_head = t.rand_mask(b, h, n, m, p=0.5)
     per_head[..., 1] = True
     _run(t, obj, p, q, k, v, h, per_head, what=" with a (B, H, n, m) per-head mask")
+    empty = torch.ones(b, 1, m, dtype=torch.bool)
+    empty[1] = False  # example 1 is a sequence of length 0: none of its queries has a key to attend to
+    _run(t, obj, p, q, k, v, h, empty, what=" with a (B, 1, m) mask that hides every key of example 1")
+
+
+# -- conceptual questions (the inputs are in the question; the answer is a value) ----------------------
+
+
+@SUITE.check("test_q_split_shape", parts=["q_split_shape"])
+def q_split_shape(t: Trial) -> None:
+    """The shape of split_heads(x, 8) for x of shape (4, 10, 96)."""
+    b, n, e, h = 4, 10, 96, 8
+    expect_tuple(t.value("q_split_shape"), (b, h, n, e // h), "q_split_shape", {
+        f"{(b, n, h, e // h)} = (B, n, H, Dh) is the view before the transpose: split_heads moves the head axis "
+        "in front of the sequence axis": (b, n, h, e // h),
+        f"{(b, h, n, e)} gives every head all E = {e} features; the heads share them out, E / H each": (b, h, n, e),
+        f"{(b, e // h, n, h)} swaps the number of heads and their width: the second argument of split_heads is "
+        "the number of heads": (b, e // h, n, h),
+        f"{(b * h, n, e // h)} folds the heads into the batch (as some libraries do); split_heads keeps a head "
+        "axis: (B, H, n, Dh)": (b * h, n, e // h),
+    })
+
+
+@SUITE.check("test_q_head_scale", parts=["q_head_scale"])
+def q_head_scale(t: Trial) -> None:
+    """The number each head's scores are divided by, for embed_dim 512 and 8 heads."""
+    e, h = 512, 8
+    expect_number(t.value("q_head_scale"), math.sqrt(e // h), "q_head_scale", {
+        f"sqrt(embed_dim) = sqrt({e}) uses the full width; each head's queries and keys have only "
+        "head_dim = embed_dim / num_heads features": math.sqrt(e),
+        f"{e // h} is head_dim itself; the scale is the square root of the width": float(e // h),
+        f"{e} is embed_dim: the scale is a square root, and of one head's width": float(e),
+        f"sqrt({h}) uses the number of heads; the scale depends on the width of one head": math.sqrt(h),
+    }, rel=2e-3)
+
+
+@SUITE.check("test_q_mha_params", parts=["q_mha_params"])
+def q_mha_params(t: Trial) -> None:
+    """The number of parameters of MultiHeadAttention(512, 8) with biases."""
+    e, h = 512, 8
+    per = e * e + e  # one nn.Linear(E, E) with its bias
+    expect_number(t.value("q_mha_params"), 4 * per, "q_mha_params", {
+        f"{4 * e * e} leaves out the four bias vectors (bias=True)": 4 * e * e,
+        f"{3 * per} counts q_proj, k_proj and v_proj but not out_proj": 3 * per,
+        f"{3 * h * per + per} gives every head its own (E, E) projections; the heads share one (E, E) "
+        "projection per role, each head using E / H of its output features": 3 * h * per + per,
+        f"{3 * h * e * e + e * e} gives every head its own (E, E) projections (and leaves out the biases)":
+            3 * h * e * e + e * e,
+        f"{4 * (e * (e // h) + e // h)} counts one head's (E, Dh) projections; the layer has H of them per role":
+            4 * (e * (e // h) + e // h),
+    }, rel=0, abs_tol=0.5)
+
+
+@SUITE.check("test_q_weights_shape", parts=["q_weights_shape"])
+def q_weights_shape(t: Trial) -> None:
+    """The shape of the weights MultiHeadAttention(64, 4) returns for query (2, 5, 64) and key/value (2, 7, 64)."""
+    b, n, m, e, h = 2, 5, 7, 64, 4
+    expect_tuple(t.value("q_weights_shape"), (b, h, n, m), "q_weights_shape", {
+        f"{(b, n, m)} is the weights averaged over the heads (what nn.MultiheadAttention returns by default); "
+        "the exercise returns every head's weights": (b, n, m),
+        f"{(b, h, n, e // h)} is the shape of the heads' outputs before merging, not of the weights":
+            (b, h, n, e // h),
+        f"{(b, h, m, n)} has one row per key; the weights have one row per query, one column per key":
+            (b, h, m, n),
+        f"{(b * h, n, m)} folds the heads into the batch; the weights keep a head axis": (b * h, n, m),
+        f"{(b, n, e)} is the shape of the output, not of the weights": (b, n, e),
+    })

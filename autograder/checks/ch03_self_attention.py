@@ -1,4 +1,24 @@
-"""Graded checks for exercise 03_self_attention: ``SelfAttention`` and the "design the weights" task.
+"""Graded checks for exercise 03_self_attention: ``SelfAttention``, the "design the weights" task and
+four conceptual questions.
+
+Stated requirements (the exercise's text and docstrings), each with the check that exercises it; a
+reviewer compares this list with the notebook, ``tests/test_ch03_grading.py`` breaks each one alone:
+
+SelfAttention(embed_dim, num_heads)
+  - holds its MultiHeadAttention in the attribute ``attn`` ................ test_self_attention_shapes
+  - forward(x) returns (output (B, n, E), weights (B, H, n, n)) ........... test_self_attention_shapes
+  - x is the queries, the keys and the values: equals attn(x, x, x) ....... test_self_attention_values
+  - the MultiHeadAttention is created once, in __init__ ................... test_self_attention_values
+  - the mask (True = may attend) is passed on unchanged: (n, n), (B, n, n) test_self_attention_mask
+  - a query whose keys are all masked gets zero weights, never NaN (the
+    given attention's contract, so it holds through SelfAttention) ........ test_self_attention_mask
+  - reordering the positions reorders the outputs (permutation
+    equivariance, the visible test's promise) ............................. test_self_attention_permutation
+design_weights(x, targets)
+  - returns a pair (W_q, W_k), each (d, d_k) with the same d_k ............ test_design_weights
+  - position i puts at least 0.9 of its weight on targets[i] .............. test_design_weights
+  - several positions may share a target .................................. test_design_weights
+Not stated, not graded: the dtype and the device.
 
 ``SelfAttention`` gets weights drawn here (under ``attn.``) and is compared with
 ``nn.MultiheadAttention`` on ``(x, x, x)``. ``design_weights`` is graded by the
@@ -13,10 +33,28 @@ import torch
 from torch import Tensor
 
 from attnkit import softmax as ref_softmax
-from autograder.checks import CheckFailed, StudentError, Suite, Trial, expect_close, expect_pair, expect_tensor
-from autograder.checks.ch02_multi_head import _weights, mistakes, torch_reference
+from autograder.checks import (CheckFailed, StudentError, Suite, Trial, expect_close, expect_number, expect_pair,
+                               expect_tensor, expect_tuple)
+from autograder.checks.ch02_multi_head import NAN_ROWS, _weights, expected, mistakes, reference
 
 SUITE = Suite("03_self_attention")
+# requirement -> the check that exercises it (the list above, in the order of the notebook)
+STATED_REQUIREMENTS = {
+    "attribute attn": "test_self_attention_shapes",
+    "returns (output, weights) of the right shapes": "test_self_attention_shapes",
+    "x is query, key and value": "test_self_attention_values",
+    "attn created once in __init__": "test_self_attention_values",
+    "mask passed on": "test_self_attention_mask",
+    "fully masked row gives zeros": "test_self_attention_mask",
+    "permutation equivariance": "test_self_attention_permutation",
+    "design: a pair of (d, d_k) matrices": "test_design_weights",
+    "design: at least 0.9 on the target": "test_design_weights",
+    "design: shared targets": "test_design_weights",
+}
+RESIDUAL = ("a residual connection is added (x + attention): SelfAttention returns the attention output alone, "
+            "attn(x, x, x); the residual belongs to the transformer block (chapter 07)")
+UNMASKED_ROWS = ("a query whose keys are all masked attends to every key instead (its row of the mask was switched "
+                 "back on to avoid NaN): the contract asks for zero weights there, not a normal attention row")
 SELF, DESIGN = "SelfAttention", "design_weights"
 PROJ = ("q_proj", "k_proj", "v_proj", "out_proj")
 
@@ -42,10 +80,17 @@ def _layer(t: Trial, e: int, h: int):
 def _run(t: Trial, obj, p, x: Tensor, h: int, mask: Tensor | None = None, what: str = ""):
     b, n, e = x.shape
     out, w = expect_pair(obj(x) if mask is None else obj(x, mask), SELF)
+    if mask is not None:
+        for name, val in (("weights", w), ("output", out)):
+            if isinstance(val, Tensor) and val.is_floating_point() and torch.isnan(val).any():
+                raise CheckFailed(f"the {name} of SelfAttention{what} contain NaN: {NAN_ROWS}")
     expect_tensor(out, (b, n, e), f"the output of SelfAttention{what}")
     expect_tensor(w, (b, h, n, n), f"the weights of SelfAttention{what}")
-    exp_out, exp_w = torch_reference(p, x, x, x, h, mask)
+    exp_out, exp_w = expected(p, x, x, x, h, mask)
     wrong = mistakes(p, x, x, x, h, mask)
+    if mask is not None and not bool(mask.any(-1).all()):
+        wrong[UNMASKED_ROWS] = reference(p, x, x, x, h, mask | ~mask.any(-1, keepdim=True))
+    wrong[RESIDUAL] = (exp_out + x.double(), exp_w)
     expect_close(out, exp_out, f"the output of SelfAttention{what}", {msg: o for msg, (o, _) in wrong.items()})
     expect_close(w, exp_w, f"the weights of SelfAttention{what}", {msg: ww for msg, (_, ww) in wrong.items()})
     return out, w
@@ -87,6 +132,9 @@ def self_attention_mask(t: Trial) -> None:
     per_example = t.rand_mask(b, n, n, p=0.6)
     per_example[..., 0] = True
     _run(t, obj, p, x, h, per_example, what=" with a (B, n, n) mask")
+    padding = torch.ones(b, 1, n, dtype=torch.bool)
+    padding[1] = False  # example 1 is empty: no query of it has a key to attend to
+    _run(t, obj, p, x, h, causal & padding, what=" with a causal & padding mask where example 1 is empty")
 
 
 @SUITE.check("test_self_attention_permutation", parts=[SELF])
@@ -154,5 +202,74 @@ def design_weights_check(t: Trial) -> None:
             raise CheckFailed(f"each position's largest weight is on its target, but only {got.min().item():.2f} of it "
                               f"{where}: scale W_q or W_k up so the target's score beats the others by a wide margin "
                               "(the scores are divided by sqrt(d_k))")
+        shared = len(set(tg.tolist())) < n
         raise CheckFailed(f"position {int((got < 0.9).nonzero()[0])} puts only {got.min().item():.2f} of its weight "
-                          f"on its target {where}; expected at least 0.9")
+                          f"on its target {where}; expected at least 0.9" + (
+                              ". Here several positions share a target, which the text allows: a construction that "
+                              "inverts the targets (argsort, a permutation matrix's transpose) assumes each target "
+                              "is used once" if shared else ""))
+
+
+# -- conceptual questions (the inputs are in the question; the answer is a value) ----------------------
+
+
+@SUITE.check("test_q_changed_rows", parts=["q_changed_rows"])
+def q_changed_rows(t: Trial) -> None:
+    """Which output rows of self-attention (no positions, no mask) change when inputs 0 and 2 swap."""
+    value = t.value("q_changed_rows")
+    if isinstance(value, (tuple, list)) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        value = tuple(sorted(value))  # the order of the listed rows does not matter
+    expect_tuple(value, (0, 2), "q_changed_rows", {
+        "() says the output does not change at all: self-attention is equivariant, not invariant: each output "
+        "row follows its own input row, so the rows whose inputs moved move too": (),
+        "(0, 1, 2, 3) says every row changes, but output i depends on x_i and on the *set* of all inputs, and "
+        "swapping two inputs leaves that set unchanged": (0, 1, 2, 3),
+        "(1, 3) lists the rows that stay the same; the question asks for the rows that change": (1, 3),
+        "(0,) forgets that the swap moves two inputs": (0,),
+        "(2,) forgets that the swap moves two inputs": (2,),
+    })
+
+
+@SUITE.check("test_q_weights_memory", parts=["q_weights_memory"])
+def q_weights_memory(t: Trial) -> None:
+    """MiB of float32 attention weights (B, H, n, n) for B = 1, H = 16, n = 4096."""
+    b, h, n, byte = 1, 16, 4096, 4
+    mib = 2 ** 20
+    expect_number(t.value("q_weights_memory"), b * h * n * n * byte / mib, "q_weights_memory", {
+        f"{h * n * n / mib:g} counts the entries (in Mi); a float32 takes 4 bytes": h * n * n / mib,
+        f"{n * n * byte / mib:g} MiB is one head; there are {h} heads, each with its own n x n weights":
+            n * n * byte / mib,
+        f"{b * h * n * n * byte / 1e6:g} is in MB (10^6 bytes); the question asks for MiB (2^20 bytes)":
+            b * h * n * n * byte / 1e6,
+        f"{h * n * byte / mib:g} grows linearly with n; the weights hold one number per (query, key) pair, "
+        "n x n per head": h * n * byte / mib,
+        f"{b * h * n * n * 8 / mib:g} uses 8 bytes per entry; float32 takes 4": b * h * n * n * 8 / mib,
+    })
+
+
+@SUITE.check("test_q_scores_flops", parts=["q_scores_flops"])
+def q_scores_flops(t: Trial) -> None:
+    """FLOPs of Q K^T for one head, n = 1024 and d = 64, a multiply-add counted as 2."""
+    n, d = 1024, 64
+    expect_number(t.value("q_scores_flops"), 2 * n * n * d, "q_scores_flops", {
+        f"{n * n * d} counts multiply-adds; the question counts each as 2 FLOPs": n * n * d,
+        f"{2 * n * d * d} is the cost of a projection (n x d)(d x d); the scores are (n x d)(d x n)":
+            2 * n * d * d,
+        f"{n * n} is the number of scores; each is a dot product of length d": n * n,
+        f"{2 * n * d} is the cost of one query's row of scores; there are n = {n} queries": 2 * n * d,
+    }, rel=0, abs_tol=0.5)
+
+
+# q_margin: a query scores s on its target key and 0 on the n - 1 = 3 others (after scaling).
+@SUITE.check("test_q_margin", parts=["q_margin"])
+def q_margin(t: Trial) -> None:
+    """The smallest score margin that puts weight 0.9 on one key out of four (the others scoring 0)."""
+    others, target = 3, 0.9
+    expect_number(t.value("q_margin"), math.log(target / (1 - target) * others), "q_margin", {
+        f"ln(0.9 / 0.1) = {math.log(9):.3f} is the margin against one other key; here three other keys share "
+        "the remaining weight": math.log(9),
+        "0.9 is the weight itself; the margin s is a score, with e^s / (e^s + 3) = 0.9": 0.9,
+        f"ln(0.9) = {math.log(0.9):.3f} forgets the denominator of the softmax": math.log(0.9),
+        f"{9 * others:g} is e^s; the margin is its logarithm": 9.0 * others,
+        f"ln(0.9 * 4) = {math.log(3.6):.3f}: solve e^s / (e^s + 3) = 0.9 for s": math.log(3.6),
+    }, rel=2e-3)

@@ -1,9 +1,37 @@
-"""Graded checks for exercise 04_masked_attention: ``causal_mask``, ``padding_mask`` and ``masked_attention``.
+"""Graded checks for exercise 04_masked_attention: ``causal_mask``, ``padding_mask``, ``masked_attention``
+and five conceptual questions.
 
 The notebook's read-only setup gives ``MultiHeadAttention`` and ``SelfAttention``,
 whose heads call the student's ``masked_attention``; the last two checks run
 masked attention through them (weights drawn here), and verify causality by
 perturbing future inputs and by gradients, with the student's own causal mask.
+
+Stated requirements (the exercise's text and docstrings), each with the check that exercises it; a
+reviewer compares this list with the notebook, ``tests/test_ch04_grading.py`` breaks each one alone:
+
+causal_mask(n, device=None)
+  - a torch.bool tensor (n, n) ............................................ test_causal_mask
+  - True on and below the diagonal (query i sees keys 0..i) ............... test_causal_mask
+  - on ``device``: the device argument is honoured ........................ test_causal_mask
+padding_mask(lengths, max_len)
+  - a bool (B, 1, max_len) tensor: the singleton axis broadcasts over the
+    queries, so causal_mask(n) & padding_mask(lengths, n) is (B, n, n) .... test_padding_mask
+  - True at the first lengths[b] positions (the real tokens), a length 0
+    included ............................................................... test_padding_mask
+masked_attention(query, key, value, mask)
+  - (softmax(S) V, softmax(S)) with S = Q K^T / sqrt(d_k) ................. test_masked_attention
+  - True = may attend; the masked scores become -inf *before* the softmax . test_masked_attention
+  - mask[..., i, j] is query i (row), key j (column) ...................... test_masked_attention
+  - n != m, d_v != d_k, masks (n, m), causal (n, n), padding (B, 1, m) .... test_masked_attention
+  - any leading dimensions: the given MultiHeadAttention calls it with
+    (B, H, n, Dh) inputs and a (B, 1, n, m) mask .......................... test_masked_mha
+  - a query whose keys are all masked: zero weights and a zero output row,
+    never NaN (and not equal weights) ..................................... test_masked_attention_fully_masked,
+                                                                           test_masked_mha
+End to end (the given SelfAttention with your causal_mask and masked_attention)
+  - changing a later input does not change an earlier output; the gradient
+    of output i with respect to input j > i is zero ....................... test_causality
+Not stated, not graded: the dtype, and the device of padding_mask's result.
 """
 
 from __future__ import annotations
@@ -19,11 +47,27 @@ from attnkit import causal_mask as ref_causal
 from attnkit import padding_mask as ref_padding
 from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
-from autograder.checks import CheckFailed, StudentError, Suite, Trial, expect_close, expect_pair, expect_tensor
+from autograder.checks import (CheckFailed, StudentError, Suite, Trial, expect_choice, expect_close, expect_number,
+                               expect_pair, expect_tensor, expect_tuple)
 from autograder.checks.ch01_single_head import UNIFORM_ROWS, _attention_mistakes
 from autograder.checks.ch02_multi_head import _weights, mistakes
 
 SUITE = Suite("04_masked_attention")
+# requirement -> the check that exercises it (the list above, in the order of the notebook)
+STATED_REQUIREMENTS = {
+    "causal: bool": "test_causal_mask",
+    "causal: on and below the diagonal": "test_causal_mask",
+    "causal: device honoured": "test_causal_mask",
+    "padding: (B, 1, max_len)": "test_padding_mask",
+    "padding: True at the real tokens": "test_padding_mask",
+    "attention: scaled scores": "test_masked_attention",
+    "attention: -inf before the softmax, True = may attend": "test_masked_attention",
+    "attention: rows are queries": "test_masked_attention",
+    "attention: n != m, d_v != d_k, broadcast masks": "test_masked_attention",
+    "attention: any leading dimensions": "test_masked_mha",
+    "attention: fully masked row gives zeros": "test_masked_attention_fully_masked",
+    "causality end to end": "test_causality",
+}
 CAUSAL, PADDING, MASKED = "causal_mask", "padding_mask", "masked_attention"
 
 INVERTED = "the mask is inverted: True must mean 'may attend'"
@@ -81,6 +125,19 @@ def causal_mask_check(t: Trial) -> None:
         m = expect_bool_mask(t.call(CAUSAL, n) if n != 5 else t.call(CAUSAL, n, device="cpu"), (n, n),
                              f"causal_mask({n})")
         expect_equal_mask(m, ref_causal(n), f"causal_mask({n})", _causal_mistakes(n))
+    # "a torch.bool tensor on device": ask for the meta device (every machine has it, it holds no data) and read
+    # the tensor's type name in the student's process; a mask that comes back on the CPU ignored the argument.
+    try:
+        kind = t.new(CAUSAL, 3, device="meta").method("type")
+    except StudentError as err:
+        if "unexpected keyword" in str(err) or "positional argument" in str(err):
+            raise CheckFailed(f"causal_mask(3, device='meta') failed ({err}): causal_mask takes a device argument, "
+                              "causal_mask(n, device=None)") from None
+        return  # this construction does not run on the meta device, so the device cannot be read back this way
+    if isinstance(kind, str) and ".meta." not in kind:
+        raise CheckFailed(f"causal_mask(3, device='meta') returned a {kind}, not a tensor on the meta device: the "
+                          "device argument is ignored. Create the mask on it (torch.ones(n, n, dtype=torch.bool, "
+                          "device=device)), so a model on the GPU gets its mask there")
 
 
 @SUITE.check("test_padding_mask", parts=[PADDING])
@@ -157,7 +214,14 @@ def masked_attention_check(t: Trial) -> None:
     for (qq, mask, what) in [(qs, causal, "attention with a causal mask"),  # square first: names a transposed mask
                              (q, random_mask, "attention with an (n, m) mask"),
                              (q, padding, "attention with a (B, 1, m) padding mask")]:
-        out, w, exp_out, exp_w = _attend(t, qq, k, v, mask, what)
+        try:
+            out, w, exp_out, exp_w = _attend(t, qq, k, v, mask, what)
+        except StudentError as err:
+            if str(err).startswith("not implemented"):
+                raise
+            raise CheckFailed(f"{err} ({what}: query {tuple(qq.shape)}, key {tuple(k.shape)}, value "
+                              f"{tuple(v.shape)}, mask {tuple(mask.shape)}). The mask must broadcast against the "
+                              "scores (..., n, m) as it is, and n, m, d_k and d_v may all differ") from None
         full = mask.expand_as(w)
         if bool((w.masked_select(~full).abs() > 1e-6).any()):
             if bool((w.masked_select(full).abs() < 1e-9).all()):
@@ -211,7 +275,14 @@ def masked_mha_check(t: Trial) -> None:
     x = t.randn(b, n, e)
     lengths = torch.tensor([5, 2, 0])
     mask = ref_causal(n) & ref_padding(lengths, n)  # (B, n, n)
-    out, w = expect_pair(obj(x, x, x, mask), "MultiHeadAttention")
+    try:
+        out, w = expect_pair(obj(x, x, x, mask), "MultiHeadAttention")
+    except StudentError as err:
+        if str(err).startswith("not implemented"):
+            raise
+        raise CheckFailed(f"{err}. The given MultiHeadAttention calls masked_attention with 4-D inputs "
+                          "(B, H, n, Dh) and a (B, 1, n, m) mask: it must work for any number of leading "
+                          "dimensions (use transpose(-2, -1) and @, not bmm or transpose(1, 2))") from None
     for name, val in (("weights", w), ("output", out)):
         if isinstance(val, Tensor) and val.is_floating_point() and torch.isnan(val).any():
             raise CheckFailed(f"the {name} of MultiHeadAttention with a causal & padding mask contain NaN (the "
@@ -272,3 +343,92 @@ def causality_check(t: Trial) -> None:
     with torch.no_grad():
         wrong[STRICT] = ref(x.double(), x.double(), x.double(), ref_causal(n).tril(-1))[0]
     expect_close(out, exp_out, "the output of causal self-attention", wrong)
+
+
+# -- conceptual questions (the inputs are in the question; the answer is a value) ----------------------
+
+
+@SUITE.check("test_q_keys_seen", parts=["q_keys_seen"])
+def q_keys_seen(t: Trial) -> None:
+    """How many keys each query sees under causal_mask(6) & padding_mask([4], 6)."""
+    n, length = 6, 4
+    seen = ref_causal(n) & ref_padding(torch.tensor([length]), n)  # (1, n, n)
+    expect_tuple(t.value("q_keys_seen"), tuple(int(c) for c in seen[0].sum(-1)), "q_keys_seen", {
+        "(1, 2, 3, 4, 5, 6) ignores the padding mask: keys 4 and 5 are padding, hidden from every query":
+            tuple(range(1, n + 1)),
+        "(4, 4, 4, 4, 4, 4) ignores the causal mask: query i may not see the keys after i": (length,) * n,
+        "(1, 2, 3, 4, 0, 0) hides the padding *queries*; the padding mask (B, 1, max_len) hides keys (columns), "
+        "so a padding query still sees the real keys up to its position": (1, 2, 3, 4, 0, 0),
+        "(0, 1, 2, 3, 3, 3) hides the diagonal: under the causal mask a query sees its own position too":
+            (0, 1, 2, 3, 3, 3),
+    })
+
+
+# q_mask_pattern: the four patterns of the question (rows = queries, columns = keys, 1 = may attend)
+PATTERNS = {
+    "a": ["1000", "1100", "1110", "1111"],
+    "b": ["1000", "1100", "1110", "1110"],
+    "c": ["1000", "1100", "1110", "0000"],
+    "d": ["1110", "1110", "1110", "1110"],
+}
+
+
+@SUITE.check("test_q_mask_pattern", parts=["q_mask_pattern"])
+def q_mask_pattern(t: Trial) -> None:
+    """Which of four drawn patterns causal_mask(4) & padding_mask(tensor([3]), 4) produces."""
+    mask = (ref_causal(4) & ref_padding(torch.tensor([3]), 4))[0]
+    right = next(k for k, rows in PATTERNS.items() if ["".join(str(int(b)) for b in r) for r in mask] == rows)
+    expect_choice(t.value("q_mask_pattern"), right, "q_mask_pattern", PATTERNS, {
+        "a": "pattern a is the causal mask alone: the padding mask also hides key 3 (the padding) from every query",
+        "c": "pattern c hides query 3 (a row); the padding mask has shape (B, 1, max_len), so it hides the padding "
+             "key (a column) from every query",
+        "d": "pattern d is the padding mask alone: the causal mask also hides the keys after each query",
+    })
+
+
+@SUITE.check("test_q_finite_fill_weight", parts=["q_finite_fill_weight"])
+def q_finite_fill_weight(t: Trial) -> None:
+    """The weight of each of 4 keys in a row where all are masked with a finite fill (-1e9) instead of -inf."""
+    value = t.value("q_finite_fill_weight")
+    if isinstance(value, float) and math.isnan(value):
+        raise CheckFailed("q_finite_fill_weight is wrong: NaN is what a fill of -inf gives (0/0); -1e9 is a finite "
+                          "number, and the softmax of equal finite scores is well defined")
+    expect_number(value, 1 / 4, "q_finite_fill_weight", {
+        "0 is what the contract asks for, but a finite fill does not give it: the softmax only sees four equal "
+        "scores, so it cannot tell that every key is hidden": 0.0,
+        "1 would put all the weight on one key; the four scores are equal": 1.0,
+    })
+
+
+# q_nan_step: the steps of a plain softmax, e = exp(s); w = e / e.sum(); out = w @ V, on a row of three -inf
+NAN_STEPS = {
+    "a": "e = exp(s), the exponentials of the -inf scores",
+    "b": "w = e / e.sum(), dividing by the sum",
+    "c": "w @ V, multiplying the weights by the values",
+}
+
+
+@SUITE.check("test_q_nan_step", parts=["q_nan_step"])
+def q_nan_step(t: Trial) -> None:
+    """Which step of a plain softmax first produces NaN on a fully masked row (all scores -inf)."""
+    expect_choice(t.value("q_nan_step"), "b", "q_nan_step", NAN_STEPS, {
+        "a": "exp(-inf) is exactly 0.0, a valid number: nothing is wrong yet after the exponential",
+        "c": "the NaN is already in the weights before they meet V; the product only spreads it to the output",
+    })
+
+
+@SUITE.check("test_q_causal_swap", parts=["q_causal_swap"])
+def q_causal_swap(t: Trial) -> None:
+    """Which rows of causal self-attention's output are new values after positions 2 and 3 of the input swap."""
+    value = t.value("q_causal_swap")
+    if isinstance(value, (tuple, list)) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        value = tuple(sorted(value))  # the order of the listed rows does not matter
+    expect_tuple(value, (2, 3), "q_causal_swap", {
+        "() is the answer without a mask (the outputs are only reordered): the causal mask breaks that "
+        "symmetry, because output i sees only positions 0..i": (),
+        "(0, 1, 2, 3) says every row changes, but outputs 0 and 1 see only positions 0 and 1, which did not "
+        "move": (0, 1, 2, 3),
+        "(0, 1) lists the rows that stay the same: they see only positions 0 and 1": (0, 1),
+        "(3,) is incomplete: check every row whose query, or whose visible prefix of the input, changed": (3,),
+        "(2,) is incomplete: check every row whose query, or whose visible prefix of the input, changed": (2,),
+    })
