@@ -1,10 +1,12 @@
-"""Efficient attention: tiling with the online softmax, a key-value cache, linear attention (chapter 08).
+"""Efficient attention: the fused kernel, tiling with the online softmax, a key-value cache, linear attention (chapter 08).
 
 Shape legend: ``...`` any leading batch dimensions (usually ``(B, H)``), ``n`` queries, ``m``
 keys and values, ``t`` positions already in a cache, ``s`` new positions, ``d_k`` the
 query/key width, ``d_v`` the value width, ``b`` a block of keys.
 
-Standard attention (chapter 01) stores the ``(n, m)`` scores and weights, so its memory grows
+:func:`fused_attention` hands attention to torch's fused kernel, with the course's contract
+(bool masks, zero rows for queries with no allowed key, our error messages); it never forms the
+weights, so it returns ``(output, None)``. Standard attention (chapter 01) stores the ``(n, m)`` scores and weights, so its memory grows
 with the square of the sequence length. :func:`tiled_attention` computes the same output one
 block of keys at a time, keeping per query only a running maximum, a running sum and a running
 weighted sum of values (the online softmax; Milakov and Gimelshein, 2018; Dao et al., 2022).
@@ -26,10 +28,12 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnkit.attention import check_inputs, scaled_dot_product_attention
+from attnkit.attention import scaled_dot_product_attention
+from attnkit.validation import ShapeError, check_inputs, check_tensors
 
-__all__ = ["online_softmax_update", "tiled_attention", "append_to_cache", "cached_attention",
-           "elu_feature_map", "linear_attention", "causal_linear_attention", "peak_memory"]
+__all__ = ["fused_attention", "online_softmax_update", "tiled_attention", "append_to_cache", "cached_attention",
+           "kv_cache_bytes_per_token", "elu_feature_map", "linear_attention", "causal_linear_attention",
+           "peak_memory"]
 
 State = tuple[Tensor, Tensor, Tensor]  # running max (..., n, 1), running sum (..., n, 1), accumulator (..., n, d_v)
 KVCache = tuple[Tensor, Tensor]  # keys (..., t, d_k), values (..., t, d_v)
@@ -39,6 +43,53 @@ def _check_positive(**sizes: int) -> None:
     for name, size in sizes.items():
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"{name} must be a positive int, got {size!r}")
+
+
+# -- torch's fused kernel, with the course's contract -----------------------------------------------
+
+
+def fused_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None) -> tuple[Tensor, None]:
+    """The output of :func:`attnkit.scaled_dot_product_attention` from torch's fused kernel (chapter 08).
+
+    Same arguments and the same output; the second item is always ``None`` because the fused
+    kernel never forms the ``(n, m)`` weights (that is what makes it fast). The pair keeps the
+    shape of every attention function, so ``MultiHeadAttention(..., attention=fused_attention)``
+    runs the fast path.
+
+    Small calls are where Python's own cost shows (on a GPU most calls are small next to the
+    launch cost), so the checks here are the cheap ones; broadcasting, the costly check, is left
+    to torch's kernel, which refuses what it cannot broadcast. Only then does
+    :func:`attnkit.validation.check_inputs` run: it replaces torch's message by ours, and where the
+    inputs do fit the contract (a broadcast that the explicit path handles and the kernel does
+    not) the explicit path answers. Two inputs torch would take but read differently are checked
+    first: a mask that is not bool (an additive bias for torch), and no keys at all (torch then
+    skips its own checks).
+
+    ``F.scaled_dot_product_attention`` reads a bool mask the same way (True = may attend) but,
+    depending on the version and the kernel it picks, may give NaN for a query row with no
+    allowed key. Such rows are let see every key, which keeps the kernel and its gradients
+    finite, and their output is then set to zero, as the contract asks.
+    """
+    check_tensors(query, key, value)
+    if mask is not None and (not isinstance(mask, Tensor) or mask.dtype != torch.bool):
+        check_inputs(query, key, value, mask)  # raises: the mask must be bool
+    if key.shape[-2] == 0:  # no keys: every row is empty, and torch's kernel skips its checks
+        return scaled_dot_product_attention(query, key, value, mask)[0], None
+    try:
+        if mask is None:
+            return F.scaled_dot_product_attention(query, key, value), None  # (..., n, d_v)
+        if mask.device != query.device:
+            mask = mask.to(query.device)
+        has_key = mask.any(dim=-1, keepdim=True)  # (..., n, 1): does the row allow any key?
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask | ~has_key)  # (..., n, d_v)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception:  # torch raises RuntimeError, IndexError, ... for inputs its kernel refuses
+        # raises, naming what was expected and what came; else legal inputs the kernel refused
+        return scaled_dot_product_attention(query, key, value, mask)[0], None
+    if out.shape[:-2] != query.shape[:-2]:  # a broadcast batch: make sure the mask did not enlarge it
+        check_inputs(query, key, value, mask)
+    return out.masked_fill(~has_key, 0.0), None
 
 
 # -- the online softmax and tiled attention --------------------------------------------------------
@@ -81,8 +132,12 @@ def tiled_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | No
     Args:
         query: ``(..., n, d_k)``; key: ``(..., m, d_k)``; value: ``(..., m, d_v)``.
         mask: optional bool tensor broadcastable to ``(..., n, m)``, True = may attend.
-        causal: query ``i`` sees keys ``j <= i + m - n`` (the usual causal mask when ``n == m``; the
-            last query sees every key), made tile by tile; tiles entirely in the future are skipped.
+        causal: query ``i`` sees keys ``j <= i + m - n``, made tile by tile; tiles entirely in the
+            future are skipped. This is the usual causal mask when ``n == m``. When ``n != m`` the
+            queries are the *last* ``n`` positions (bottom-right alignment: the last query sees
+            every key, as when decoding after a cache), which is ``mask = ones(n, m).tril(m - n)``.
+            torch's ``F.scaled_dot_product_attention(..., is_causal=True)`` aligns top-left
+            instead (``tril(0)``: query ``i`` sees keys ``0..i``); the two differ when ``n != m``.
         block_q, block_k: tile sizes.
 
     Returns:
@@ -153,8 +208,22 @@ def cached_attention(query: Tensor, key: Tensor, value: Tensor, cache: KVCache |
     mask = None
     if s > 1:  # several new positions (a prompt): each sees the cache and the new positions up to itself
         mask = torch.ones(s, total, dtype=torch.bool, device=query.device).tril(total - s)  # (s, t + s)
-    out, _ = scaled_dot_product_attention(query, keys, values, mask, need_weights=False)  # (..., s, d_v)
+    out, _ = fused_attention(query, keys, values, mask)  # (..., s, d_v)
     return out, (keys, values)
+
+
+def kv_cache_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
+                             dtype: torch.dtype = torch.float16) -> int:
+    """Bytes a key-value cache holds per generated token: ``2 * layers * kv_heads * head_dim * itemsize`` (chapter 08).
+
+    Every layer caches one key and one value vector of ``head_dim`` numbers per key-value head.
+    Multi-head attention has ``num_kv_heads == num_heads``; grouped-query attention (Ainslie et
+    al., 2023) fewer; multi-query attention (Shazeer, 2019) one. The query heads do not count:
+    queries are never cached.
+    """
+    _check_positive(num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * num_layers * num_kv_heads * head_dim * itemsize
 
 
 # -- linear attention --------------------------------------------------------------------------------
@@ -202,7 +271,7 @@ def causal_linear_attention(query: Tensor, key: Tensor, value: Tensor,
     """
     batch = check_inputs(query, key, value)  # the broadcast batch shape
     if query.shape[-2] != key.shape[-2]:
-        raise ValueError(f"causal attention pairs query i with keys j <= i, so it needs as many queries as keys: "
+        raise ShapeError(f"causal attention pairs query i with keys j <= i, so it needs as many queries as keys: "
                          f"query {tuple(query.shape)}, key {tuple(key.shape)}")
     _check_positive(chunk=chunk)
     phi_q, phi_k = feature_map(query), feature_map(key)  # (..., n, d_k)

@@ -3,7 +3,8 @@
 Shape legend: ``B`` batch, ``n`` positions. Every mask is a bool tensor where
 ``True`` means "may attend", the convention of
 :func:`torch.nn.functional.scaled_dot_product_attention`. Combine masks with
-``&``: ``causal_mask(n) & padding_mask(lengths, n)`` is ``(B, n, n)``.
+``&``: ``causal_mask(n) & padding_mask(lengths, n)`` is ``(B, n, n)``, and
+``causal_mask(n) & sliding_window_mask(n, w)`` lets query ``i`` see keys ``i - w + 1 .. i``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["causal_mask", "padding_mask"]
+__all__ = ["causal_mask", "padding_mask", "sliding_window_mask"]
 
 
 def causal_mask(n: int, device: torch.device | str | None = None) -> Tensor:
@@ -22,6 +23,24 @@ def causal_mask(n: int, device: torch.device | str | None = None) -> Tensor:
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"causal_mask expects a sequence length n >= 0, got {n!r}")
     return torch.ones(n, n, dtype=torch.bool, device=device).tril()  # (n, n)
+
+
+def sliding_window_mask(n: int, window: int, device: torch.device | str | None = None) -> Tensor:
+    """``(n, n)`` bool mask, True where ``|i - j| < window``: each position sees its ``window - 1`` neighbours
+    on either side and itself (chapters 03 and 08).
+
+    Restricted (local) self-attention (Vaswani et al., 2017, table 1; Beltagy et al., 2020): each
+    query scores ``2 window - 1`` keys at most instead of ``n``. Combined with ``&``,
+    ``causal_mask(n) & sliding_window_mask(n, window)`` is the causal sliding window of Mistral
+    (Jiang et al., 2023): query ``i`` sees keys ``i - window + 1 .. i``.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"sliding_window_mask expects a sequence length n >= 0, got {n!r}")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"sliding_window_mask expects a window >= 1 (1: each position sees only itself), "
+                         f"got {window!r}")
+    positions = torch.arange(n, device=device)  # (n,)
+    return (positions[:, None] - positions[None, :]).abs() < window  # (n, n)
 
 
 def padding_mask(lengths: Tensor | list[int], max_len: int) -> Tensor:

@@ -11,12 +11,21 @@ Shape legend: ``n`` positions, ``d`` the model width (even), ``j`` a frequency i
 * :class:`LearnedPositionalEmbedding`: one learned row per position, up to ``max_len``.
 * :func:`apply_rotary_embedding`: rotary position embedding, RoPE (Su et al., 2021): rotates
   queries and keys so their dot product depends on the relative position only.
+* :func:`alibi_slopes`, :func:`alibi_bias`, :func:`alibi_attention`: ALiBi (Press et al., 2022):
+  no position vectors at all; each head adds ``-slope * |i - j|`` to its attention scores.
+
+Both positional modules take ``(max_len, dim)``.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
+
+from attnkit.attention import softmax
+from attnkit.validation import ShapeError, check_inputs
 
 __all__ = [
     "sinusoidal_frequencies",
@@ -25,6 +34,9 @@ __all__ = [
     "SinusoidalPositionalEncoding",
     "LearnedPositionalEmbedding",
     "apply_rotary_embedding",
+    "alibi_slopes",
+    "alibi_bias",
+    "alibi_attention",
 ]
 
 
@@ -83,6 +95,16 @@ def position_shift_matrix(delta: int | float, dim: int, *, device: torch.device 
     return torch.block_diag(*blocks).to(dtype)  # (d, d)
 
 
+def _check_positions(x: Tensor, dim: int, max_len: int, who: str) -> int:
+    if not isinstance(x, Tensor) or x.dim() < 2 or x.shape[-1] != dim:
+        got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ShapeError(f"{who} expects x of shape (..., n, {dim}), got {got}")
+    n = x.shape[-2]
+    if n > max_len:
+        raise ShapeError(f"{who} was built for at most max_len={max_len} positions, got a sequence of length {n}")
+    return n
+
+
 class SinusoidalPositionalEncoding(nn.Module):
     """Adds the fixed sinusoidal table to embeddings ``x`` of shape ``(..., n, dim)`` (chapter 06).
 
@@ -90,24 +112,14 @@ class SinusoidalPositionalEncoding(nn.Module):
     is not saved in the ``state_dict`` (it is a formula, not a weight).
     """
 
-    def __init__(self, dim: int, max_len: int = 512) -> None:
+    def __init__(self, max_len: int, dim: int) -> None:
         super().__init__()
-        self.dim, self.max_len = dim, max_len
+        self.max_len, self.dim = max_len, dim
         self.register_buffer("table", sinusoidal_positional_encoding(max_len, dim), persistent=False)  # (max_len, d)
 
     def forward(self, x: Tensor) -> Tensor:
         n = _check_positions(x, self.dim, self.max_len, type(self).__name__)
         return x + self.table[:n].to(dtype=x.dtype)  # (..., n, d)
-
-
-def _check_positions(x: Tensor, dim: int, max_len: int, who: str) -> int:
-    if not isinstance(x, Tensor) or x.dim() < 2 or x.shape[-1] != dim:
-        got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"{who} expects x of shape (..., n, {dim}), got {got}")
-    n = x.shape[-2]
-    if n > max_len:
-        raise ValueError(f"{who} was built for at most max_len={max_len} positions, got a sequence of length {n}")
-    return n
 
 
 class LearnedPositionalEmbedding(nn.Module):
@@ -151,10 +163,69 @@ def apply_rotary_embedding(x: Tensor, positions: Tensor | None = None, base: flo
     if positions is None:
         positions = torch.arange(n, device=x.device)
     if positions.shape != (n,):
-        raise ValueError(f"positions must have shape (n,) = ({n},), got {tuple(positions.shape)}")
+        raise ShapeError(f"positions must have shape (n,) = ({n},), got {tuple(positions.shape)}")
     w = torch.pow(base, -torch.arange(0, d, 2, device=x.device, dtype=torch.float64) / d)  # (d/2,)
     angles = positions.to(device=x.device, dtype=torch.float64)[:, None] * w  # (n, d/2)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x_even, x_odd = x[..., 0::2], x[..., 1::2]  # (..., n, d/2) each
     rotated = torch.stack([x_even * cos - x_odd * sin, x_even * sin + x_odd * cos], dim=-1)  # (..., n, d/2, 2)
     return rotated.flatten(-2)  # (..., n, d)
+
+
+def alibi_slopes(num_heads: int, *, device: torch.device | str | None = None,
+                 dtype: torch.dtype = torch.float32) -> Tensor:
+    """ALiBi's head-specific slopes, shape ``(num_heads,)`` (Press et al., 2022), chapter 06.
+
+    For ``H`` a power of two: the geometric sequence ``2^(-8 h / H)``, ``h = 1 .. H`` (``1/2, 1/4,
+    ..., 1/256`` for 8 heads). Otherwise the paper's rule: the slopes of the nearest smaller power of
+    two, then every other slope of the next power of two. Steep heads look near, shallow ones far.
+    """
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"alibi_slopes needs num_heads >= 1, got {num_heads!r}")
+
+    def powers(h: int) -> list[float]:  # the geometric sequence for h a power of two
+        return [2.0 ** (-8.0 * (k + 1) / h) for k in range(h)]
+
+    below = 2 ** int(math.floor(math.log2(num_heads)))
+    slopes = powers(below) + powers(2 * below)[0::2][:num_heads - below]
+    return torch.tensor(slopes, device=device, dtype=dtype)  # (H,)
+
+
+def alibi_bias(slopes: Tensor, n: int, m: int | None = None) -> Tensor:
+    """The linear bias ``-slope_h * |j - i|`` added to head ``h``'s scores, shape ``(H, n, m)`` (chapter 06).
+
+    Query ``i`` sits at position ``i + m - n`` (the queries are the last ``n`` of ``m`` positions,
+    as when decoding after a cache; ``m = n`` by default). The bias depends on the distance
+    ``j - i`` only, never on the positions themselves: that is the relative-position property, with
+    no embedding added to the tokens. Causal models (the paper's setting) see only ``j <= i``,
+    where the bias is ``slope * (j - i)``; the absolute value extends it to bidirectional attention.
+    """
+    if slopes.dim() != 1:
+        raise ShapeError(f"slopes must be one number per head, shape (H,), got {tuple(slopes.shape)}")
+    m = n if m is None else m
+    i = torch.arange(m - n, m, device=slopes.device, dtype=slopes.dtype)  # (n,) query positions
+    j = torch.arange(m, device=slopes.device, dtype=slopes.dtype)  # (m,) key positions
+    return -slopes[:, None, None] * (j[None, :] - i[:, None]).abs()  # (H, n, m)
+
+
+def alibi_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, *,
+                    slopes: Tensor) -> tuple[Tensor, Tensor]:
+    """Scaled dot-product attention with ALiBi's bias added to the scores (chapter 06).
+
+    ``softmax(Q K^T / sqrt(d_k) + bias) V`` with ``bias = alibi_bias(slopes, n, m)``: the only change
+    to chapter 01's formula. ``query`` ``(..., H, n, d_k)``, ``key`` ``(..., H, m, d_k)``, ``value``
+    ``(..., H, m, d_v)``, one slope per head; ``mask`` as in
+    :func:`attnkit.scaled_dot_product_attention`. Returns ``(output, weights)`` like it, so it plugs
+    into ``MultiHeadAttention(E, H, attention=functools.partial(alibi_attention, slopes=alibi_slopes(H)))``.
+    """
+    check_inputs(query, key, value, mask)
+    if query.dim() < 3 or slopes.shape != (query.shape[-3],):
+        raise ShapeError(f"alibi_attention needs one slope per head: query {tuple(query.shape)} is "
+                         f"(..., H, n, d_k), slopes {tuple(slopes.shape)}")
+    n, m = query.shape[-2], key.shape[-2]
+    bias = alibi_bias(slopes.to(device=query.device, dtype=query.dtype), n, m)  # (H, n, m)
+    scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1]) + bias  # (..., H, n, m)
+    if mask is not None:
+        scores = scores.masked_fill(~mask.to(scores.device), float("-inf"))
+    weights = softmax(scores, dim=-1)  # (..., H, n, m)
+    return weights @ value, weights  # (..., H, n, d_v), (..., H, n, m)

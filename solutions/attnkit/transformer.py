@@ -10,9 +10,14 @@ Each block wraps every sublayer in a residual connection and a layer norm
 ``x = x + sublayer(norm(x))``. Both match ``torch.nn.TransformerEncoderLayer`` /
 ``TransformerDecoderLayer`` (``batch_first=True``, relu) with the same weights.
 
-Masks are bool with True = may attend, as everywhere in the course (torch's
-layers use the opposite). Blocks keep no state between calls: the encoder block
-returns ``(output, weights)``, the decoder block ``(output, self_weights, cross_weights)``.
+The blocks are built from chapter 03's :class:`~attnkit.self_attention.SelfAttention`
+(``self_attn``) and chapter 05's :class:`~attnkit.cross_attention.CrossAttention`
+(``cross_attn``), so their projections are ``self_attn.attn.q_proj`` and so on. Masks
+are bool with True = may attend, as everywhere in the course (torch's layers use the
+opposite). Blocks keep no state between calls: the encoder block returns
+``(output, weights)``, the decoder block ``(output, self_weights, cross_weights)``. The
+attention function is a constructor argument passed down to every attention layer
+(``attention=fused_attention`` runs the fast path of chapter 08; its weights are ``None``).
 """
 
 from __future__ import annotations
@@ -22,9 +27,12 @@ import math
 import torch
 from torch import Tensor, nn
 
+from attnkit.attention import scaled_dot_product_attention
+from attnkit.cross_attention import CrossAttention
 from attnkit.masks import causal_mask
-from attnkit.multihead import MultiHeadAttention
+from attnkit.multihead import AttentionFn
 from attnkit.positional import SinusoidalPositionalEncoding
+from attnkit.self_attention import SelfAttention
 
 __all__ = ["FeedForward", "TransformerEncoderBlock", "TransformerDecoderBlock", "Transformer"]
 
@@ -32,15 +40,15 @@ __all__ = ["FeedForward", "TransformerEncoderBlock", "TransformerDecoderBlock", 
 class FeedForward(nn.Module):
     """Position-wise feed-forward network ``linear2(relu(linear1(x)))`` (chapter 07).
 
-    ``(..., E) -> (..., F) -> (..., E)``, the same two-layer network applied to every position on
-    its own (Vaswani et al., 2017, eq. 2). The ReLU between the layers is what makes the block
-    non-linear; without it the two layers collapse into one matrix.
+    ``(..., E) -> (..., F) -> (..., E)`` with ``F = ff_dim``, the same two-layer network applied to
+    every position on its own (Vaswani et al., 2017, eq. 2). The ReLU between the layers is what
+    makes the block non-linear; without it the two layers collapse into one matrix.
     """
 
-    def __init__(self, embed_dim: int, hidden_dim: int, dropout: float = 0.0) -> None:
+    def __init__(self, embed_dim: int, ff_dim: int, dropout: float = 0.0) -> None:
         super().__init__()
-        self.linear1 = nn.Linear(embed_dim, hidden_dim)
-        self.linear2 = nn.Linear(hidden_dim, embed_dim)
+        self.linear1 = nn.Linear(embed_dim, ff_dim)
+        self.linear2 = nn.Linear(ff_dim, embed_dim)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -52,34 +60,29 @@ class TransformerEncoderBlock(nn.Module):
 
     ``forward(x, mask=None) -> (output, weights)``: ``x`` and ``output`` ``(B, n, E)``, the self-attention
     weights ``(B, H, n, n)``. ``mask`` (True = may attend) broadcasts to ``(B, n, n)``, for example
-    ``padding_mask(lengths, n)``.
+    ``padding_mask(lengths, n)``. ``dropout`` applies to the attention weights, after each sublayer and
+    inside the feed-forward network, as in ``nn.TransformerEncoderLayer``.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, ff_dim: int, dropout: float = 0.0,
-                 norm_first: bool = False) -> None:
+                 norm_first: bool = False, *, attention: AttentionFn = scaled_dot_product_attention) -> None:
         super().__init__()
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(embed_dim, num_heads)
+        self.self_attn = SelfAttention(embed_dim, num_heads, dropout=dropout, attention=attention)
         self.feed_forward = FeedForward(embed_dim, ff_dim, dropout)
         self.norm1 = nn.LayerNorm(embed_dim)
         self.norm2 = nn.LayerNorm(embed_dim)
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
 
-    def _attend(self, x: Tensor, mask: Tensor | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:
-        out, weights = self.self_attn(x, x, x, mask, need_weights)  # (B, n, E), (B, H, n, n)
-        return self.dropout1(out), weights
-
-    def forward(self, x: Tensor, mask: Tensor | None = None,
-                need_weights: bool = True) -> tuple[Tensor, Tensor | None]:
-        # need_weights=False: attention by the fused fast path (chapter 08); the weights come back as None
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         if self.norm_first:
-            out, weights = self._attend(self.norm1(x), mask, need_weights)
-            x = x + out
+            out, weights = self.self_attn(self.norm1(x), mask)  # (B, n, E), (B, H, n, n)
+            x = x + self.dropout1(out)
             x = x + self.dropout2(self.feed_forward(self.norm2(x)))
         else:
-            out, weights = self._attend(x, mask, need_weights)
-            x = self.norm1(x + out)
+            out, weights = self.self_attn(x, mask)  # (B, n, E), (B, H, n, n)
+            x = self.norm1(x + self.dropout1(out))
             x = self.norm2(x + self.dropout2(self.feed_forward(x)))
         return x, weights  # (B, n, E), (B, H, n, n)
 
@@ -95,11 +98,11 @@ class TransformerDecoderBlock(nn.Module):
     """
 
     def __init__(self, embed_dim: int, num_heads: int, ff_dim: int, dropout: float = 0.0,
-                 norm_first: bool = False) -> None:
+                 norm_first: bool = False, *, attention: AttentionFn = scaled_dot_product_attention) -> None:
         super().__init__()
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(embed_dim, num_heads)
-        self.cross_attn = MultiHeadAttention(embed_dim, num_heads)
+        self.self_attn = SelfAttention(embed_dim, num_heads, dropout=dropout, attention=attention)
+        self.cross_attn = CrossAttention(embed_dim, num_heads, dropout=dropout, attention=attention)
         self.feed_forward = FeedForward(embed_dim, ff_dim, dropout)
         self.norm1 = nn.LayerNorm(embed_dim)
         self.norm2 = nn.LayerNorm(embed_dim)
@@ -108,21 +111,20 @@ class TransformerDecoderBlock(nn.Module):
         self.dropout2 = nn.Dropout(dropout)
         self.dropout3 = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, memory: Tensor, self_mask: Tensor | None = None, memory_mask: Tensor | None = None,
-                need_weights: bool = True) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        # need_weights=False: attention by the fused fast path (chapter 08); both weights come back as None
+    def forward(self, x: Tensor, memory: Tensor, self_mask: Tensor | None = None, memory_mask: Tensor | None = None
+                ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        if memory_mask is not None and memory_mask.dim() == 2:
+            memory_mask = memory_mask.unsqueeze(0)  # (1, n, m): an (n, m) mask, the same for every example
         if self.norm_first:
-            h = self.norm1(x)
-            out, self_weights = self.self_attn(h, h, h, self_mask, need_weights)  # (B, n, E), (B, H, n, n)
+            out, self_weights = self.self_attn(self.norm1(x), self_mask)  # (B, n, E), (B, H, n, n)
             x = x + self.dropout1(out)
-            out, cross_weights = self.cross_attn(self.norm2(x), memory, memory, memory_mask,
-                                                 need_weights)  # (B, n, E), (B, H, n, m)
+            out, cross_weights = self.cross_attn(self.norm2(x), memory, memory_mask)  # (B, n, E), (B, H, n, m)
             x = x + self.dropout2(out)
             x = x + self.dropout3(self.feed_forward(self.norm3(x)))
         else:
-            out, self_weights = self.self_attn(x, x, x, self_mask, need_weights)
+            out, self_weights = self.self_attn(x, self_mask)  # (B, n, E), (B, H, n, n)
             x = self.norm1(x + self.dropout1(out))
-            out, cross_weights = self.cross_attn(x, memory, memory, memory_mask, need_weights)
+            out, cross_weights = self.cross_attn(x, memory, memory_mask)  # (B, n, E), (B, H, n, m)
             x = self.norm2(x + self.dropout2(out))
             x = self.norm3(x + self.dropout3(self.feed_forward(x)))
         return x, self_weights, cross_weights  # (B, n, E), (B, H, n, n), (B, H, n, m)
@@ -145,7 +147,7 @@ class Transformer(nn.Module):
         self.embed_dim = embed_dim
         self.src_embed = nn.Embedding(src_vocab, embed_dim)
         self.tgt_embed = nn.Embedding(tgt_vocab, embed_dim)
-        self.positions = SinusoidalPositionalEncoding(embed_dim, max_len)
+        self.positions = SinusoidalPositionalEncoding(max_len, embed_dim)
         self.encoder = nn.ModuleList(
             TransformerEncoderBlock(embed_dim, num_heads, ff_dim, dropout, norm_first) for _ in range(num_layers))
         self.decoder = nn.ModuleList(
