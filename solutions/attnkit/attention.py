@@ -40,7 +40,7 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
     """
     if not torch.is_floating_point(x):
         raise TypeError(f"softmax expects a floating-point tensor, got dtype {x.dtype}")
-    if x.shape[dim] == 0:  # nothing to normalise (no keys at all): an empty result, like the all-masked case
+    if x.shape[dim] == 0:  # no keys at all: an empty result, like the all-masked case
         return x.clone()
     x_max = x.amax(dim=dim, keepdim=True)
     x_max = torch.where(torch.isfinite(x_max), x_max, torch.zeros_like(x_max))
@@ -52,7 +52,7 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
 def scaled_dot_product_attention(
     query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
-    """Attention ``softmax(Q K^T / sqrt(d_k)) V`` (Vaswani et al., 2017, eq. 1), chapter 01.
+    """Attention ``softmax(Q K^T / sqrt(d_k)) V`` (Vaswani et al., 2017, eq. 1), ch. 01.
 
     Args:
         query: ``(..., n, d_k)``.
@@ -61,12 +61,12 @@ def scaled_dot_product_attention(
         mask: optional bool tensor broadcastable to ``(..., n, m)``; True = may attend.
 
     Returns:
-        ``(output, weights)``: output ``(..., n, d_v)``, weights ``(..., n, m)``. Each row of
-        ``weights`` sums to 1, or is all zero if its mask row is all False.
+        ``(output, weights)``: output ``(..., n, d_v)``, weights ``(..., n, m)``.
+        Each row of ``weights`` sums to 1, or is all zero if its mask row is all False.
     """
-    check_inputs(query, key, value, mask)  # clear errors for wrong shapes, dtypes, devices
+    check_inputs(query, key, value, mask)  # clear errors for wrong shapes and dtypes
     scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])  # (..., n, m)
     if mask is not None:
-        scores = scores.masked_fill(~mask.to(scores.device), float("-inf"))  # weight exp(-inf) = 0
+        scores = scores.masked_fill(~mask.to(scores.device), float("-inf"))  # weight 0
     weights = softmax(scores, dim=-1)  # (..., n, m)
     return weights @ value, weights  # (..., n, d_v), (..., n, m)

@@ -174,11 +174,12 @@ def apply_rotary_embedding(x: Tensor, positions: Tensor | None = None, base: flo
 
 def alibi_slopes(num_heads: int, *, device: torch.device | str | None = None,
                  dtype: torch.dtype = torch.float32) -> Tensor:
-    """ALiBi's head-specific slopes, shape ``(num_heads,)`` (Press et al., 2022), chapter 06.
+    """ALiBi's slope per head, shape ``(num_heads,)`` (Press et al., 2022), chapter 06.
 
-    For ``H`` a power of two: the geometric sequence ``2^(-8 h / H)``, ``h = 1 .. H`` (``1/2, 1/4,
-    ..., 1/256`` for 8 heads). Otherwise the paper's rule: the slopes of the nearest smaller power of
-    two, then every other slope of the next power of two. Steep heads look near, shallow ones far.
+    For ``H`` a power of two: the geometric sequence ``2^(-8 h / H)``, ``h = 1 .. H``
+    (``1/2, 1/4, ..., 1/256`` for 8 heads). Otherwise the paper's rule: the slopes of
+    the nearest smaller power of two, then every other slope of the next one.
+    Steep heads look near, shallow ones far.
     """
     if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
         raise ValueError(f"alibi_slopes needs num_heads >= 1, got {num_heads!r}")
@@ -192,39 +193,43 @@ def alibi_slopes(num_heads: int, *, device: torch.device | str | None = None,
 
 
 def alibi_bias(slopes: Tensor, n: int, m: int | None = None) -> Tensor:
-    """The linear bias ``-slope_h * |j - i|`` added to head ``h``'s scores, shape ``(H, n, m)`` (chapter 06).
+    """ALiBi's bias ``-slope_h * |j - i|``, head ``h``, query ``i``, key ``j``: ``(H, n, m)``.
 
-    Query ``i`` sits at position ``i + m - n`` (the queries are the last ``n`` of ``m`` positions,
-    as when decoding after a cache; ``m = n`` by default). The bias depends on the distance
-    ``j - i`` only, never on the positions themselves: that is the relative-position property, with
-    no embedding added to the tokens. Causal models (the paper's setting) see only ``j <= i``,
-    where the bias is ``slope * (j - i)``; the absolute value extends it to bidirectional attention.
+    Chapter 06. The queries are the last ``n`` of ``m`` positions (``m = n`` by
+    default; ``m > n`` when decoding after a cache). The bias depends on the
+    distance ``j - i`` only: relative positions, with nothing added to the tokens.
+    The paper's models are causal (``j <= i``, bias ``slope * (j - i)``); the
+    absolute value extends the bias to attention in both directions.
     """
     if slopes.dim() != 1:
-        raise ShapeError(f"slopes must be one number per head, shape (H,), got {tuple(slopes.shape)}")
+        raise ShapeError(f"slopes must be (H,), one per head, got {tuple(slopes.shape)}")
     m = n if m is None else m
-    i = torch.arange(m - n, m, device=slopes.device, dtype=slopes.dtype)  # (n,) query positions
-    j = torch.arange(m, device=slopes.device, dtype=slopes.dtype)  # (m,) key positions
+    i = torch.arange(m - n, m, device=slopes.device, dtype=slopes.dtype)  # (n,) queries
+    j = torch.arange(m, device=slopes.device, dtype=slopes.dtype)  # (m,) keys
     return -slopes[:, None, None] * (j[None, :] - i[:, None]).abs()  # (H, n, m)
 
 
-def alibi_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, *,
-                    slopes: Tensor) -> tuple[Tensor, Tensor]:
-    """Scaled dot-product attention with ALiBi's bias added to the scores (chapter 06).
+def alibi_attention(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, *, slopes: Tensor
+) -> tuple[Tensor, Tensor]:
+    """``softmax(Q K^T / sqrt(d_k) + bias) V`` with ALiBi's bias (chapter 06).
 
-    ``softmax(Q K^T / sqrt(d_k) + bias) V`` with ``bias = alibi_bias(slopes, n, m)``: the only change
-    to chapter 01's formula. ``query`` ``(..., H, n, d_k)``, ``key`` ``(..., H, m, d_k)``, ``value``
-    ``(..., H, m, d_v)``, one slope per head; ``mask`` as in
-    :func:`attnkit.scaled_dot_product_attention`. Returns ``(output, weights)`` like it, so it plugs
-    into ``MultiHeadAttention(E, H, attention=functools.partial(alibi_attention, slopes=alibi_slopes(H)))``.
+    Chapter 01's attention with one change: :func:`alibi_bias` is added to the
+    scores. ``query`` ``(..., H, n, d_k)``, ``key`` ``(..., H, m, d_k)``, ``value``
+    ``(..., H, m, d_v)``, ``slopes`` ``(H,)``; ``mask`` bool, True = may attend.
+    Returns ``(output, weights)`` like every attention function, so
+    ``attention=partial(alibi_attention, slopes=alibi_slopes(H))`` makes a
+    :class:`~attnkit.multihead.MultiHeadAttention` use ALiBi.
     """
     check_inputs(query, key, value, mask)
     if query.dim() < 3 or slopes.shape != (query.shape[-3],):
-        raise ShapeError(f"alibi_attention needs one slope per head: query {tuple(query.shape)} is "
-                         f"(..., H, n, d_k), slopes {tuple(slopes.shape)}")
-    n, m = query.shape[-2], key.shape[-2]
-    bias = alibi_bias(slopes.to(device=query.device, dtype=query.dtype), n, m)  # (H, n, m)
-    scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1]) + bias  # (..., H, n, m)
+        raise ShapeError(f"alibi_attention needs one slope per head: query "
+                         f"{tuple(query.shape)} is (..., H, n, d_k), slopes "
+                         f"{tuple(slopes.shape)}")
+    slopes = slopes.to(device=query.device, dtype=query.dtype)
+    bias = alibi_bias(slopes, query.shape[-2], key.shape[-2])  # (H, n, m)
+    scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])  # (..., H, n, m)
+    scores = scores + bias  # the only change to chapter 01's formula
     if mask is not None:
         scores = scores.masked_fill(~mask.to(scores.device), float("-inf"))
     weights = softmax(scores, dim=-1)  # (..., H, n, m)

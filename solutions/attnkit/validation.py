@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["ShapeError", "check_tensors", "check_mask", "check_inputs"]
+__all__ = ["ShapeError", "check_tensors", "check_mask", "check_inputs", "check_embeddings"]
 
 
 class ShapeError(ValueError):
@@ -74,3 +74,25 @@ def check_inputs(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None 
     if mask is not None:
         check_mask(mask, query.shape[-2], key.shape[-2], tuple(batch_shape))
     return tuple(batch_shape)
+
+
+def check_embeddings(query: Tensor, key: Tensor, value: Tensor, weight: Tensor) -> None:
+    """Raise a clear error unless ``query``, ``key``, ``value`` are ``(B, seq, E)`` for a module
+    whose weights ``weight`` are ``(*, E)``: one dtype and one device with them, ``key`` and
+    ``value`` of one ``(B, m)``. The check of :class:`attnkit.multihead.MultiHeadAttention`."""
+    embed_dim = weight.shape[-1]
+    given = (("query", query),) if query is key is value else (
+        ("query", query), ("key", key), ("value", value))
+    for name, t in given:
+        if not isinstance(t, Tensor) or t.dim() != 3 or t.shape[-1] != embed_dim:
+            got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ShapeError(f"{name} must have shape (B, seq, embed_dim={embed_dim}), got {got}")
+        if t.dtype != weight.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but the module's weights are {weight.dtype}: "
+                            f"call .to({t.dtype}) on the module")
+        if t.device != weight.device:
+            raise ValueError(f"{name} is on {t.device} but the module's weights are on {weight.device}: "
+                             f"call .to({str(t.device)!r}) on the module")
+    if key.shape[:2] != value.shape[:2]:
+        raise ShapeError(f"key and value must have the same (B, m): key {tuple(key.shape)}, "
+                         f"value {tuple(value.shape)}")
