@@ -11,7 +11,8 @@ other). Two things differ by design and are the caller's to remember:
 * weights: ``nn.MultiheadAttention`` averages them over the heads unless called with
   ``average_attn_weights=False``.
 
-Imports :mod:`attnkit.multihead` and :mod:`attnkit.transformer` only for their types.
+Imports :mod:`attnkit.multihead` and :mod:`attnkit.transformer`, the modules it mirrors; nothing in
+the package imports it.
 """
 
 from __future__ import annotations
