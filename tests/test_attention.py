@@ -148,3 +148,21 @@ def test_attention_on_gpu_matches_cpu():
     assert out.device.type == "cuda"
     ref_out, ref_w = scaled_dot_product_attention(q, q, q, mask)
     torch.testing.assert_close(out.cpu(), ref_out, atol=1e-4, rtol=1e-4)
+
+
+def test_package_exports_and_documents_every_public_name():
+    """Every public function and class of the package's modules is in ``attnkit.__all__`` and named in the
+    package docstring's map (issue 11: a newcomer finds where a concept lives in one hop)."""
+    import importlib
+
+    import attnkit
+    modules = ["validation", "device", "attention", "multihead", "self_attention", "masks", "cross_attention",
+               "positional", "transformer", "efficient", "torch_twins"]
+    for name in modules:
+        module = importlib.import_module(f"attnkit.{name}")
+        assert f"``{name}``" in attnkit.__doc__, f"module {name} missing from the package map"
+        public = [n for n, obj in vars(module).items() if not n.startswith("_") and callable(obj)
+                  and getattr(obj, "__module__", None) == module.__name__]
+        for n in public:
+            assert n in attnkit.__all__ and f"``{n}``" in attnkit.__doc__, f"attnkit.{name}.{n} is not exported/mapped"
+    assert all(hasattr(attnkit, n) for n in attnkit.__all__)

@@ -1,38 +1,56 @@
 """attnkit: the reference implementation of the attention course.
 
-One module per concept, in the order the book teaches them. Each module may import
-only the modules above it in this map (and torch); nothing imports ``bench`` or ``plotting``.
+One module per concept, in the order the book teaches them. A module may import
+only modules listed above it (and torch); nothing in the package imports
+``torch_twins``, ``plotting`` or ``bench``. Every name below is exported here.
 
-=======================  ==============================================================  =======
-module                   its one job (public names)                                       chapter
-=======================  ==============================================================  =======
-``validation``           input checks and ``ShapeError`` (``check_inputs``,               all
-                         ``check_mask``, ``check_tensors``); imports nothing of ours
-``device``               ``default_device``: the one place a device is chosen             all
-``attention``            ``softmax``, ``scaled_dot_product_attention`` (explicit)         01
-``multihead``            ``split_heads``, ``merge_heads``, ``MultiHeadAttention``          02, 08
-                         (attention function, ``num_kv_heads``, ``dropout``)
-``self_attention``       ``SelfAttention``                                                03
-``masks``                ``causal_mask``, ``padding_mask``, ``sliding_window_mask``        04, 03
-``cross_attention``      ``CrossAttention``, ``context_padding_mask``                      05
-``positional``           sinusoidal, learned, rotary positions; ALiBi                      06
-                         (``alibi_slopes``, ``alibi_bias``, ``alibi_attention``)
-``transformer``          ``FeedForward``, encoder and decoder blocks (built from           07
-                         ``SelfAttention`` and ``CrossAttention``), ``Transformer``
-``efficient``            ``fused_attention`` (the fast path), tiled attention, the KV     08
-                         cache and its size, linear attention, ``peak_memory``
-``torch_twins``          torch's layers holding our weights: ``to_torch_multihead``,       tests
-                         ``to_torch_encoder_layer``, ``to_torch_decoder_layer``
-``plotting``             ``plot_attention``, ``plot_heads`` (matplotlib)                  all
-``bench``                ``python -m attnkit.bench``: the fast path against torch's       08
-=======================  ==============================================================  =======
+``validation`` (all chapters)
+    Input checks, one exception type for bad shapes; imports nothing of ours.
+    ``ShapeError`` (a ``ValueError``), ``check_tensors``, ``check_mask``,
+    ``check_inputs``, ``check_embeddings``.
+``device`` (all chapters)
+    The one place a device is chosen: ``default_device``.
+``attention`` (chapter 01)
+    ``softmax``, ``scaled_dot_product_attention`` (explicit, always
+    ``(output, weights)``).
+``multihead`` (chapter 02; ``num_kv_heads`` chapter 08)
+    ``split_heads``, ``merge_heads``, ``MultiHeadAttention`` (its ``attention=``
+    function, grouped-query ``num_kv_heads``, attention ``dropout``), the type
+    ``AttentionFn``.
+``self_attention`` (chapter 03)
+    ``SelfAttention``.
+``masks`` (chapter 04; the sliding window chapters 03 and 08)
+    ``causal_mask``, ``padding_mask``, ``sliding_window_mask``.
+``cross_attention`` (chapter 05)
+    ``CrossAttention``, ``context_padding_mask``.
+``positional`` (chapter 06)
+    ``sinusoidal_frequencies``, ``sinusoidal_positional_encoding``,
+    ``position_shift_matrix``, ``SinusoidalPositionalEncoding``,
+    ``LearnedPositionalEmbedding``, ``apply_rotary_embedding``, ALiBi's
+    ``alibi_slopes``, ``alibi_bias``, ``alibi_attention``.
+``transformer`` (chapter 07)
+    ``FeedForward``, ``TransformerEncoderBlock``, ``TransformerDecoderBlock`` (built
+    from ``SelfAttention`` and ``CrossAttention``), ``Transformer``.
+``efficient`` (chapter 08)
+    ``fused_attention`` (torch's fused kernel, the fast path), ``online_softmax_update``,
+    ``tiled_attention``, ``append_to_cache``, ``cached_attention``,
+    ``kv_cache_bytes_per_token``, ``elu_feature_map``, ``linear_attention``,
+    ``causal_linear_attention``, ``peak_memory``.
+``torch_twins`` (the tests, the checks, the benchmark)
+    torch's layers holding our weights: ``to_torch_multihead``,
+    ``to_torch_encoder_layer``, ``to_torch_decoder_layer``.
+``plotting`` (all chapters; not imported here)
+    ``plot_attention``, ``plot_heads``.
+``bench`` (chapter 08; not imported here)
+    ``python -m attnkit.bench``: the fast path timed against torch's modules.
 
-Every attention function has the signature ``(query, key, value, mask=None) -> (output, weights)``;
-``MultiHeadAttention``, ``SelfAttention``, ``CrossAttention`` and the blocks take one as their
-``attention=`` argument (``fused_attention`` returns ``None`` for the weights it never forms).
+Every attention function has the signature ``(query, key, value, mask=None) ->
+(output, weights)``; ``MultiHeadAttention``, ``SelfAttention``, ``CrossAttention``
+and the blocks take one as their ``attention=`` argument (``fused_attention``
+returns ``None`` for the weights it never forms). No flag changes a return type.
 """
 
-from attnkit.validation import ShapeError, check_inputs, check_mask, check_tensors
+from attnkit.validation import ShapeError, check_embeddings, check_inputs, check_mask, check_tensors
 from attnkit.device import default_device
 from attnkit.attention import scaled_dot_product_attention, softmax
 from attnkit.multihead import AttentionFn, MultiHeadAttention, merge_heads, split_heads
@@ -50,7 +68,7 @@ from attnkit.torch_twins import to_torch_decoder_layer, to_torch_encoder_layer, 
 
 __all__ = [
     # validation
-    "ShapeError", "check_inputs", "check_mask", "check_tensors",
+    "ShapeError", "check_tensors", "check_mask", "check_inputs", "check_embeddings",
     # device
     "default_device",
     # chapter 01
