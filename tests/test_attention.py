@@ -10,7 +10,9 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnkit import scaled_dot_product_attention, softmax
+from attnkit import ShapeError, fused_attention, scaled_dot_product_attention, softmax
+
+PATHS = pytest.mark.parametrize("attend", [scaled_dot_product_attention, fused_attention], ids=["explicit", "fast"])
 
 DTYPES = [torch.float32, torch.float64]
 SHAPES = [  # (leading dims, n, m, d_k, d_v)
@@ -80,40 +82,40 @@ def test_fully_masked_row_gives_zeros_not_nan():
     (((2, 3, 4), (3, 5, 4), (3, 5, 6)), r"batch dimensions do not broadcast"),
     (((4,), (5, 4), (5, 6)), r"query must have shape \(..., seq, dim\), got \(4,\)"),
 ])
-@pytest.mark.parametrize("need_weights", [True, False], ids=["explicit", "fast"])
-def test_shape_errors_name_the_shapes(args, match, need_weights):
-    with pytest.raises(ValueError, match=match):
-        scaled_dot_product_attention(*(torch.randn(*s) for s in args), need_weights=need_weights)
+@PATHS
+def test_shape_errors_name_the_shapes(args, match, attend):
+    with pytest.raises(ShapeError, match=match):  # a ValueError, one type for every bad shape
+        attend(*(torch.randn(*s) for s in args))
 
 
-@pytest.mark.parametrize("need_weights", [True, False], ids=["explicit", "fast"])
-def test_mask_errors_name_what_was_expected(need_weights):
+@PATHS
+def test_mask_errors_name_what_was_expected(attend):
     q = torch.randn(2, 3, 4)
     with pytest.raises(TypeError, match="bool tensor"):
-        scaled_dot_product_attention(q, q, q, torch.ones(3, 3), need_weights=need_weights)
-    with pytest.raises(ValueError, match=r"mask of shape \(4, 3\) does not broadcast"):
-        scaled_dot_product_attention(q, q, q, torch.ones(4, 3, dtype=torch.bool), need_weights=need_weights)
-    with pytest.raises(ValueError, match=r"mask of shape \(5, 2, 3, 3\) does not broadcast.* \(2, 3, 3\)"):
+        attend(q, q, q, torch.ones(3, 3))
+    with pytest.raises(ShapeError, match=r"mask of shape \(4, 3\) does not broadcast"):
+        attend(q, q, q, torch.ones(4, 3, dtype=torch.bool))
+    with pytest.raises(ShapeError, match=r"mask of shape \(5, 2, 3, 3\) does not broadcast.* \(2, 3, 3\)"):
         # a mask may not enlarge the batch: (5, 2, 3, 3) would turn 2 outputs into 10
-        scaled_dot_product_attention(q, q, q, torch.ones(5, 2, 3, 3, dtype=torch.bool), need_weights=need_weights)
+        attend(q, q, q, torch.ones(5, 2, 3, 3, dtype=torch.bool))
     with pytest.raises(TypeError, match="one dtype"):
-        scaled_dot_product_attention(q, q.double(), q, need_weights=need_weights)
+        attend(q, q.double(), q)
     with pytest.raises(TypeError, match="must be a torch.Tensor, got list"):
-        scaled_dot_product_attention([[1.0]], q, q, need_weights=need_weights)
+        attend([[1.0]], q, q)
     with pytest.raises(TypeError, match="floating point, got dtype torch.int64"):
-        scaled_dot_product_attention(q, q, q.long(), need_weights=need_weights)
+        attend(q, q, q.long())
 
 
-@pytest.mark.parametrize("need_weights", [True, False], ids=["explicit", "fast"])
-def test_no_keys_gives_zero_rows(need_weights):
+@PATHS
+def test_no_keys_gives_zero_rows(attend):
     """m = 0: every query has no key to attend to, so its row is zero (the all-masked rule), not an error."""
     q, k, v = torch.randn(2, 3, 4), torch.randn(2, 0, 4), torch.randn(2, 0, 5)
-    out, w = scaled_dot_product_attention(q, k, v, need_weights=need_weights)
+    out, w = attend(q, k, v)
     assert torch.equal(out, torch.zeros(2, 3, 5))
-    assert (w is None) if not need_weights else w.shape == (2, 3, 0)
+    assert (w is None) if attend is fused_attention else w.shape == (2, 3, 0)
     assert softmax(torch.randn(3, 0)).shape == (3, 0)
     with pytest.raises(ValueError, match="d_k"):  # torch skips its checks on empty keys; ours do not
-        scaled_dot_product_attention(q, torch.randn(2, 0, 7), v, need_weights=need_weights)
+        attend(q, torch.randn(2, 0, 7), v)
 
 
 @settings(max_examples=40, deadline=None)
@@ -146,3 +148,21 @@ def test_attention_on_gpu_matches_cpu():
     assert out.device.type == "cuda"
     ref_out, ref_w = scaled_dot_product_attention(q, q, q, mask)
     torch.testing.assert_close(out.cpu(), ref_out, atol=1e-4, rtol=1e-4)
+
+
+def test_package_exports_and_documents_every_public_name():
+    """Every public function and class of the package's modules is in ``attnkit.__all__`` and named in the
+    package docstring's map (issue 11: a newcomer finds where a concept lives in one hop)."""
+    import importlib
+
+    import attnkit
+    modules = ["validation", "device", "attention", "multihead", "self_attention", "masks", "cross_attention",
+               "positional", "transformer", "efficient", "torch_twins"]
+    for name in modules:
+        module = importlib.import_module(f"attnkit.{name}")
+        assert f"``{name}``" in attnkit.__doc__, f"module {name} missing from the package map"
+        public = [n for n, obj in vars(module).items() if not n.startswith("_") and callable(obj)
+                  and getattr(obj, "__module__", None) == module.__name__]
+        for n in public:
+            assert n in attnkit.__all__ and f"``{n}``" in attnkit.__doc__, f"attnkit.{name}.{n} is not exported/mapped"
+    assert all(hasattr(attnkit, n) for n in attnkit.__all__)

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnkit import CrossAttention, MultiHeadAttention, SelfAttention, padding_mask
+from attnkit import CrossAttention, MultiHeadAttention, SelfAttention, padding_mask, to_torch_multihead
 from attnkit.cross_attention import context_padding_mask
 
 DTYPES = [torch.float32, torch.float64]
@@ -16,15 +16,7 @@ TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float64: dict(atol=1e-10
 
 def torch_twin(cross: CrossAttention) -> torch.nn.MultiheadAttention:
     """nn.MultiheadAttention with the weights of ``cross`` copied in."""
-    a = cross.attn
-    E = a.embed_dim
-    twin = torch.nn.MultiheadAttention(E, a.num_heads, batch_first=True, dtype=a.q_proj.weight.dtype)
-    with torch.no_grad():
-        twin.in_proj_weight.copy_(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]))
-        twin.in_proj_bias.copy_(torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
-        twin.out_proj.weight.copy_(a.out_proj.weight)
-        twin.out_proj.bias.copy_(a.out_proj.bias)
-    return twin
+    return to_torch_multihead(cross.attn)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -100,13 +92,20 @@ def test_properties_hypothesis(n, m, seed):
     torch.testing.assert_close(cross(x, ctx2, keep)[0], out)  # padded tokens have no influence
 
 
-def test_device_follows_inputs_and_gradients_reach_both_sequences():
+def test_gradients_reach_both_sequences():
     cross = CrossAttention(4, 2)
     x, ctx = torch.randn(1, 2, 4, requires_grad=True), torch.randn(1, 3, 4, requires_grad=True)
     out, _ = cross(x, ctx)
     out.sum().backward()
     assert x.grad is not None and ctx.grad is not None and ctx.grad.abs().sum() > 0
-    assert out.device == x.device
+
+
+def test_device_follows_the_inputs():
+    """On a device other than the default CPU (``meta``: shapes only, no GPU needed), outputs stay there."""
+    cross = CrossAttention(4, 2).to("meta")
+    x, ctx = torch.randn(1, 2, 4, device="meta"), torch.randn(1, 3, 4, device="meta")
+    out, w = cross(x, ctx, torch.ones(1, 3, dtype=torch.bool, device="meta"))
+    assert out.device.type == w.device.type == "meta" and out.shape == (1, 2, 4) and w.shape == (1, 2, 2, 3)
 
 
 def test_module_layout_is_the_contract():

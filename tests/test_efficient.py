@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attnkit import MultiHeadAttention, causal_mask, merge_heads, scaled_dot_product_attention, split_heads
 from attnkit.efficient import (append_to_cache, cached_attention, causal_linear_attention, elu_feature_map,
-                               linear_attention, online_softmax_update, peak_memory, tiled_attention)
+                               kv_cache_bytes_per_token, linear_attention, online_softmax_update, peak_memory,
+                               tiled_attention)
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -110,8 +112,9 @@ def _kernel_reference(q, k, v, causal):
 def test_linear_attention_equals_the_kernel_formula():
     q, k, v = (x.double() for x in _qkv())
     torch.testing.assert_close(linear_attention(q, k, v), _kernel_reference(q, k, v, False))
-    # with the exponential kernel (an infinite feature map) it would be softmax attention; check the shape contract
-    assert linear_attention(q, k, v).shape == (2, 3, 37, 5)
+    # a constant feature map weighs every key alike: softmax attention with all scores equal (zero queries)
+    uniform = linear_attention(q, k, v, feature_map=torch.ones_like, eps=0.0)
+    torch.testing.assert_close(uniform, scaled_dot_product_attention(torch.zeros_like(q), k, v)[0])
 
 
 @pytest.mark.parametrize("chunk", [1, 8, 64])
@@ -175,3 +178,38 @@ def test_memory_standard_quadratic_tiled_linear_and_meta_agrees():
 def test_bad_input_names_what_was_expected(call, error, match):
     with pytest.raises(error, match=match):
         call(torch.randn(2, 5, 4))
+
+
+@pytest.mark.parametrize("n, m", [(5, 8), (8, 5), (6, 6)])
+def test_tiled_causal_is_bottom_right_aligned_and_torch_is_causal_is_top_left(n, m):
+    """``causal=True`` lets query i see keys j <= i + m - n (the queries are the last n positions);
+    torch's ``is_causal=True`` lets it see j <= i. The two agree exactly when n == m."""
+    g = torch.Generator().manual_seed(n * 10 + m)
+    q, k, v = (torch.randn(2, s, 4, generator=g, dtype=torch.float64) for s in (n, m, m))
+    ours = tiled_attention(q, k, v, causal=True, block_q=2, block_k=3)
+    bottom_right = torch.ones(n, m, dtype=torch.bool).tril(m - n)  # (n, m)
+    torch.testing.assert_close(ours, scaled_dot_product_attention(q, k, v, bottom_right)[0])
+    top_left = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if n <= m:  # with n > m the top-left mask leaves rows empty, which torch fills with NaN
+        top_left_mask = torch.ones(n, m, dtype=torch.bool).tril()  # (n, m)
+        torch.testing.assert_close(top_left, scaled_dot_product_attention(q, k, v, top_left_mask)[0])
+    if n == m:
+        torch.testing.assert_close(ours, top_left)
+    else:
+        assert not torch.allclose(ours, top_left, equal_nan=True)
+
+
+@pytest.mark.parametrize("H, G", [(8, 8), (8, 2), (8, 1)])
+def test_kv_cache_bytes_per_token_is_what_the_cache_holds(H, G):
+    """The formula equals the bytes of real cached tensors of a grouped-query layer, per cached position."""
+    E, t, layers = 32, 5, 3
+    mha = MultiHeadAttention(E, H, num_kv_heads=G).to(torch.float16)
+    x = torch.randn(1, t, E, dtype=torch.float16)
+    cache = None
+    k, v = split_heads(mha.k_proj(x), G), split_heads(mha.v_proj(x), G)  # (1, G, t, Dh): what is cached
+    cache = append_to_cache(cache, k, v)
+    per_layer = sum(c.numel() * c.element_size() for c in cache) / t
+    assert kv_cache_bytes_per_token(layers, G, E // H, torch.float16) == layers * per_layer
+    assert kv_cache_bytes_per_token(1, 1, 64, torch.float32) == 2 * 64 * 4
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        kv_cache_bytes_per_token(1, 0, 64)

@@ -1,7 +1,8 @@
-"""The fast path (``need_weights=False``) equals the explicit textbook path: outputs, gradients, masks.
+"""The fast path (``attnkit.efficient.fused_attention``) equals the explicit textbook path: outputs, gradients, masks.
 
 The explicit path is what the chapters teach; the fast path hands the same computation to
-``torch.nn.functional.scaled_dot_product_attention`` (chapter 08, ``attnkit.bench``).
+``torch.nn.functional.scaled_dot_product_attention`` (chapter 08, ``attnkit.bench``). Modules take
+the attention function as their ``attention=`` argument.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnkit import (MultiHeadAttention, TransformerDecoderBlock, TransformerEncoderBlock, causal_mask,
-                     padding_mask, scaled_dot_product_attention)
+                     fused_attention, padding_mask, scaled_dot_product_attention)
+
+PATHS = (scaled_dot_product_attention, fused_attention)  # explicit, fast
 
 DTYPES = [torch.float32, torch.float64]
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float64: dict(atol=1e-10, rtol=1e-10)}
@@ -30,9 +33,9 @@ def _masks(n: int, m: int, gen: torch.Generator) -> dict[str, torch.Tensor | Non
 def _both(fn, *inputs):
     """Outputs and input gradients of ``fn`` on explicit and fast paths, with the same upstream gradient."""
     results = []
-    for need_weights in (True, False):
+    for attention in PATHS:
         xs = [x.detach().clone().requires_grad_(True) for x in inputs]
-        out = fn(*xs, need_weights=need_weights)
+        out = fn(*xs, attention=attention)
         probe = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
         grads = torch.autograd.grad((out * probe).sum(), xs, allow_unused=True)
         results.append((out.detach(), [g if g is not None else torch.zeros_like(x) for g, x in zip(grads, xs)]))
@@ -52,9 +55,9 @@ def test_sdpa_fast_equals_explicit(dtype, mask_name, device):
     if mask is not None:
         mask = (mask.unsqueeze(1) if mask.dim() == 3 else mask).to(device)  # a head axis for (B, n, m) masks
 
-    def attend(q, k, v, need_weights):
-        out, w = scaled_dot_product_attention(q, k, v, mask, need_weights=need_weights)
-        assert (w is None) == (not need_weights)
+    def attend(q, k, v, attention):
+        out, w = attention(q, k, v, mask)
+        assert (w is None) == (attention is fused_attention)
         return out
 
     (slow, slow_g), (fast, fast_g) = _both(attend, q, k, v)
@@ -69,15 +72,15 @@ def test_sdpa_fast_equals_explicit(dtype, mask_name, device):
 
 
 def test_sdpa_fast_default_and_broadcasting():
-    """The default keeps the contract (weights returned); unbatched and broadcast batch shapes work on the fast path."""
+    """The explicit path returns the weights; unbatched and broadcast batch shapes work on the fast path."""
     q, k, v = torch.randn(3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 6)
     out, w = scaled_dot_product_attention(q, k, v)
     assert w is not None and w.shape == (2, 3, 5)
-    fast, none = scaled_dot_product_attention(q, k, v, need_weights=False)
+    fast, none = fused_attention(q, k, v)
     assert none is None
     torch.testing.assert_close(fast, out)
     with pytest.raises(TypeError, match="bool"):
-        scaled_dot_product_attention(q, k, v, torch.ones(3, 5), need_weights=False)
+        fused_attention(q, k, v, torch.ones(3, 5))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -86,26 +89,29 @@ def test_multihead_fast_equals_explicit(dtype, self_attention):
     torch.manual_seed(1)
     B, n, m, E, H = 2, 5, 3, 12, 3
     mha = MultiHeadAttention(E, H).to(dtype)
+    fast_mha = MultiHeadAttention(E, H, attention=fused_attention).to(dtype)
+    fast_mha.load_state_dict(mha.state_dict())
+    modules = {scaled_dot_product_attention: mha, fused_attention: fast_mha}
     x = torch.randn(B, n, E, dtype=dtype)
     y = x if self_attention else torch.randn(B, m, E, dtype=dtype)
     mask = torch.rand(B, n, y.shape[1]) > 0.4
     mask[1, 2] = False  # a fully masked query row
 
-    def run(x, y, need_weights):
+    def run(x, y, attention):
         kv = x if self_attention else y
-        return mha(x, kv, kv, mask, need_weights=need_weights)[0]
+        return modules[attention](x, kv, kv, mask)[0]
 
     (slow, slow_g), (fast, fast_g) = _both(run, x, y)
     torch.testing.assert_close(fast, slow, **TOL[dtype])
     for a, b in zip(fast_g, slow_g):
         torch.testing.assert_close(a, b, **TOL[dtype])
-    assert mha(x, y, y, need_weights=False)[1] is None
+    assert fast_mha(x, y, y)[1] is None
     # parameter gradients too
     grads = []
-    for need_weights in (True, False):
-        mha.zero_grad()
-        mha(x, y, y, mask, need_weights=need_weights)[0].square().sum().backward()
-        grads.append([p.grad.clone() for p in mha.parameters()])
+    for module in (mha, fast_mha):
+        module.zero_grad()
+        module(x, y, y, mask)[0].square().sum().backward()
+        grads.append([p.grad.clone() for p in module.parameters()])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, **TOL[dtype])
 
@@ -116,21 +122,25 @@ def test_blocks_fast_equal_explicit(norm_first):
     B, n, m, E, H, F = 2, 6, 4, 16, 4, 32
     enc = TransformerEncoderBlock(E, H, F, norm_first=norm_first).double()
     dec = TransformerDecoderBlock(E, H, F, norm_first=norm_first).double()
+    fast_enc = TransformerEncoderBlock(E, H, F, norm_first=norm_first, attention=fused_attention).double()
+    fast_dec = TransformerDecoderBlock(E, H, F, norm_first=norm_first, attention=fused_attention).double()
+    fast_enc.load_state_dict(enc.state_dict())
+    fast_dec.load_state_dict(dec.state_dict())
     x, mem = torch.randn(B, n, E, dtype=torch.float64), torch.randn(B, m, E, dtype=torch.float64)
     pad = padding_mask(torch.tensor([m, 2]), m)  # (B, 1, m)
     slow, w = enc(x, padding_mask(torch.tensor([n, 3]), n))
-    fast, none = enc(x, padding_mask(torch.tensor([n, 3]), n), need_weights=False)
+    fast, none = fast_enc(x, padding_mask(torch.tensor([n, 3]), n))
     assert w is not None and none is None
     torch.testing.assert_close(fast, slow)
     slow, ws, wc = dec(x, mem, causal_mask(n), pad)
-    fast, ns, nc = dec(x, mem, causal_mask(n), pad, need_weights=False)
+    fast, ns, nc = fast_dec(x, mem, causal_mask(n), pad)
     assert ns is None and nc is None
     torch.testing.assert_close(fast, slow)
 
 
-def _outcome(q, k, v, mask, need_weights):
+def _outcome(q, k, v, mask, attention):
     try:
-        return "ok", scaled_dot_product_attention(q, k, v, mask, need_weights=need_weights)[0]
+        return "ok", attention(q, k, v, mask)[0]
     except Exception as err:  # noqa: BLE001 - the outcome compared is the error itself
         return type(err).__name__, str(err)
 
@@ -159,7 +169,7 @@ def test_fast_and_explicit_agree_on_any_input(lead, n, m, d, d_v, off, mask_shap
         sizes = {"n": n, "m": m}
         mask = torch.rand(*(sizes[s] if s in sizes else int(s) for s in mask_shape.split()), generator=gen) > 0.3
         mask = mask.float() if float_mask else mask
-    (kind_a, a), (kind_b, b) = _outcome(q, k, v, mask, True), _outcome(q, k, v, mask, False)
+    (kind_a, a), (kind_b, b) = _outcome(q, k, v, mask, scaled_dot_product_attention), _outcome(q, k, v, mask, fused_attention)
     assert kind_a == kind_b, (a, b)
     if kind_a == "ok":
         assert a.shape == b.shape

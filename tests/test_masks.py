@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnkit import SelfAttention, causal_mask, padding_mask, scaled_dot_product_attention
+from attnkit import SelfAttention, causal_mask, padding_mask, scaled_dot_product_attention, sliding_window_mask
 
 DTYPES = [torch.float32, torch.float64]
 
@@ -86,7 +86,42 @@ def test_causal_self_attention_ignores_the_future(n, i, seed):
 
 
 def test_causal_mask_on_device_argument():
-    assert causal_mask(3, device="cpu").device.type == "cpu"
+    assert causal_mask(3, device="meta").device.type == "meta"  # a device other than the default, no GPU needed
     if torch.cuda.is_available():
         assert causal_mask(3, device="cuda").device.type == "cuda"
         assert padding_mask(torch.tensor([1, 2], device="cuda"), 3).device.type == "cuda"
+
+
+@pytest.mark.parametrize("n, window", [(1, 1), (6, 1), (6, 2), (7, 3), (5, 5), (4, 9)])
+def test_sliding_window_mask_is_the_band_and_combines_with_causal(n, window):
+    mask = sliding_window_mask(n, window)
+    assert mask.shape == (n, n) and mask.dtype == torch.bool
+    for i in range(n):
+        for j in range(n):
+            assert bool(mask[i, j]) == (abs(i - j) < window)
+    local = causal_mask(n) & sliding_window_mask(n, window)
+    for i in range(n):  # query i sees keys i - window + 1 .. i
+        assert local[i].nonzero().flatten().tolist() == list(range(max(0, i - window + 1), i + 1))
+    if window >= n:
+        assert bool(mask.all())
+
+
+def test_sliding_window_attention_ignores_keys_outside_the_window():
+    """Changing a key farther than the window leaves the query's output unchanged; a key inside changes it."""
+    g = torch.Generator().manual_seed(0)
+    n, w = 8, 3
+    q, k, v = (torch.randn(1, n, 4, generator=g) for _ in range(3))
+    mask = causal_mask(n) & sliding_window_mask(n, w)
+    out, weights = scaled_dot_product_attention(q, k, v, mask)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, 2], v2[:, 2] = torch.randn(4, generator=g), torch.randn(4, generator=g)  # key 2: outside query 7's window
+    out2, _ = scaled_dot_product_attention(q, k2, v2, mask)
+    torch.testing.assert_close(out2[:, 5:], out[:, 5:])  # queries 5.. see keys 3.. only
+    assert not torch.allclose(out2[:, 2:5], out[:, 2:5])
+    assert int((weights[0] > 0).sum(-1).max()) == w
+
+
+@pytest.mark.parametrize("n, window", [(-1, 2), (3, 0), (3, 1.5), (True, 2)])
+def test_sliding_window_mask_refuses_bad_arguments(n, window):
+    with pytest.raises(ValueError, match="sliding_window_mask"):
+        sliding_window_mask(n, window)

@@ -11,24 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from attnkit import MultiHeadAttention, merge_heads, scaled_dot_product_attention, split_heads
+from attnkit import MultiHeadAttention, merge_heads, scaled_dot_product_attention, split_heads, to_torch_multihead
 
 DTYPES = [torch.float32, torch.float64]
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.float64: dict(atol=1e-10, rtol=1e-10)}
 
 
 def torch_twin(mha: MultiHeadAttention) -> nn.MultiheadAttention:
-    """An nn.MultiheadAttention with ``mha``'s weights (its q, k, v projections packed in in_proj_weight)."""
-    p = next(mha.parameters())
-    bias = mha.q_proj.bias is not None
-    twin = nn.MultiheadAttention(mha.embed_dim, mha.num_heads, bias=bias, batch_first=True).to(p.dtype)
-    with torch.no_grad():
-        twin.in_proj_weight.copy_(torch.cat([mha.q_proj.weight, mha.k_proj.weight, mha.v_proj.weight]))
-        twin.out_proj.weight.copy_(mha.out_proj.weight)
-        if bias:
-            twin.in_proj_bias.copy_(torch.cat([mha.q_proj.bias, mha.k_proj.bias, mha.v_proj.bias]))
-            twin.out_proj.bias.copy_(mha.out_proj.bias)
-    return twin.eval()
+    """An nn.MultiheadAttention with ``mha``'s weights, in eval mode."""
+    return to_torch_multihead(mha).eval()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -190,3 +181,111 @@ def test_runs_on_gpu():
     out, w = mha.cuda()(x.cuda(), x.cuda(), x.cuda())
     assert out.device.type == "cuda" and w.device.type == "cuda"
     torch.testing.assert_close(out.cpu(), expected, atol=1e-4, rtol=1e-4)
+
+
+# -- grouped-query and multi-query attention (chapter 08) --------------------------------------------
+
+
+def test_num_kv_heads_equal_to_num_heads_is_plain_multi_head_attention():
+    torch.manual_seed(5)
+    B, n, m, E, H = 2, 3, 5, 12, 3
+    mha = MultiHeadAttention(E, H).double()
+    gqa = MultiHeadAttention(E, H, num_kv_heads=H).double()
+    gqa.load_state_dict(mha.state_dict())  # the same parameters, the same names and shapes
+    q, k = torch.randn(B, n, E, dtype=torch.float64), torch.randn(B, m, E, dtype=torch.float64)
+    for a, b in zip(mha(q, k, k), gqa(q, k, k)):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("H, G", [(4, 2), (4, 1), (6, 3), (6, 2)])
+@pytest.mark.parametrize("masked", [False, True])
+def test_grouped_query_attention_matches_torch_enable_gqa(H, G, masked):
+    """K/V heads shared by groups of H // G consecutive query heads, as torch's ``enable_gqa=True``."""
+    if "enable_gqa" not in (F.scaled_dot_product_attention.__doc__ or ""):
+        pytest.skip("this torch has no enable_gqa")
+    torch.manual_seed(H * 10 + G)
+    B, n, m, E = 2, 4, 6, 24
+    Dh = E // H
+    gqa = MultiHeadAttention(E, H, num_kv_heads=G).double()
+    assert gqa.k_proj.weight.shape == gqa.v_proj.weight.shape == (G * Dh, E)
+    x, ctx = torch.randn(B, n, E, dtype=torch.float64), torch.randn(B, m, E, dtype=torch.float64)
+    mask = torch.rand(B, n, m) < 0.7 if masked else None
+    if mask is not None:
+        mask[..., 0] = True
+    out, w = gqa(x, ctx, ctx, mask)
+    assert out.shape == (B, n, E) and w.shape == (B, H, n, m)
+    q = split_heads(gqa.q_proj(x), H)  # (B, H, n, Dh)
+    k, v = split_heads(gqa.k_proj(ctx), G), split_heads(gqa.v_proj(ctx), G)  # (B, G, m, Dh)
+    attn_mask = None if mask is None else mask[:, None]  # (B, 1, n, m)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=True)  # (B, H, n, Dh)
+    torch.testing.assert_close(out, gqa.out_proj(merge_heads(expected)))
+
+
+def test_multi_query_heads_share_keys_and_values():
+    """With one K/V head, every query head scores the same keys: heads differ only through their queries."""
+    torch.manual_seed(6)
+    E, H = 8, 4
+    mqa = MultiHeadAttention(E, H, num_kv_heads=1)
+    assert sum(p.numel() for p in mqa.parameters()) == 2 * E * E + 2 * E * (E // H) + 2 * E + 2 * (E // H)
+    with torch.no_grad():
+        mqa.q_proj.weight.copy_(mqa.q_proj.weight[:E // H].repeat(H, 1))  # every query head the same
+        mqa.q_proj.bias.copy_(mqa.q_proj.bias[:E // H].repeat(H))
+    x = torch.randn(2, 5, E)
+    _, w = mqa(x, x, x)
+    for h in range(1, H):
+        torch.testing.assert_close(w[:, h], w[:, 0])
+
+
+@pytest.mark.parametrize("H, G", [(4, 3), (4, 0), (4, 8)])
+def test_num_kv_heads_must_divide_num_heads(H, G):
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        MultiHeadAttention(8, H, num_kv_heads=G)
+
+
+def test_grouped_query_attention_has_no_torch_multihead_twin():
+    with pytest.raises(ValueError, match="grouped-query"):
+        to_torch_multihead(MultiHeadAttention(8, 4, num_kv_heads=2))
+
+
+# -- attention dropout (issue 15) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_dropout_matches_torch_with_the_same_seed(p, masked):
+    """In train mode the same RNG seed drops the same weights as nn.MultiheadAttention; eval drops nothing."""
+    torch.manual_seed(7)
+    B, n, m, E, H = 2, 4, 6, 8, 2
+    mha = MultiHeadAttention(E, H, dropout=p).double()
+    twin = to_torch_multihead(mha)
+    assert twin.dropout == p
+    x, ctx = torch.randn(B, n, E, dtype=torch.float64), torch.randn(B, m, E, dtype=torch.float64)
+    mask = torch.rand(n, m) < 0.7 if masked else None
+    if mask is not None:
+        mask[:, 0] = True
+    torch_mask = None if mask is None else ~mask  # torch: True = may NOT attend
+    for training in (True, False):
+        mha.train(training), twin.train(training)
+        torch.manual_seed(123)
+        out, w = mha(x, ctx, ctx, mask)
+        torch.manual_seed(123)
+        exp_out, exp_w = twin(x, ctx, ctx, attn_mask=torch_mask, need_weights=True, average_attn_weights=False)
+        torch.testing.assert_close(out, exp_out)
+        torch.testing.assert_close(w, exp_w)
+        if training:  # something was dropped, and the kept weights were scaled by 1 / (1 - p)
+            dropped = (w == 0) & (mha.eval()(x, ctx, ctx, mask)[1] > 0)
+            assert dropped.any()
+            mha.train()
+        else:  # eval: the plain weights, rows summing to 1
+            torch.testing.assert_close(w.sum(-1), torch.ones(B, H, n, dtype=torch.float64))
+
+
+def test_dropout_is_checked_and_needs_the_weights():
+    with pytest.raises(ValueError, match="probability"):
+        MultiHeadAttention(8, 2, dropout=1.0)
+    from attnkit import fused_attention
+    mha = MultiHeadAttention(8, 2, dropout=0.1, attention=fused_attention)
+    x = torch.randn(1, 3, 8)
+    with pytest.raises(ValueError, match="fused_attention does not form them"):
+        mha(x, x, x)
+    assert mha.eval()(x, x, x)[1] is None  # eval: no dropout, the fast path runs

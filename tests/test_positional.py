@@ -9,8 +9,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from functools import partial
+
 from attnkit import (
     LearnedPositionalEmbedding,
+    MultiHeadAttention,
+    alibi_attention,
+    alibi_bias,
+    alibi_slopes,
+    causal_mask,
+    scaled_dot_product_attention,
     SinusoidalPositionalEncoding,
     SelfAttention,
     apply_rotary_embedding,
@@ -51,8 +59,8 @@ def test_odd_or_empty_dim_raises_a_clear_error(bad):
 
 
 def test_device_and_dtype_follow_the_arguments():
-    P = sinusoidal_positional_encoding(3, 4, device="cpu", dtype=torch.float64)
-    assert P.device.type == "cpu" and P.dtype == torch.float64
+    P = sinusoidal_positional_encoding(3, 4, device="meta", dtype=torch.float64)  # not the default device
+    assert P.device.type == "meta" and P.dtype == torch.float64 and P.shape == (3, 4)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -98,7 +106,7 @@ def test_self_attention_is_blind_to_order_until_positions_are_added():
     out, _ = attn(x)
     out_perm, _ = attn(x[:, perm])
     torch.testing.assert_close(out_perm, out[:, perm], atol=1e-5, rtol=1e-5)  # equivariant: order invisible
-    pe = SinusoidalPositionalEncoding(16, max_len=32)
+    pe = SinusoidalPositionalEncoding(32, 16)
     out, _ = attn(pe(x))
     out_perm, _ = attn(pe(x[:, perm]))
     assert not torch.allclose(out_perm, out[:, perm], atol=1e-3)
@@ -106,7 +114,7 @@ def test_self_attention_is_blind_to_order_until_positions_are_added():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sinusoidal_module_adds_the_table_and_keeps_no_state(dtype):
-    pe = SinusoidalPositionalEncoding(8, max_len=20).to(dtype)
+    pe = SinusoidalPositionalEncoding(20, 8).to(dtype)
     x = torch.randn(3, 5, 8, dtype=dtype)
     torch.testing.assert_close(pe(x), x + sinusoidal_positional_encoding(5, 8, dtype=dtype))
     assert pe.state_dict() == {} and pe(x).dtype == dtype
@@ -174,3 +182,64 @@ def test_rope_rejects_odd_width_and_bad_positions():
         apply_rotary_embedding(torch.randn(3, 5))
     with pytest.raises(ValueError, match="positions"):
         apply_rotary_embedding(torch.randn(3, 4), torch.arange(4))
+
+
+# -- ALiBi (Press et al., 2022) -------------------------------------------------------------------------
+
+
+def test_alibi_slopes_follow_the_paper():
+    torch.testing.assert_close(alibi_slopes(8), torch.tensor([2.0 ** -k for k in range(1, 9)]))
+    torch.testing.assert_close(alibi_slopes(4), torch.tensor([2.0 ** (-2 * k) for k in range(1, 5)]))
+    # not a power of two: the 4-head slopes, then every other one of the 8-head slopes
+    torch.testing.assert_close(alibi_slopes(6), torch.tensor([2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8,
+                                                              2.0 ** -1, 2.0 ** -3]))
+    with pytest.raises(ValueError, match="num_heads"):
+        alibi_slopes(0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(H=st.integers(1, 6), n=st.integers(1, 7), extra=st.integers(0, 4), shift=st.integers(1, 3))
+def test_alibi_bias_depends_only_on_the_distance(H, n, extra, shift):
+    m = n + extra
+    bias = alibi_bias(alibi_slopes(H, dtype=torch.float64), n, m)  # (H, n, m)
+    assert bias.shape == (H, n, m)
+    i = torch.arange(m - n, m, dtype=torch.float64)[:, None]  # query positions (the last n)
+    j = torch.arange(m, dtype=torch.float64)[None, :]
+    torch.testing.assert_close(bias, -alibi_slopes(H, dtype=torch.float64)[:, None, None] * (j - i).abs())
+    # shifting queries and keys together changes nothing: a longer sequence holds the same bias, moved
+    longer = alibi_bias(alibi_slopes(H, dtype=torch.float64), n, m + shift)  # queries now at the last n of m+shift
+    torch.testing.assert_close(longer[..., shift:], bias)
+    assert (bias <= 0).all() and (bias[:, torch.arange(n), torch.arange(n) + extra] == 0).all()
+
+
+def test_alibi_attention_adds_the_bias_and_plugs_into_multihead_attention():
+    g = torch.Generator().manual_seed(0)
+    B, H, n, d = 2, 4, 5, 3
+    q, k, v = (torch.randn(B, H, n, d, generator=g, dtype=torch.float64) for _ in range(3))
+    slopes = alibi_slopes(H, dtype=torch.float64)
+    mask = causal_mask(n)
+    out, w = alibi_attention(q, k, v, mask, slopes=slopes)
+    bias = alibi_bias(slopes, n)  # (H, n, n)
+    expected = torch.softmax((q @ k.mT / math.sqrt(d) + bias).masked_fill(~mask, float("-inf")), -1)
+    torch.testing.assert_close(w, expected)
+    torch.testing.assert_close(out, expected @ v)
+    # zero slopes: exactly chapter 01's attention
+    torch.testing.assert_close(alibi_attention(q, k, v, mask, slopes=torch.zeros(H, dtype=torch.float64))[0],
+                               scaled_dot_product_attention(q, k, v, mask)[0])
+    # as MultiHeadAttention's attention function: a float bias enters the scores, the return type stays
+    mha = MultiHeadAttention(8, 2, attention=partial(alibi_attention, slopes=alibi_slopes(2)))
+    x = torch.randn(1, 6, 8)
+    out, w = mha(x, x, x, causal_mask(6))
+    assert out.shape == (1, 6, 8) and w.shape == (1, 2, 6, 6)
+    with pytest.raises(ValueError, match="one slope per head"):
+        alibi_attention(q, k, v, slopes=alibi_slopes(3))
+
+
+def test_alibi_prefers_near_keys_when_the_content_is_equal():
+    """With identical keys the scores tie, so ALiBi alone decides: weights fall with distance, faster on steeper heads."""
+    H, n = 4, 6
+    q, k, v = torch.ones(1, H, n, 2), torch.ones(1, H, n, 2), torch.randn(1, H, n, 2)
+    _, w = alibi_attention(q, k, v, causal_mask(n), slopes=alibi_slopes(H))
+    last = w[0, :, -1]  # (H, n): the last query's weights over keys 0..n-1
+    assert (last[:, 1:] > last[:, :-1]).all()  # nearer keys weigh more
+    assert (last[:-1, -1] > last[1:, -1]).all()  # the steepest head keeps most on the nearest key

@@ -8,21 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from attnkit import MultiHeadAttention, SelfAttention
+from attnkit import MultiHeadAttention, SelfAttention, to_torch_multihead
 
 DTYPES = [torch.float32, torch.float64]
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.float64: dict(atol=1e-10, rtol=1e-10)}
 
 
 def torch_twin(layer: SelfAttention) -> nn.MultiheadAttention:
-    mha = layer.attn
-    dtype = mha.q_proj.weight.dtype
-    twin = nn.MultiheadAttention(mha.embed_dim, mha.num_heads, batch_first=True).to(dtype)
-    with torch.no_grad():
-        twin.in_proj_weight.copy_(torch.cat([mha.q_proj.weight, mha.k_proj.weight, mha.v_proj.weight]))
-        twin.in_proj_bias.copy_(torch.cat([mha.q_proj.bias, mha.k_proj.bias, mha.v_proj.bias]))
-        twin.out_proj.load_state_dict(mha.out_proj.state_dict())
-    return twin
+    return to_torch_multihead(layer.attn)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

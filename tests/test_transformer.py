@@ -8,45 +8,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from attnkit import (FeedForward, MultiHeadAttention, Transformer, TransformerDecoderBlock, TransformerEncoderBlock,
-                     causal_mask, padding_mask)
+from attnkit import (CrossAttention, FeedForward, SelfAttention, MultiHeadAttention, Transformer, TransformerDecoderBlock, TransformerEncoderBlock,
+                     causal_mask, padding_mask, to_torch_decoder_layer, to_torch_encoder_layer)
 
 DTYPES = [torch.float32, torch.float64]
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float64: dict(atol=1e-10, rtol=1e-10)}
 
 
-def copy_attention(ours: MultiHeadAttention, theirs: nn.MultiheadAttention) -> None:
-    with torch.no_grad():
-        theirs.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
-        theirs.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
-        theirs.out_proj.load_state_dict(ours.out_proj.state_dict())
-
-
 def torch_encoder_twin(block: TransformerEncoderBlock, num_heads: int) -> nn.TransformerEncoderLayer:
-    E = block.norm1.normalized_shape[0]
-    twin = nn.TransformerEncoderLayer(E, num_heads, block.feed_forward.linear1.out_features, dropout=0.0,
-                                      activation="relu", batch_first=True, norm_first=block.norm_first,
-                                      dtype=block.norm1.weight.dtype)
-    copy_attention(block.self_attn, twin.self_attn)
-    for name in ("norm1", "norm2"):
-        getattr(twin, name).load_state_dict(getattr(block, name).state_dict())
-    twin.linear1.load_state_dict(block.feed_forward.linear1.state_dict())
-    twin.linear2.load_state_dict(block.feed_forward.linear2.state_dict())
-    return twin.eval()
+    assert block.self_attn.attn.num_heads == num_heads
+    return to_torch_encoder_layer(block).eval()
 
 
 def torch_decoder_twin(block: TransformerDecoderBlock, num_heads: int) -> nn.TransformerDecoderLayer:
-    E = block.norm1.normalized_shape[0]
-    twin = nn.TransformerDecoderLayer(E, num_heads, block.feed_forward.linear1.out_features, dropout=0.0,
-                                      activation="relu", batch_first=True, norm_first=block.norm_first,
-                                      dtype=block.norm1.weight.dtype)
-    copy_attention(block.self_attn, twin.self_attn)
-    copy_attention(block.cross_attn, twin.multihead_attn)
-    for name in ("norm1", "norm2", "norm3"):
-        getattr(twin, name).load_state_dict(getattr(block, name).state_dict())
-    twin.linear1.load_state_dict(block.feed_forward.linear1.state_dict())
-    twin.linear2.load_state_dict(block.feed_forward.linear2.state_dict())
-    return twin.eval()
+    assert block.self_attn.attn.num_heads == num_heads
+    return to_torch_decoder_layer(block).eval()
 
 
 def randomise_norms(module: nn.Module) -> None:
@@ -112,8 +88,10 @@ def test_decoder_block_equals_torch(B, n, m, E, H, F, norm_first, dtype):
 def test_blocks_have_the_contract_attributes_and_keep_no_state():
     enc = TransformerEncoderBlock(8, 2, 16)
     dec = TransformerDecoderBlock(8, 2, 16, norm_first=True)
-    assert isinstance(enc.self_attn, MultiHeadAttention) and isinstance(enc.feed_forward, FeedForward)
-    assert isinstance(dec.cross_attn, MultiHeadAttention) and isinstance(dec.norm3, nn.LayerNorm)
+    # built from chapter 03's SelfAttention and chapter 05's CrossAttention
+    assert isinstance(enc.self_attn, SelfAttention) and isinstance(enc.feed_forward, FeedForward)
+    assert isinstance(dec.self_attn, SelfAttention) and isinstance(dec.cross_attn, CrossAttention)
+    assert isinstance(dec.cross_attn.attn, MultiHeadAttention) and isinstance(dec.norm3, nn.LayerNorm)
     before = set(vars(dec))
     dec(torch.randn(1, 3, 8), torch.randn(1, 4, 8))
     assert set(vars(dec)) == before
@@ -132,18 +110,18 @@ def test_decoder_cross_attention_reads_the_memory():
         torch.testing.assert_close(dec(x, memory[:, perm])[0], a)  # the memory is a set
 
 
-def test_stacked_attention_without_feed_forward_is_a_mixing_of_values():
-    """Without the FFN or norms, two attention layers send a scaled input x*c to an output scaled by c (linear in the
-    values for fixed weights); the FFN breaks this homogeneity."""
+def test_attention_is_linear_in_the_values_and_the_feed_forward_is_not():
+    """Attention mixes values: with the queries and keys fixed, scaling and adding values scales and adds the
+    output (no bias); the feed-forward network's ReLU breaks this, which is why a block needs it."""
     torch.manual_seed(4)
     attn = MultiHeadAttention(8, 2, bias=False)
-    x = torch.randn(1, 4, 8)
-    _, w = attn(x, x, x)
-    # for fixed attention weights, the output is linear in the values: mixing then projecting
-    v = torch.randn(1, 4, 8)
-    out1 = attn.out_proj((w @ attn.v_proj(v).view(1, 4, 2, 4).transpose(1, 2)).transpose(1, 2).reshape(1, 4, 8))
-    out2 = attn.out_proj((w @ attn.v_proj(2 * v).view(1, 4, 2, 4).transpose(1, 2)).transpose(1, 2).reshape(1, 4, 8))
-    torch.testing.assert_close(out2, 2 * out1)
+    x, v1, v2 = torch.randn(1, 4, 8), torch.randn(1, 4, 8), torch.randn(1, 4, 8)
+    out1, w1 = attn(x, x, v1)
+    out2, w2 = attn(x, x, v2)
+    out, w = attn(x, x, 2 * v1 - 3 * v2)
+    torch.testing.assert_close(w, w1)
+    torch.testing.assert_close(w1, w2)  # the weights depend on queries and keys only
+    torch.testing.assert_close(out, 2 * out1 - 3 * out2)
     ff = FeedForward(8, 16)
     assert not torch.allclose(ff(2 * x) - ff(torch.zeros_like(x)), 2 * (ff(x) - ff(torch.zeros_like(x))))
 
@@ -203,3 +181,17 @@ def train_steps(model, opt, losses):
         loss.backward()
         opt.step()
         losses.append(loss.item())
+
+
+def test_blocks_pass_their_dropout_to_attention_and_their_twins():
+    enc = TransformerEncoderBlock(8, 2, 16, dropout=0.25)
+    dec = TransformerDecoderBlock(8, 2, 16, dropout=0.25)
+    assert enc.self_attn.attn.dropout == dec.self_attn.attn.dropout == dec.cross_attn.attn.dropout == 0.25
+    assert to_torch_encoder_layer(enc).self_attn.dropout == 0.25
+    assert to_torch_decoder_layer(dec).multihead_attn.dropout == 0.25
+    x = torch.randn(2, 4, 8)
+    torch.manual_seed(0)
+    a = enc(x)[1]
+    assert (a == 0).any()  # train mode: some weights dropped
+    enc.eval()
+    torch.testing.assert_close(enc(x)[1].sum(-1), torch.ones(2, 2, 4))  # eval: none dropped

@@ -74,7 +74,7 @@ def _encoder(ref: RefEncoder, x: Tensor, mask: Tensor | None, pre: bool, residua
     norms = {"norms swapped": [ref.norm2, ref.norm1], "norm1 twice": [ref.norm1, ref.norm1],
              "norm2 twice": [ref.norm2, ref.norm2]}.get(bug, [ref.norm1, ref.norm2])
     ffn = _feed_forward(ref.feed_forward, ff, act)
-    subs = [lambda h, _: ref.self_attn(h, h, h, None if bug == "mask ignored" else mask)[0], lambda h, _: ffn(h)]
+    subs = [lambda h, _: ref.self_attn.attn(h, h, h, None if bug == "mask ignored" else mask)[0], lambda h, _: ffn(h)]
     return _stack(x, subs, norms, pre, residual, bug)
 
 
@@ -92,19 +92,19 @@ def _decoder(ref: RefDecoder, x: Tensor, memory: Tensor, self_mask: Tensor | Non
 
     def cross(h: Tensor, x_in: Tensor) -> Tensor:
         if bug == "cross attends to itself":
-            return ref.cross_attn(h, h, h)[0]
+            return ref.cross_attn.attn(h, h, h)[0]
         if bug == "cross keys from x":
-            return ref.cross_attn(h, h, memory, mm)[0]
+            return ref.cross_attn.attn(h, h, memory, mm)[0]
         if bug == "cross queries from memory":
-            return ref.cross_attn(memory, h, h, mm)[0]
+            return ref.cross_attn.attn(memory, h, h, mm)[0]
         if bug == "cross uses self_attn":
-            return ref.self_attn(h, memory, memory, mm)[0]
+            return ref.self_attn.attn(h, memory, memory, mm)[0]
         if bug == "cross queries from the block input":
             q = ref.norm2(x_in) if pre else x_in
-            return ref.cross_attn(q, memory, memory, mm)[0]
-        return ref.cross_attn(h, memory, memory, mm)[0]
+            return ref.cross_attn.attn(q, memory, memory, mm)[0]
+        return ref.cross_attn.attn(h, memory, memory, mm)[0]
 
-    subs = [lambda h, _: ref.self_attn(h, h, h, sm)[0], cross, lambda h, _: ffn(h)]
+    subs = [lambda h, _: ref.self_attn.attn(h, h, h, sm)[0], cross, lambda h, _: ffn(h)]
     return _stack(x, subs, norms, pre, residual, bug)
 
 
@@ -215,7 +215,10 @@ def _build(t: Trial, name: str, ref_cls, *args, **kwargs) -> tuple[Obj, torch.nn
     except StudentError as err:
         raise CheckFailed(f"{label} could not be created: {err}") from None
     ref = ref_cls(*args, **kwargs)
-    expected = {k: v for k, v in ref.state_dict().items()}
+    # attnkit builds its blocks from SelfAttention / CrossAttention (self_attn.attn.q_proj); the exercise's blocks
+    # hold a MultiHeadAttention directly (self_attn.q_proj): the parameters are the same, one level up
+    names = {k.replace("_attn.attn.", "_attn."): k for k in ref.state_dict()}
+    expected = {k: ref.state_dict()[names[k]] for k in names}
     got = obj.params()
     missing = sorted(set(expected) - set(got))
     if missing:
@@ -227,7 +230,7 @@ def _build(t: Trial, name: str, ref_cls, *args, **kwargs) -> tuple[Obj, torch.nn
             raise CheckFailed(f"{label}: parameter {k} has shape {tuple(got[k].shape)}, expected {tuple(v.shape)}")
     fresh = _fresh(t, {k: v for k, v in expected.items()})
     obj.load(fresh)
-    ref.load_state_dict(fresh)
+    ref.load_state_dict({names[k]: v for k, v in fresh.items()})
     return obj, ref.eval()
 
 

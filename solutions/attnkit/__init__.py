@@ -1,31 +1,96 @@
 """attnkit: the reference implementation of the attention course.
 
-One module per concept, in the order the book teaches them:
+One module per concept, in the order the book teaches them. A module may import
+only modules listed above it (and torch); nothing in the package imports
+``torch_twins``, ``plotting`` or ``bench``. Every name below is exported here.
 
-* :mod:`attnkit.attention`: ``softmax``, ``scaled_dot_product_attention`` (chapter 01)
-* :mod:`attnkit.multihead`: ``split_heads``, ``merge_heads``, ``MultiHeadAttention`` (chapter 02)
-* :mod:`attnkit.self_attention`: ``SelfAttention`` (chapter 03)
-* :mod:`attnkit.masks`: ``causal_mask``, ``padding_mask`` (chapter 04)
-* :mod:`attnkit.cross_attention`: ``CrossAttention`` (chapter 05)
-* :mod:`attnkit.positional`: sinusoidal, learned and rotary position encodings (chapter 06)
-* :mod:`attnkit.transformer`: ``FeedForward``, encoder and decoder blocks, ``Transformer`` (chapter 07)
-* :mod:`attnkit.plotting`: attention heatmaps used throughout the book
+``validation`` (all chapters)
+    Input checks, one exception type for bad shapes; imports nothing of ours.
+    ``ShapeError`` (a ``ValueError``), ``check_tensors``, ``check_mask``,
+    ``check_inputs``, ``check_embeddings``.
+``device`` (all chapters)
+    The one place a device is chosen: ``default_device``.
+``attention`` (chapter 01)
+    ``softmax``, ``scaled_dot_product_attention`` (explicit, always
+    ``(output, weights)``).
+``multihead`` (chapter 02; ``num_kv_heads`` chapter 08)
+    ``split_heads``, ``merge_heads``, ``MultiHeadAttention`` (its ``attention=``
+    function, grouped-query ``num_kv_heads``, attention ``dropout``), the type
+    ``AttentionFn``.
+``self_attention`` (chapter 03)
+    ``SelfAttention``.
+``masks`` (chapter 04; the sliding window chapters 03 and 08)
+    ``causal_mask``, ``padding_mask``, ``sliding_window_mask``.
+``cross_attention`` (chapter 05)
+    ``CrossAttention``, ``context_padding_mask``.
+``positional`` (chapter 06)
+    ``sinusoidal_frequencies``, ``sinusoidal_positional_encoding``,
+    ``position_shift_matrix``, ``SinusoidalPositionalEncoding``,
+    ``LearnedPositionalEmbedding``, ``apply_rotary_embedding``, ALiBi's
+    ``alibi_slopes``, ``alibi_bias``, ``alibi_attention``.
+``transformer`` (chapter 07)
+    ``FeedForward``, ``TransformerEncoderBlock``, ``TransformerDecoderBlock`` (built
+    from ``SelfAttention`` and ``CrossAttention``), ``Transformer``.
+``efficient`` (chapter 08)
+    ``fused_attention`` (torch's fused kernel, the fast path), ``online_softmax_update``,
+    ``tiled_attention``, ``append_to_cache``, ``cached_attention``,
+    ``kv_cache_bytes_per_token``, ``elu_feature_map``, ``linear_attention``,
+    ``causal_linear_attention``, ``peak_memory``.
+``torch_twins`` (the tests, the checks, the benchmark)
+    torch's layers holding our weights: ``to_torch_multihead``,
+    ``to_torch_encoder_layer``, ``to_torch_decoder_layer``.
+``plotting`` (all chapters; not imported here)
+    ``plot_attention``, ``plot_heads``.
+``bench`` (chapter 08; not imported here)
+    ``python -m attnkit.bench``: the fast path timed against torch's modules.
+
+Every attention function has the signature ``(query, key, value, mask=None) ->
+(output, weights)``; ``MultiHeadAttention``, ``SelfAttention``, ``CrossAttention``
+and the blocks take one as their ``attention=`` argument (``fused_attention``
+returns ``None`` for the weights it never forms). No flag changes a return type.
 """
 
-from attnkit.attention import scaled_dot_product_attention, softmax
+from attnkit.validation import ShapeError, check_embeddings, check_inputs, check_mask, check_tensors
 from attnkit.device import default_device
-from attnkit.masks import causal_mask, padding_mask
-from attnkit.multihead import MultiHeadAttention, merge_heads, split_heads
+from attnkit.attention import scaled_dot_product_attention, softmax
+from attnkit.multihead import AttentionFn, MultiHeadAttention, merge_heads, split_heads
 from attnkit.self_attention import SelfAttention
-from attnkit.cross_attention import CrossAttention
-from attnkit.positional import (LearnedPositionalEmbedding, SinusoidalPositionalEncoding, apply_rotary_embedding,
-                                position_shift_matrix, sinusoidal_positional_encoding)
+from attnkit.masks import causal_mask, padding_mask, sliding_window_mask
+from attnkit.cross_attention import CrossAttention, context_padding_mask
+from attnkit.positional import (LearnedPositionalEmbedding, SinusoidalPositionalEncoding, alibi_attention, alibi_bias,
+                                alibi_slopes, apply_rotary_embedding, position_shift_matrix, sinusoidal_frequencies,
+                                sinusoidal_positional_encoding)
 from attnkit.transformer import FeedForward, Transformer, TransformerDecoderBlock, TransformerEncoderBlock
-from attnkit.efficient import append_to_cache, cached_attention, linear_attention, tiled_attention  # chapter 08
+from attnkit.efficient import (append_to_cache, cached_attention, causal_linear_attention, elu_feature_map,
+                               fused_attention, kv_cache_bytes_per_token, linear_attention, online_softmax_update,
+                               peak_memory, tiled_attention)
+from attnkit.torch_twins import to_torch_decoder_layer, to_torch_encoder_layer, to_torch_multihead
 
-__all__ = ["softmax", "scaled_dot_product_attention", "default_device",
-           "split_heads", "merge_heads", "MultiHeadAttention", "SelfAttention", "causal_mask", "padding_mask"]
-__all__ += ["CrossAttention", "sinusoidal_positional_encoding", "position_shift_matrix", "SinusoidalPositionalEncoding",
-            "LearnedPositionalEmbedding", "apply_rotary_embedding",
-            "FeedForward", "TransformerEncoderBlock", "TransformerDecoderBlock", "Transformer"]
+__all__ = [
+    # validation
+    "ShapeError", "check_tensors", "check_mask", "check_inputs", "check_embeddings",
+    # device
+    "default_device",
+    # chapter 01
+    "softmax", "scaled_dot_product_attention",
+    # chapter 02
+    "AttentionFn", "split_heads", "merge_heads", "MultiHeadAttention",
+    # chapter 03
+    "SelfAttention",
+    # chapter 04
+    "causal_mask", "padding_mask", "sliding_window_mask",
+    # chapter 05
+    "CrossAttention", "context_padding_mask",
+    # chapter 06
+    "sinusoidal_frequencies", "sinusoidal_positional_encoding", "position_shift_matrix",
+    "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "apply_rotary_embedding",
+    "alibi_slopes", "alibi_bias", "alibi_attention",
+    # chapter 07
+    "FeedForward", "TransformerEncoderBlock", "TransformerDecoderBlock", "Transformer",
+    # chapter 08
+    "fused_attention", "online_softmax_update", "tiled_attention", "append_to_cache", "cached_attention",
+    "kv_cache_bytes_per_token", "elu_feature_map", "linear_attention", "causal_linear_attention", "peak_memory",
+    # oracles
+    "to_torch_multihead", "to_torch_encoder_layer", "to_torch_decoder_layer",
+]
 __version__ = "0.1.0"

@@ -7,18 +7,18 @@ Three pairs, each timed forward (``torch.no_grad()``, both modules in ``eval()``
 own inference fast paths apply where they can) and forward+backward (both in ``train()`` with
 dropout 0, gradients of the input and of every parameter):
 
-* ``sdpa``: ``attnkit.scaled_dot_product_attention(q, k, v, need_weights=False)`` against
+* ``sdpa``: ``attnkit.fused_attention(q, k, v)`` against
   ``torch.nn.functional.scaled_dot_product_attention(q, k, v)``, inputs ``(B, H, n, Dh)``;
-* ``mha``: ``attnkit.MultiHeadAttention(E, H)(x, x, x, need_weights=False)`` against
+* ``mha``: ``attnkit.MultiHeadAttention(E, H, attention=fused_attention)(x, x, x)`` against
   ``torch.nn.MultiheadAttention(E, H, batch_first=True)(x, x, x, need_weights=False)``;
-* ``encoder``: ``attnkit.TransformerEncoderBlock(E, H, F)(x, need_weights=False)`` against
+* ``encoder``: ``attnkit.TransformerEncoderBlock(E, H, F, attention=fused_attention)(x)`` against
   ``torch.nn.TransformerEncoderLayer(E, H, F, dropout=0, batch_first=True)``.
 
 Both sides of a pair get the same weights (copied), the same inputs, dtype and device. Calls
 alternate between the two sides (ours, torch, torch, ours, ...) so that a machine shared with
 other jobs slows both alike. The table shows the median time of each and ``ratio`` =
 median(ours) / median(torch); below 1 means attnkit is faster. With ``--with-explicit``, rows
-for the textbook path (``need_weights=True``, the weights materialised) are added for contrast.
+for the textbook path (``scaled_dot_product_attention``, the weights materialised) are added for contrast.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.attention import scaled_dot_product_attention
+from attnkit.efficient import fused_attention
 from attnkit.multihead import MultiHeadAttention
+from attnkit.torch_twins import to_torch_encoder_layer, to_torch_multihead
 from attnkit.transformer import TransformerEncoderBlock
 
 __all__ = ["Row", "run", "main", "WHAT_RUNS"]
@@ -48,11 +50,11 @@ DEFAULT_SIZES = (128, 512, 1024, 4096)
 TARGET = 1.10
 
 WHAT_RUNS = {
-    "sdpa": ("attnkit.scaled_dot_product_attention(q, k, v, need_weights=False)",
+    "sdpa": ("attnkit.fused_attention(q, k, v)",
              "torch.nn.functional.scaled_dot_product_attention(q, k, v)"),
-    "mha": ("attnkit.MultiHeadAttention(E, H)(x, x, x, need_weights=False)",
+    "mha": ("attnkit.MultiHeadAttention(E, H, attention=fused_attention)(x, x, x)",
             "torch.nn.MultiheadAttention(E, H, batch_first=True)(x, x, x, need_weights=False)"),
-    "encoder": ("attnkit.TransformerEncoderBlock(E, H, F)(x, need_weights=False)",
+    "encoder": ("attnkit.TransformerEncoderBlock(E, H, F, attention=fused_attention)(x)",
                 "torch.nn.TransformerEncoderLayer(E, H, F, dropout=0.0, batch_first=True)(x)"),
 }
 MODE_NOTE = {"forward": "torch.no_grad(), modules in eval() (torch's inference fast paths allowed)",
@@ -76,27 +78,12 @@ class Row:
     ratio: float
     ratio_paired: float  # median over repeats of ours/torch measured back to back
     repeats: int
-    variant: str = "fast"  # "fast" (need_weights=False) or "explicit" (need_weights=True)
+    variant: str = "fast"  # "fast" (fused_attention) or "explicit" (scaled_dot_product_attention)
     ours_runs_ms: list[float] = field(default_factory=list)
     torch_runs_ms: list[float] = field(default_factory=list)
 
 
-# -- the pairs: weights copied from ours into torch's ----------------------------------------------
-
-
-def _copy_mha(ours: MultiHeadAttention, theirs: nn.MultiheadAttention) -> None:
-    with torch.no_grad():
-        theirs.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))  # (3E, E)
-        theirs.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))  # (3E,)
-        theirs.out_proj.load_state_dict(ours.out_proj.state_dict())
-
-
-def _copy_encoder(ours: TransformerEncoderBlock, theirs: nn.TransformerEncoderLayer) -> None:
-    _copy_mha(ours.self_attn, theirs.self_attn)
-    theirs.linear1.load_state_dict(ours.feed_forward.linear1.state_dict())
-    theirs.linear2.load_state_dict(ours.feed_forward.linear2.state_dict())
-    theirs.norm1.load_state_dict(ours.norm1.state_dict())
-    theirs.norm2.load_state_dict(ours.norm2.state_dict())
+# -- the pairs: weights copied from ours into torch's (attnkit.torch_twins) -----------------------
 
 
 def make_pair(module: str, batch: int, n: int, embed_dim: int, num_heads: int, ff_dim: int,
@@ -104,29 +91,26 @@ def make_pair(module: str, batch: int, n: int, embed_dim: int, num_heads: int, f
               ) -> tuple[Callable[..., Tensor], Callable[..., Tensor], list[Tensor], list[nn.Module]]:
     """``(ours, theirs, inputs, modules)``: two callables computing the same tensor from ``inputs``."""
     gen = torch.Generator().manual_seed(0)
-    need_weights = explicit
+    attention = scaled_dot_product_attention if explicit else fused_attention
     if module == "sdpa":
         d = embed_dim // num_heads
         inputs = [torch.randn(batch, num_heads, n, d, generator=gen).to(device, dtype) for _ in range(3)]  # (B, H, n, Dh)
-        return (lambda q, k, v: scaled_dot_product_attention(q, k, v, need_weights=need_weights)[0],
+        return (lambda q, k, v: attention(q, k, v)[0],
                 lambda q, k, v: F.scaled_dot_product_attention(q, k, v), inputs, [])
     x = torch.randn(batch, n, embed_dim, generator=gen).to(device, dtype)  # (B, n, E)
     if module == "mha":
         with torch.random.fork_rng(devices=[]):  # seeded weights, the caller's random state untouched
             torch.manual_seed(0)
-            ours = MultiHeadAttention(embed_dim, num_heads).to(device, dtype)
-        theirs = nn.MultiheadAttention(embed_dim, num_heads, batch_first=True).to(device, dtype)
-        _copy_mha(ours, theirs)
-        return (lambda x: ours(x, x, x, need_weights=need_weights)[0],
+            ours = MultiHeadAttention(embed_dim, num_heads, attention=attention).to(device, dtype)
+        theirs = to_torch_multihead(ours)
+        return (lambda x: ours(x, x, x)[0],
                 lambda x: theirs(x, x, x, need_weights=False)[0], [x], [ours, theirs])
     if module == "encoder":
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            ours = TransformerEncoderBlock(embed_dim, num_heads, ff_dim).to(device, dtype)
-        theirs = nn.TransformerEncoderLayer(embed_dim, num_heads, ff_dim, dropout=0.0,
-                                            batch_first=True).to(device, dtype)
-        _copy_encoder(ours, theirs)
-        return (lambda x: ours(x, need_weights=need_weights)[0], lambda x: theirs(x), [x], [ours, theirs])
+            ours = TransformerEncoderBlock(embed_dim, num_heads, ff_dim, attention=attention).to(device, dtype)
+        theirs = to_torch_encoder_layer(ours)
+        return (lambda x: ours(x)[0], lambda x: theirs(x), [x], [ours, theirs])
     raise ValueError(f"unknown module {module!r}; choose from {', '.join(MODULES)}")
 
 
@@ -260,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--with-explicit", action="store_true",
-                        help="add rows for the explicit textbook path (need_weights=True) for contrast")
+                        help="add rows for the explicit textbook path (scaled_dot_product_attention) for contrast")
     args = parser.parse_args(argv)
 
     if args.threads:

@@ -14,43 +14,57 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from attnkit.multihead import MultiHeadAttention
+from attnkit.attention import scaled_dot_product_attention
+from attnkit.multihead import AttentionFn, MultiHeadAttention
+from attnkit.validation import ShapeError
 
 __all__ = ["CrossAttention", "context_padding_mask"]
 
 
 def context_padding_mask(context_mask: Tensor, n: int) -> Tensor:
-    """Turn a per-context-token mask into one that broadcasts over the queries (chapter 05).
+    """A per-context-token mask made to broadcast over the ``n`` queries (chapter 05).
 
-    ``context_mask`` ``(B, m)`` (True = a real context token) becomes ``(B, 1, m)``: every one of the
-    ``n`` queries of example ``b`` may attend to the same real tokens. A 3-D mask (``(B, 1, m)`` as made by
-    :func:`attnkit.masks.padding_mask`, or a full ``(B, n, m)``) is returned unchanged. The padding lies
-    along the *keys* axis; a ``(B, m, 1)`` mask would mask queries instead.
+    ``context_mask`` ``(B, m)`` (True = a real context token) becomes ``(B, 1, m)``:
+    every query of example ``b`` may attend to the same real tokens. A 3-D mask
+    (``(B, 1, m)`` from :func:`attnkit.masks.padding_mask`, or a full ``(B, n, m)``)
+    is returned unchanged. The padding lies along the *keys* axis; a ``(B, m, 1)``
+    mask would mask queries instead.
     """
     if context_mask.dim() == 2:
         return context_mask[:, None, :]  # (B, 1, m)
     if context_mask.dim() == 3 and context_mask.shape[1] in (1, n):
         return context_mask  # (B, 1 or n, m)
-    raise ValueError(f"context_mask must be (B, m), (B, 1, m) or (B, n={n}, m), got shape {tuple(context_mask.shape)}")
+    raise ShapeError(f"context_mask must be (B, m), (B, 1, m) or (B, n={n}, m), "
+                     f"got shape {tuple(context_mask.shape)}")
 
 
 class CrossAttention(nn.Module):
     """Multi-head attention from ``x`` to ``context`` (chapter 05).
 
-    ``forward(x, context, context_mask=None) -> (output, weights)``: ``x`` ``(B, n, E)`` supplies the
-    queries, ``context`` ``(B, m, E)`` the keys and the values. Output ``(B, n, E)``, one row per
-    position of ``x``; weights ``(B, H, n, m)``, each row a distribution over the context.
-    ``context_mask`` (bool, True = may attend) is ``(B, m)`` (which context tokens are real) or a
-    3-D mask broadcastable to ``(B, n, m)``.
+    ``forward(x, context, context_mask=None) -> (output, weights)``: ``x``
+    ``(B, n, E)`` gives the queries, ``context`` ``(B, m, E)`` the keys and the
+    values. Output ``(B, n, E)``, one row per position of ``x``; weights
+    ``(B, H, n, m)``, each row a distribution over the context. ``context_mask``
+    (bool, True = may attend) is ``(B, m)`` (which context tokens are real) or a
+    3-D mask broadcastable to ``(B, n, m)``. The keyword arguments go to the
+    ``MultiHeadAttention``.
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, bias: bool = True) -> None:
+    def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, *,
+                 num_kv_heads: int | None = None, dropout: float = 0.0,
+                 attention: AttentionFn = scaled_dot_product_attention) -> None:
         super().__init__()
-        self.attn = MultiHeadAttention(embed_dim, num_heads, bias=bias)
+        self.attn = MultiHeadAttention(embed_dim, num_heads, bias,
+                                       num_kv_heads=num_kv_heads, dropout=dropout,
+                                       attention=attention)
 
-    def forward(self, x: Tensor, context: Tensor, context_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, context: Tensor,
+                context_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         if x.dim() != 3 or context.dim() != 3 or x.shape[0] != context.shape[0]:
-            raise ValueError(f"x must be (B, n, E) and context (B, m, E) with the same B, got x {tuple(x.shape)} "
-                             f"and context {tuple(context.shape)}")
-        mask = None if context_mask is None else context_padding_mask(context_mask, x.shape[1])  # (B, 1|n, m)
+            raise ShapeError(f"x must be (B, n, E) and context (B, m, E) with the same "
+                             f"B, got x {tuple(x.shape)} and context "
+                             f"{tuple(context.shape)}")
+        mask = None
+        if context_mask is not None:
+            mask = context_padding_mask(context_mask, x.shape[1])  # (B, 1 or n, m)
         return self.attn(x, context, context, mask)  # (B, n, E), (B, H, n, m)
