@@ -288,7 +288,7 @@ def _tuple(value, length: int, what: str) -> tuple:
 
 @SUITE.check("test_feed_forward", parts=[FF])
 def feed_forward(t: Trial) -> None:
-    """linear1 (hidden, E), linear2 (E, hidden); output linear2(relu(linear1(x))) for any leading dimensions."""
+    """linear1 (ff_dim, E), linear2 (E, ff_dim); output linear2(relu(linear1(x))) for any leading dimensions."""
     for e, hdim in [(8, 16), (6, 4)]:
         obj, ref = _build(t, FF, RefFeedForward, e, hdim)
         for shape in [(2, 5, e), (3, e), (2, 2, 3, e)]:
