@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from checking import assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
+from autograder.checks import CheckFailed, LocalBackend, Trial, load_suite, seed_for
+from checking import namespace, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 A = "05_cross_attention"
 REF = source_code(A)
 SETUP = REF.split("class CrossAttention")[0]
+REST = REF[REF.index("def source_padding_mask"):]  # parts 2 and 3 and the answers to the questions
 
 # Uses only the given module's projections and writes the attention with einsum; mask expanded to (B, n, m).
 EINSUM = SETUP + '''
@@ -28,10 +30,10 @@ class CrossAttention(nn.Module):
         s = torch.einsum("bnhd,bmhd->bhnm", q, k) / D ** 0.5
         if context_mask is not None:
             s = s.masked_fill(~context_mask.unsqueeze(1).unsqueeze(2).expand(B, H, n, m), float("-inf"))
-        w = torch.softmax(s, dim=-1)
+        w = torch.softmax(s, dim=-1).nan_to_num(0.0)  # an all-padding example: zeros, not NaN
         o = torch.einsum("bhnm,bmhd->bnhd", w, v).reshape(B, n, E)
         return a.out_proj(o), w
-'''
+''' + REST
 
 # Keyword arguments, a full (B, n, m) mask built with torch.where, a float64 round trip.
 KEYWORDS = SETUP + '''
@@ -46,7 +48,7 @@ class CrossAttention(nn.Module):
         full = torch.where(context_mask[:, None, :], torch.ones(x.shape[1], 1, dtype=torch.bool, device=x.device), False)
         out, w = self.attn(query=x, key=context, value=context, mask=full)
         return out, w
-'''
+''' + REST
 
 
 def test_reference_gets_full_marks():
@@ -76,15 +78,17 @@ MISTAKES = {
 }
 
 
-# Mixing up which sequence feeds the keys or values breaks every call with n != m: no check can pass then.
+# Mixing up which sequence feeds the keys or values breaks every call with n != m: no CrossAttention check can pass.
+CROSS_CHECKS = ["test_cross_attention_shapes", "test_cross_attention_values", "test_cross_attention_mask",
+                "test_cross_attention_properties"]
 NOTHING_WORKS = {"keys from x", "values from x", "queries from the context", "context ignored"}
 
 
 @pytest.mark.parametrize("name", list(MISTAKES))
 def test_classic_mistake_loses_points_with_named_message(name):
-    results = assert_mistake_named(A, name, *MISTAKES[name], partial=name not in NOTHING_WORKS)
-    if name in NOTHING_WORKS:  # every check says what went wrong in terms of the two sequences
-        assert all("context" in m for m in results.values()), results
+    results = assert_mistake_named(A, name, *MISTAKES[name])
+    if name in NOTHING_WORKS:  # every CrossAttention check says what went wrong in terms of the two sequences
+        assert all("context" in results[g] for g in CROSS_CHECKS), results
 
 
 def test_mask_on_the_query_axis_costs_only_the_mask_check():
@@ -97,7 +101,7 @@ def test_mask_on_the_query_axis_costs_only_the_mask_check():
 def test_a_module_without_self_attn_is_told_what_to_name_it():
     code = REF.replace("self.attn", "self.mha")
     results = run_suite(A, code)
-    assert all("self.attn" in msg for msg in results.values()), results
+    assert all("self.attn" in results[g] for g in CROSS_CHECKS), results
 
 
 def test_torch_multihead_attention_earns_nothing():
@@ -111,4 +115,91 @@ class CrossAttention(nn.Module):
         return self.attn(x, context, context, key_padding_mask=None if context_mask is None else ~context_mask)
 '''
     results = run_suite(A, code)
-    assert all(msg.startswith("earns no points") for msg in results.values()), results
+    assert all(results[g].startswith("earns no points") for g in CROSS_CHECKS), results
+
+
+def run_checks(code: str, gids: list[str]) -> dict[str, str]:
+    """Only the checks ``gids``, with run_suite's seeds (a test aimed at one check need not run them all)."""
+    suite, ns, out = load_suite(A), namespace(code), {}
+    for gid in gids:
+        try:
+            suite.checks[gid].fn(Trial(LocalBackend(ns), seed_for("test", A, gid)))
+            out[gid] = ""
+        except CheckFailed as e:
+            out[gid] = str(e) or "failed"
+    return out
+
+
+# -- stated requirements (issue 13): each one, broken alone, costs points on its check with a named message --
+
+NAN_ROW = ".nan_to_num(0.0)  # an all-padding example: zeros, not NaN"
+LENGTH_CHECK = ("    if (lengths < 0).any() or (lengths > m).any():\n"
+                "        raise ValueError(f\"every length must lie in [0, m={m}], got {lengths.tolist()}\")\n")
+COMPARE = "return positions[None, :] < lengths[:, None]  # (B, m)"
+SUBLAYER = "out, weights = self.cross(self.norm(x), memory, mask)  # (B, n, E), (B, H, n, m)"
+REQUIREMENTS = {
+    # requirement: (mutant breaking only it, the check that must fail, words of its message)
+    "CrossAttention holds self.attn": (REF.replace("self.attn", "self.mha"), "test_cross_attention_shapes", "self.attn"),
+    "n and m unrelated": MISTAKES["assumes n == m"],
+    "keys and values from the context": MISTAKES["keys from x"],
+    "context_mask on the keys axis": MISTAKES["mask on the query axis"],
+    "context_mask True = real token": MISTAKES["mask polarity"],
+    "fully padded context: zero weights, no NaN": (mutate(EINSUM, NAN_ROW, ""), "test_cross_attention_mask", "all padding"),
+    "source mask: True at the first lengths[b]": (mutate(REF, COMPARE, "return positions[None, :] <= lengths[:, None]"),
+                                                 "test_source_padding_mask", "j <= length"),
+    "source mask: True marks real tokens": (mutate(REF, COMPARE, "return positions[None, :] >= lengths[:, None]"),
+                                           "test_source_padding_mask", "true marks padding"),
+    "source mask: length 0 is all False": (mutate(REF, COMPARE, "return positions[None, :] < lengths.clamp(min=1)[:, None]"),
+                                          "test_source_padding_mask", "length 0"),
+    "source mask: shape (B, m)": (mutate(REF, COMPARE, "return (positions[None, :] < lengths[:, None])[:, None, :]"),
+                                 "test_source_padding_mask", "(B, m)"),
+    "source mask: bool dtype": (mutate(REF, COMPARE, "return (positions[None, :] < lengths[:, None]).float()"),
+                               "test_source_padding_mask", "bool"),
+    "source mask: ValueError for bad lengths": (mutate(REF, LENGTH_CHECK, ""), "test_source_padding_mask_errors",
+                                               "should raise a ValueError"),
+    "source mask: ValueError, not another exception": (
+        mutate(REF, LENGTH_CHECK, LENGTH_CHECK.replace("ValueError", "IndexError")), "test_source_padding_mask_errors",
+        "IndexError"),
+    "sublayer: norm and cross attributes": (REF.replace("self.norm", "self.ln"), "test_decoder_cross_attention", "self.norm"),
+    "sublayer: the residual": (mutate(REF, "return x + out, weights", "return out, weights"),
+                               "test_decoder_cross_attention", "residual is missing"),
+    "sublayer: only x is normalised": (mutate(REF, SUBLAYER, "out, weights = self.cross(self.norm(x), self.norm(memory), mask)"),
+                                       "test_decoder_cross_attention", "memory is normalised"),
+    "sublayer: pre-norm": (mutate(REF, SUBLAYER + "\n        return x + out, weights",
+                                  "out, weights = self.cross(x, memory, mask)\n        return self.norm(x + out), weights"),
+                           "test_decoder_cross_attention", "post-norm"),
+    "sublayer: memory_lengths hide padding": (mutate(REF, SUBLAYER, "out, weights = self.cross(self.norm(x), memory)"),
+                                              "test_decoder_cross_attention_padding", "memory_lengths is ignored"),
+    "sublayer: empty source, no NaN": (mutate(EINSUM, NAN_ROW, ""), "test_decoder_cross_attention_padding", "all padding"),
+}
+
+
+@pytest.mark.parametrize("name", list(REQUIREMENTS))
+def test_each_stated_requirement_is_checked(name):
+    code, gid, words = REQUIREMENTS[name]
+    results = run_checks(code, [gid])
+    assert results[gid], f"{name}: {gid} passed but the mutant breaks it"
+    assert words.lower() in results[gid].lower(), f"{name}: {gid}'s message does not name the mistake: {results[gid]!r}"
+
+
+# -- conceptual questions (issue 14): the reference's answers pass; each named wrong answer gets its message --
+
+QUESTIONS = {
+    "q_cross_weights_shape": [("(2, 4, 7, 5)", "swapped"), ("(2, 4, 5, 5)", "keys come from the source"),
+                              ("(2, 5, 7)", "heads are missing"), ("(2, 4, 7, 7)", "encoder's self-attention"),
+                              ("(2, 4, 5)", "not right"), ('"(2, 4, 5, 7)"', "should be a tuple")],
+    "q_keys_from": [('"decoder"', "supplies the queries"), ('"both"', "should be one of")],
+    "q_output_shape": [("(2, 7, 16)", "one row per source token"), ("(2, 5, 7)", "weighted sum"),
+                       ("(2, 4, 5, 4)", "heads are not merged")],
+    "q_padded_weight": [("math.exp(2) / (math.exp(2) + 1 + math.exp(3))", "padded token attended"),
+                        ("0.0", "polarity"), ("math.exp(2) / (math.exp(2) + 2)", "instead of -inf"),
+                        ("1.0", "without the exponential"), ("0.5", "not right")],
+}
+
+
+@pytest.mark.parametrize("name, wrong, words", [(q, w, m) for q, cases in QUESTIONS.items() for w, m in cases])
+def test_question_wrong_answer_is_named(name, wrong, words):
+    line = next(line for line in REF.splitlines() if line.startswith(f"{name} = "))
+    results = run_checks(mutate(REF, line, f"{name} = {wrong}"), [f"test_{q}" for q in QUESTIONS])
+    assert words.lower() in results[f"test_{name}"].lower(), results[f"test_{name}"]
+    assert all(msg == "" for gid, msg in results.items() if gid != f"test_{name}"), results

@@ -4,14 +4,29 @@ from __future__ import annotations
 
 import pytest
 
-from checking import assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
+from autograder.checks import CheckFailed, LocalBackend, Trial, load_suite, seed_for
+from checking import namespace, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 A = "06_positional_encoding"
 REF = source_code(A)
+REST = REF[REF.index("def apply_rotary_embedding"):]  # RoPE and the answers to the questions
+
+# RoPE written with complex numbers (a rotation is a multiplication by e^{i p w}), keyword positions.
+ROPE_COMPLEX = '''
+def apply_rotary_embedding(x, positions=None):
+    n, d = x.shape[-2:]
+    if d % 2:
+        raise ValueError("odd width")
+    p = torch.arange(n, dtype=torch.float64) if positions is None else positions.double().cpu()
+    w = 10000.0 ** (-torch.arange(d // 2, dtype=torch.float64) * 2 / d)
+    rot = torch.polar(torch.ones(n, d // 2, dtype=torch.float64), p[:, None] * w).to(x.device)
+    z = torch.view_as_complex(x.double().reshape(*x.shape[:-1], d // 2, 2).contiguous())
+    return torch.view_as_real(z * rot).reshape(x.shape).to(x.dtype)
+''' + REST[REST.index("q_frequency ="):]
 
 SETUP = "import math\nimport torch\nfrom torch import nn\n"
 
-# Slicing assignment, float64 results, a shift matrix from torch.block_diag and a bare nn.Parameter table.
+# Slicing assignment, float64 computations, a shift matrix from torch.block_diag and a bare nn.Parameter table.
 SLICES_FLOAT64 = SETUP + '''
 def sinusoidal_positional_encoding(num_positions, dim):
     if dim % 2 == 1:
@@ -21,7 +36,7 @@ def sinusoidal_positional_encoding(num_positions, dim):
     pe = torch.zeros(num_positions, dim, dtype=torch.float64)
     pe[:, 0::2] = torch.sin(pos * div)
     pe[:, 1::2] = torch.cos(pos * div)
-    return pe
+    return pe.float()  # computed in float64, returned as the float32 the exercise asks for
 
 def position_shift_matrix(delta, dim):
     if dim % 2:
@@ -41,7 +56,7 @@ class LearnedPositionalEmbedding(nn.Module):
         if x.size(1) > self.pos.size(0):
             raise ValueError(f"at most {self.pos.size(0)} positions")
         return x + self.pos[: x.size(1)].unsqueeze(0)
-'''
+''' + REST
 
 # Complex numbers for the table and the shift (multiplying by e^{i delta w} rotates), an index_select for the rows.
 COMPLEX = SETUP + '''
@@ -76,7 +91,7 @@ class LearnedPositionalEmbedding(nn.Module):
             raise ValueError(f"n = {n} > max_len = {self.max_len}")
         rows = self.table.weight.index_select(0, torch.arange(n, device=x.device))
         return x + rows.expand(B, n, -1)
-'''
+''' + ROPE_COMPLEX
 
 
 def test_reference_gets_full_marks():
@@ -151,3 +166,98 @@ def test_importing_attnkit_earns_nothing_for_that_part():
     results = run_suite(A, code)
     assert results["test_shift_matrix_property"].startswith("earns no points"), results
     assert results["test_sinusoidal_values"] == ""
+
+
+def run_checks(code: str, gids: list[str]) -> dict[str, str]:
+    """Only the checks ``gids``, with run_suite's seeds (a test aimed at one check need not run them all)."""
+    suite, ns, out = load_suite(A), namespace(code), {}
+    for gid in gids:
+        try:
+            suite.checks[gid].fn(Trial(LocalBackend(ns), seed_for("test", A, gid)))
+            out[gid] = ""
+        except CheckFailed as e:
+            out[gid] = str(e) or "failed"
+    return out
+
+
+# -- stated requirements (issue 13): each one, broken alone, costs points on its check with a named message --
+
+RETURN_PE = "return P.reshape(num_positions, dim).float()  # (n, dim)"
+ROPE_ODD = '''    if d % 2:
+        raise ValueError(f"the last dimension must be even (column pairs), got {d}")
+'''
+ROPE_OUT = "return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)  # (..., n, d)"
+MAX_LEN_RAISE = 'raise ValueError(f"sequence of length {n} is longer than max_len={self.max_len}")'
+REQUIREMENTS = {
+    # requirement: (mutant breaking only it, the check that must fail, words of its message)
+    "table: float32": (mutate(REF, RETURN_PE, "return P.reshape(num_positions, dim)"), "test_sinusoidal_shape", "float32"),
+    "table: values": MISTAKES["sin/cos swapped"],
+    "table: odd dim raises ValueError": MISTAKES["odd dim accepted"],
+    "table: ValueError, not another exception": (
+        mutate(REF, 'raise ValueError(f"dim must be even (sin/cos pairs), got {dim}")\n    i = torch.arange',
+               'raise TypeError(f"dim must be even (sin/cos pairs), got {dim}")\n    i = torch.arange'),
+        "test_sinusoidal_odd_dim", "TypeError"),
+    "shift: row-vector direction": MISTAKES["shift rotates the wrong way"],
+    "learned: x + table[:n]": MISTAKES["embedding not added to x"],
+    "learned: ValueError past max_len": MISTAKES["no max_len error"],
+    "learned: the ValueError names max_len": (mutate(REF, MAX_LEN_RAISE, 'raise ValueError("too long")'),
+                                              "test_learned_embedding_max_len", "does not name max_len"),
+    "rope: rotation direction": (mutate(REF, ROPE_OUT, "return torch.stack([x1 * cos + x2 * sin, -x1 * sin + x2 * cos], "
+                                        "dim=-1).flatten(-2)"), "test_rotary_values", "wrong way"),
+    "rope: neighbouring pairs": (mutate(REF, "x1, x2 = x[..., 0::2], x[..., 1::2]", "x1, x2 = x.chunk(2, dim=-1)").replace(
+        ROPE_OUT, "return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)"), "test_rotary_values", "rotate half"),
+    "rope: frequencies": (mutate(REF, "w = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)",
+                                 "w = 10000.0 ** (-torch.arange(0, d // 2, dtype=torch.float64, device=x.device) / d)"),
+                          "test_rotary_values", "factor 2"),
+    "rope: default positions from 0": (mutate(REF, "positions = torch.arange(n, device=x.device)\n    w",
+                                              "positions = torch.arange(1, n + 1, device=x.device)\n    w"),
+                                       "test_rotary_values", "start at 1"),
+    "rope: given positions used": (mutate(REF, "    if positions is None:\n        positions = torch.arange(n, device=x.device)\n    w",
+                                          "    positions = torch.arange(n, device=x.device)\n    w"),
+                                   "test_rotary_values", "positions argument is ignored"),
+    "rope: x's dtype": (mutate(REF, "cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)",
+                               "cos, sin = angles.cos().float(), angles.sin().float()\n    x = x.float()"),
+                        "test_rotary_values", "return x's dtype"),
+    "rope: odd d raises ValueError": (mutate(REF, ROPE_ODD, ""), "test_rotary_odd_dim", "ValueError"),
+    "rope: depends on i - j only": (mutate(REF, "angles = positions.to(device=x.device, dtype=torch.float64)[:, None] * w",
+                                           "angles = positions.to(device=x.device, dtype=torch.float64)[:, None] ** 2 * w"),
+                                    "test_rotary_relative", "offset only"),
+    "rope: a rotation keeps lengths": (mutate(REF, ROPE_OUT, "return torch.stack([x1 * cos - x2 * sin, x1 * cos + x2 * sin], "
+                                              "dim=-1).flatten(-2)"), "test_rotary_relative", "length"),
+}
+
+
+@pytest.mark.parametrize("name", list(REQUIREMENTS))
+def test_each_stated_requirement_is_checked(name):
+    code, gids, words = REQUIREMENTS[name]
+    gids = [gids] if isinstance(gids, str) else gids
+    results = run_checks(code, gids)
+    for gid in gids:
+        assert results[gid], f"{name}: {gid} passed but the mutant breaks it"
+        assert words.lower() in results[gid].lower(), f"{name}: {gid}'s message does not name the mistake: {results[gid]!r}"
+
+
+def test_rope_written_with_complex_numbers_gets_full_marks():
+    assert_full_marks(A, COMPLEX)
+
+
+# -- conceptual questions (issue 14): the reference's answers pass; each named wrong answer gets its message --
+
+QUESTIONS = {
+    "q_frequency": [("10000 ** (-2 / 8)", "factor 2"), ("1e-4", "column index"), ("100.0", "sign"),
+                    ("2 * math.pi * 100", "wavelength"), ("0.5", "not right"), ('"0.01"', "should be a number")],
+    "q_pe_value": [("math.cos(1)", "cos(1)"), ("math.sin(100)", "w_0 = 1"), ("math.sin(10)", "factor 2"),
+                   ("math.sin(math.pi / 180)", "degrees")],
+    "q_rope_angle": [("50", "w_0 = 1"), ("5.0", "factor 2"), ("0.01", "frequency w_1 alone"),
+                     ("28.6479", "degrees")],
+    "q_dot_offset": [("math.sin(3)", "not sin"), ("math.cos(13)", "not their sum"), ("1", "not parallel"),
+                     ("math.cos(5) * math.cos(8)", "only the cos")],
+}
+
+
+@pytest.mark.parametrize("name, wrong, words", [(q, w, m) for q, cases in QUESTIONS.items() for w, m in cases])
+def test_question_wrong_answer_is_named(name, wrong, words):
+    line = next(line for line in REF.splitlines() if line.startswith(f"{name} = "))
+    results = run_checks(mutate(REF, line, f"{name} = {wrong}"), [f"test_{q}" for q in QUESTIONS])
+    assert words.lower() in results[f"test_{name}"].lower(), results[f"test_{name}"]
+    assert all(msg == "" for gid, msg in results.items() if gid != f"test_{name}"), results

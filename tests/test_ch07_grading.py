@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from checking import assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
+from autograder.checks import CheckFailed, LocalBackend, Trial, load_suite, seed_for
+from checking import namespace, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 
 @pytest.fixture(autouse=True)
@@ -19,17 +20,18 @@ def one_thread():
 A = "07_transformer_block"
 REF = source_code(A)
 SETUP = REF.split("class FeedForward")[0]
+ANSWERS = "\n" + "\n".join(line for line in REF.splitlines() if line.startswith("q_")) + "\n"  # the questions
 
 # A sublayer helper, F.relu / clamp, nn.Sequential inside FeedForward is NOT allowed (attribute names), so linear1/2
-# stay; the blocks loop over (sublayer, norm) pairs and keep no dropout modules at all.
+# stay; the blocks loop over (sublayer, norm) pairs and keep no dropout modules: F.dropout with self.training.
 HELPER = SETUP + '''
 import torch.nn.functional as F
 
 class FeedForward(nn.Module):
-    def __init__(self, embed_dim, hidden_dim, dropout=0.0):
+    def __init__(self, embed_dim, ff_dim, dropout=0.0):
         super().__init__()
-        self.linear1 = nn.Linear(embed_dim, hidden_dim)
-        self.linear2 = nn.Linear(hidden_dim, embed_dim)
+        self.linear1 = nn.Linear(embed_dim, ff_dim)
+        self.linear2 = nn.Linear(ff_dim, embed_dim)
         self.p = dropout
 
     def forward(self, x):
@@ -37,14 +39,15 @@ class FeedForward(nn.Module):
         return self.linear2(F.dropout(h, self.p, self.training))
 
 
-def residual(x, norm, fn, pre):
-    return x + fn(norm(x)) if pre else norm(x + fn(x))
+def residual(x, norm, fn, pre, p=0.0, training=False):
+    drop = lambda v: F.dropout(v, p, training)
+    return x + drop(fn(norm(x))) if pre else norm(x + drop(fn(x)))
 
 
 class TransformerEncoderBlock(nn.Module):
     def __init__(self, embed_dim, num_heads, ff_dim, dropout=0.0, norm_first=False):
         super().__init__()
-        self.pre = norm_first
+        self.pre, self.p = norm_first, dropout
         self.self_attn = MultiHeadAttention(embed_dim, num_heads)
         self.feed_forward = FeedForward(embed_dim, ff_dim, dropout)
         self.norm1, self.norm2 = nn.LayerNorm(embed_dim), nn.LayerNorm(embed_dim)
@@ -54,15 +57,15 @@ class TransformerEncoderBlock(nn.Module):
         def attend(h):
             out, kept["w"] = self.self_attn(h, h, h, mask)
             return out
-        x = residual(x, self.norm1, attend, self.pre)
-        x = residual(x, self.norm2, self.feed_forward, self.pre)
+        x = residual(x, self.norm1, attend, self.pre, self.p, self.training)
+        x = residual(x, self.norm2, self.feed_forward, self.pre, self.p, self.training)
         return x, kept["w"]
 
 
 class TransformerDecoderBlock(nn.Module):
     def __init__(self, embed_dim, num_heads, ff_dim, dropout=0.0, norm_first=False):
         super().__init__()
-        self.pre = norm_first
+        self.pre, self.p = norm_first, dropout
         self.self_attn = MultiHeadAttention(embed_dim, num_heads)
         self.cross_attn = MultiHeadAttention(embed_dim, num_heads)
         self.feed_forward = FeedForward(embed_dim, ff_dim, dropout)
@@ -76,25 +79,26 @@ class TransformerDecoderBlock(nn.Module):
         def cross(h):
             out, kept["c"] = self.cross_attn(h, memory, memory, memory_mask)
             return out
-        x = residual(x, self.norm1, attend, self.pre)
-        x = residual(x, self.norm2, cross, self.pre)
-        x = residual(x, self.norm3, self.feed_forward, self.pre)
+        x = residual(x, self.norm1, attend, self.pre, self.p, self.training)
+        x = residual(x, self.norm2, cross, self.pre, self.p, self.training)
+        x = residual(x, self.norm3, self.feed_forward, self.pre, self.p, self.training)
         return x, kept["s"], kept["c"]
-'''
+''' + ANSWERS
 
 # Layer norm written out by hand (float64 inside) and returned as lists instead of tuples.
-MANUAL_NORM = HELPER.replace("def residual(x, norm, fn, pre):", '''def _norm(norm, x):
+MANUAL_NORM = HELPER.replace("def residual(x, norm, fn, pre, p=0.0, training=False):", '''def _norm(norm, x):
     x64 = x.double()
     mu = x64.mean(-1, keepdim=True)
     var = x64.var(-1, unbiased=False, keepdim=True)
     return ((x64 - mu) / torch.sqrt(var + norm.eps) * norm.weight.double() + norm.bias.double()).to(x.dtype)
 
 
-def residual(x, norm, fn, pre):
-    return x + fn(_norm(norm, x)) if pre else _norm(norm, x + fn(x))
+def residual(x, norm, fn, pre, p=0.0, training=False):
+    drop = lambda v: F.dropout(v, p, training)
+    return x + drop(fn(_norm(norm, x))) if pre else _norm(norm, x + drop(fn(x)))
 
 
-def _unused(x, norm, fn, pre):''').replace("return x, kept[\"w\"]", "return [x, kept[\"w\"]]")
+def _unused(x, norm, fn, pre, p=0.0, training=False):''').replace("return x, kept[\"w\"]", "return [x, kept[\"w\"]]")
 
 
 def test_reference_gets_full_marks():
@@ -208,3 +212,92 @@ class TransformerEncoderBlock(nn.Module):
     results = run_suite(A, code)
     assert results["test_encoder_block_post_norm"].startswith("earns no points"), results
     assert results["test_decoder_block_post_norm"] == ""
+
+
+def run_checks(code: str, gids: list[str]) -> dict[str, str]:
+    """Only the checks ``gids``, with run_suite's seeds (a test aimed at one check need not run them all)."""
+    suite, ns, out = load_suite(A), namespace(code), {}
+    for gid in gids:
+        try:
+            suite.checks[gid].fn(Trial(LocalBackend(ns), seed_for("test", A, gid)))
+            out[gid] = ""
+        except CheckFailed as e:
+            out[gid] = str(e) or "failed"
+    return out
+
+
+# -- stated requirements (issue 13): each one, broken alone, costs points on its check with a named message --
+
+FF_OUT = "return self.linear2(self.dropout(torch.relu(self.linear1(x))))"
+ENC_ATTN_POST = "out, weights = self.self_attn(x, x, x, mask)"
+REQUIREMENTS = {
+    # requirement: (mutant breaking only it, the check that must fail, words of its message)
+    "ff: linear2(relu(linear1(x)))": MISTAKES["linear feed-forward"][:2] + ("linear",),
+    "ff: dropout after the ReLU, not on the output": (
+        mutate(REF, FF_OUT, "return self.dropout(self.linear2(torch.relu(self.linear1(x))))"),
+        "test_feed_forward_dropout", "linear2's output"),
+    "ff: dropout after the ReLU, not on the input": (
+        mutate(REF, FF_OUT, "return self.linear2(torch.relu(self.linear1(self.dropout(x))))"),
+        "test_feed_forward_dropout", "input x"),
+    "ff: dropout applied in training": (mutate(REF, FF_OUT, "return self.linear2(torch.relu(self.linear1(x)))"),
+                                        "test_feed_forward_dropout", "never applied"),
+    "ff: no dropout in eval mode": (
+        mutate(REF, FF_OUT, "return self.linear2(nn.functional.dropout(torch.relu(self.linear1(x)), self.dropout.p, True))"),
+        "test_feed_forward_dropout", "eval mode too"),
+    "encoder: post-norm by default": MISTAKES["encoder: pre-norm when post-norm was asked"],
+    "encoder: pre-norm with norm_first": MISTAKES["encoder: post-norm when pre-norm was asked"],
+    "encoder: mask reaches the self-attention": MISTAKES["encoder: mask ignored"],
+    "encoder: all-padding example gives no NaN": (
+        mutate(REF, ENC_ATTN_POST, ENC_ATTN_POST + "\n            weights = weights / weights.sum(-1, keepdim=True)"),
+        "test_encoder_block_mask", "NaN"),
+    "encoder: dropout on the sublayer output before the residual": (
+        mutate(REF, "x = self.norm1(x + self.dropout1(out))", "x = self.norm1(x + out)"), "test_blocks_dropout",
+        "without dropout"),
+    "decoder: cross-attention keys from memory": MISTAKES["decoder: cross-attention keys from x"],
+    "decoder: memory_mask to the cross-attention": MISTAKES["decoder: memory mask ignored"],
+    "decoder: self_mask to the self-attention": MISTAKES["decoder: self mask ignored"],
+    "decoder: empty memory gives no NaN": (
+        mutate(REF, DEC_CROSS_POST, DEC_CROSS_POST + "\n            cross_weights = cross_weights / cross_weights.sum(-1, keepdim=True)"),
+        "test_decoder_block_masks", "NaN"),
+    "decoder: dropout on the sublayer output before the residual": (
+        mutate(REF, "x = self.norm2(x + self.dropout(out))", "x = self.norm2(x + out)"), "test_blocks_dropout",
+        "without dropout"),
+    "blocks: no dropout in eval mode": (
+        mutate(REF, "x = self.norm1(x + self.dropout1(out))", "x = self.norm1(x + nn.functional.dropout(out, "
+               "self.dropout1.p, True))"), "test_blocks_dropout", "eval mode"),
+}
+
+
+@pytest.mark.parametrize("name", list(REQUIREMENTS))
+def test_each_stated_requirement_is_checked(name):
+    code, gids, words = REQUIREMENTS[name]
+    gids = [gids] if isinstance(gids, str) else gids
+    results = run_checks(code, gids)
+    for gid in gids:
+        assert results[gid], f"{name}: {gid} passed but the mutant breaks it"
+        assert words.lower() in results[gid].lower(), f"{name}: {gid}'s message does not name the mistake: {results[gid]!r}"
+
+
+# -- conceptual questions (issue 14): the reference's answers pass; each named wrong answer gets its message --
+
+ATTN, FFN, NORMS = 4 * (512 * 512 + 512), 2 * 512 * 2048 + 2048 + 512, 4 * 512
+QUESTIONS = {
+    "q_block_params": [(str(ATTN + FFN), "layernorms are missing"), (str(4 * 512 ** 2 + 2 * 512 * 2048), "biases are missing"),
+                       (str(8 * ATTN + FFN + NORMS), "heads do not multiply"),
+                       (str(ATTN + 512 * 2048 + 2048 + NORMS), "two linear layers"),
+                       (str(3 * (512 * 512 + 512) + FFN + NORMS), "four"), ("1000000", "not right")],
+    "q_prenorm_position": [('"sum"', "post-norm"), ('"output"', "branch's output"), ('"middle"', "should be one of")],
+    "q_ff_share": [(f"{ATTN / (ATTN + FFN + NORMS)}", "attention's share"), (f"{FFN / ATTN}", "ratio"),
+                   ("0.4995", "one of the feed-forward's two")],
+}
+
+
+@pytest.mark.parametrize("name, wrong, words", [(q, w, m) for q, cases in QUESTIONS.items() for w, m in cases])
+def test_question_wrong_answer_is_named(name, wrong, words):
+    line = next(line for line in REF.splitlines() if line.startswith(f"{name} = "))
+    code = mutate(REF, line, f"{name} = {wrong}")
+    if name == "q_block_params":  # Q3's reference answer divides by Q1's: keep it independent of Q1's mutation
+        code = code.replace("/ q_block_params", f"/ {ATTN + FFN + NORMS}")
+    results = run_checks(code, [f"test_{q}" for q in QUESTIONS])
+    assert words.lower() in results[f"test_{name}"].lower(), results[f"test_{name}"]
+    assert all(msg == "" for gid, msg in results.items() if gid != f"test_{name}"), results

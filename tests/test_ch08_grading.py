@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, source_code
+from autograder.checks import CheckFailed, LocalBackend, Trial, load_suite, seed_for
+from checking import namespace, assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 A = "08_efficient_attention"
 REF = source_code(A)
-SETUP = REF.split("def online_softmax_update")[0]  # the given setup cell (attention, tiled_attention)
+SETUP = REF.split("def online_softmax_update")[0]  # the given setup cell (attention)
+ANSWERS = "\n" + "\n".join(line for line in REF.splitlines() if line.startswith("q_")) + "\n"  # the questions
 
 # Log-space bookkeeping in float64, a loop over blocks' keys, an explicit-loop cache and an arange mask.
 UNUSUAL = SETUP + '''
@@ -40,7 +42,29 @@ def cached_attention(query, key, value, cache):
     scores = torch.einsum("bhsd,bhtd->bhst", query, keys) * query.shape[-1] ** -0.5
     scores = scores.masked_fill(cols > rows, float("-inf"))
     return torch.softmax(scores, dim=-1) @ values, (keys, values)
-'''
+
+def tiled_attention(query, key, value, mask=None, causal=False, block=4):
+    # key blocks from torch.split, a boolean "allowed" tensor built once, and float64 bookkeeping
+    n, m = query.shape[-2], key.shape[-2]
+    allowed = torch.ones(n, m, dtype=torch.bool, device=query.device)
+    if causal:
+        allowed = allowed.tril()
+    if mask is not None:
+        allowed = allowed & mask
+    out_shape = (*torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], allowed.shape[:-2]), n)
+    allowed = allowed.expand(*out_shape, m)
+    q = query.double() * query.shape[-1] ** -0.5
+    state = (torch.full((*out_shape, 1), -math.inf, dtype=torch.float64), torch.zeros(*out_shape, 1, dtype=torch.float64),
+             torch.zeros(*out_shape, value.shape[-1], dtype=torch.float64))
+    start = 0
+    for kb, vb in zip(key.double().split(block, dim=-2), value.double().split(block, dim=-2)):
+        s = torch.einsum("...nd,...bd->...nb", q, kb)
+        s = torch.where(allowed[..., start:start + kb.shape[-2]], s, torch.tensor(-math.inf, dtype=s.dtype))
+        state = online_softmax_update(*state, s, vb)
+        start += kb.shape[-2]
+    m_, l, a = state
+    return (a / l.clamp_min(1e-300)).to(query.dtype)
+''' + ANSWERS
 
 
 def test_reference_gets_full_marks():
@@ -109,3 +133,100 @@ def test_classic_mistake_loses_points_with_named_message(name):
 ], ids=["torch-sdpa", "import-attnkit"])
 def test_delegation_earns_nothing_for_that_part(code, part):
     assert_delegation_named(A, code, part)
+
+
+def run_checks(code: str, gids: list[str]) -> dict[str, str]:
+    """Only the checks ``gids``, with run_suite's seeds (a test aimed at one check need not run them all)."""
+    suite, ns, out = load_suite(A), namespace(code), {}
+    for gid in gids:
+        try:
+            suite.checks[gid].fn(Trial(LocalBackend(ns), seed_for("test", A, gid)))
+            out[gid] = ""
+        except CheckFailed as e:
+            out[gid] = str(e) or "failed"
+    return out
+
+
+# -- stated requirements (issue 13): each one, broken alone, costs points on its check with a named message --
+
+CAUSAL = "scores = scores.masked_fill(cols > rows, float(\"-inf\"))  # key j is in query i's future"
+DIVIDE = "return acc / torch.where(total > 0, total, torch.ones_like(total))  # (..., n, d_v); empty rows stay 0"
+MASK_FILL = "scores = scores.masked_fill(~mask[..., j:j + block], float(\"-inf\"))"
+SCALE = "q = query / math.sqrt(query.shape[-1])  # (..., n, d_k)"
+LOOP = "for j in range(0, m, block):"
+ACC_ONLY = "return new_max, rescale * running_sum + p.sum(dim=-1, keepdim=True), acc + p @ values"
+REQUIREMENTS = {
+    # requirement: (mutant breaking only it, the checks that must fail, words of their messages)
+    "update: rescale the sum and the accumulator": MISTAKES["acc not rescaled"],
+    "update: new maximum": MISTAKES["running max not updated"],
+    "update: -inf rows stay (-inf, 0, 0)": MISTAKES["NaN for masked rows"],
+    "update: keeps the inputs' dtype": (mutate(REF, RET, RET.replace("return new_max,", "return new_max.double(),")),
+                                        ["test_online_softmax_blocks"], "keep the inputs' dtype"),
+    "tiled: accumulator rescaled (through the update)": (mutate(REF, RET, ACC_ONLY), ["test_tiled_attention"],
+                                                         "accumulator is not rescaled"),
+    "tiled: scaled by 1/sqrt(d_k)": (mutate(REF, SCALE, "q = query  # (..., n, d_k)"), ["test_tiled_attention"],
+                                     "not scaled"),
+    "tiled: divide by the running sum": (mutate(REF, DIVIDE, "return acc"), ["test_tiled_attention"], "accumulator itself"),
+    "tiled: every block, the last shorter one too": (mutate(REF, LOOP, "for j in range(0, m - m % block if m % block else m, block):"),
+                                                     ["test_tiled_attention"], "last, shorter block"),
+    "tiled: keeps the inputs' dtype": (mutate(REF, DIVIDE, "return (acc / torch.where(total > 0, total, torch.ones_like(total))).float()"),
+                                       ["test_tiled_attention"], "keep the inputs' dtype"),
+    "tiled: causal includes the diagonal": (mutate(REF, CAUSAL, CAUSAL.replace("cols > rows", "cols >= rows")),
+                                            ["test_tiled_attention_causal"], "itself included"),
+    "tiled: causal hides the next key": (mutate(REF, CAUSAL, CAUSAL.replace("cols > rows", "cols > rows + 1")),
+                                         ["test_tiled_attention_causal"], "one step in its future"),
+    "tiled: causal uses positions in the sequence": (
+        mutate(REF, CAUSAL, CAUSAL.replace("cols > rows", "(cols - j) > rows")), ["test_tiled_attention_causal"],
+        "whole sequence"),
+    "tiled: mask hides keys": (mutate(REF, MASK_FILL, "pass"), ["test_tiled_attention_mask"], "mask is ignored"),
+    "tiled: mask True = may attend": (mutate(REF, MASK_FILL, MASK_FILL.replace("~mask", "mask")),
+                                      ["test_tiled_attention_mask"], "polarity"),
+    "tiled: no allowed key gives zeros, not NaN": (mutate(REF, DIVIDE, "return acc / total"),
+                                                   ["test_tiled_attention_mask"], "0 / 0"),
+    "cache: time axis": MISTAKES["cache on the feature axis"],
+    "cached: causal shifted by t": MISTAKES["mask aligned to the start"],
+}
+
+
+@pytest.mark.parametrize("name", list(REQUIREMENTS))
+def test_each_stated_requirement_is_checked(name):
+    code, gids, words = REQUIREMENTS[name]
+    results = run_checks(code, gids)
+    for gid in gids:
+        assert results[gid], f"{name}: {gid} passed but the mutant breaks it"
+        assert words.lower() in results[gid].lower(), f"{name}: {gid}'s message does not name the mistake: {results[gid]!r}"
+
+
+def test_tiled_attention_that_keeps_a_stale_maximum_is_named():
+    stale = mutate(REF, "new_max = torch.maximum(running_max, scores.amax(dim=-1, keepdim=True))  # (..., n, 1)",
+                   "new_max = torch.where(torch.isfinite(running_max), running_max, "
+                   "scores.amax(dim=-1, keepdim=True))  # (..., n, 1)")
+    results = run_checks(stale, ["test_tiled_attention"])
+    assert "not updated" in results["test_tiled_attention"], results["test_tiled_attention"]
+
+
+# -- conceptual questions (issue 14): the reference's answers pass; each named wrong answer gets its message --
+
+KV = 2 * 12 * 16 * 64 * 2 * 1000
+E = __import__("math").exp
+QUESTIONS = {
+    "q_kv_cache_bytes": [(str(KV // 2), "is half"), (str(KV * 2), "float32"), (str(KV // 12), "one layer"),
+                         (str(KV // 16), "one head"), (str(KV * 1000), "square"), ("12345", "not right")],
+    "q_attention_flops": [(str(2 * 1024 ** 2 * 64), "half"), (str(4 * 1024 * 64 ** 2), "linear in n"),
+                          (str(1024 ** 2), "entries of the score matrix"), (str(1024 ** 2 * 64), "multiply-add")],
+    "q_online_state": [(f"(3.0, {E(-4) + E(-2) + E(-3) + 1})", "first block's maximum"),
+                       (f"(5.0, {E(-2) + 1 + E(-3) + 1})", "not rescaled"),
+                       (f"(5.0, {E(-2) + 1 + E(-1) + E(2)})", "stale"),
+                       (f"(5.0, {E(1) + E(3) + E(2) + E(5)})", "no maximum subtracted"),
+                       (f"(5.0, {E(-3) + 1})", "only the second block"),
+                       (f"(5.0, {(E(-2) + 1) * E(2) + E(-3) + 1})", "inverted"),
+                       ("5.0", "tuple of two numbers")],
+}
+
+
+@pytest.mark.parametrize("name, wrong, words", [(q, w, m) for q, cases in QUESTIONS.items() for w, m in cases])
+def test_question_wrong_answer_is_named(name, wrong, words):
+    line = next(line for line in REF.splitlines() if line.startswith(f"{name} = "))
+    results = run_checks(mutate(REF, line, f"{name} = {wrong}"), [f"test_{q}" for q in QUESTIONS])
+    assert words.lower() in results[f"test_{name}"].lower(), results[f"test_{name}"]
+    assert all(msg == "" for gid, msg in results.items() if gid != f"test_{name}"), results

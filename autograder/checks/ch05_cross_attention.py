@@ -1,15 +1,45 @@
-"""Graded checks for exercise 05_cross_attention: ``CrossAttention`` built on a given ``MultiHeadAttention``."""
+"""Graded checks for exercise 05_cross_attention: ``CrossAttention`` built on a given ``MultiHeadAttention``,
+a source padding mask from per-example lengths, the decoder's cross-attention sublayer, four conceptual questions.
+
+Stated requirements (exercise text and docstrings) and the check that exercises each:
+
+==========================================================================  =====================================
+requirement                                                                 check
+==========================================================================  =====================================
+CrossAttention keeps one ``MultiHeadAttention(E, H)`` as ``self.attn``      every CrossAttention check (_module)
+output ``(B, n, E)``, weights ``(B, H, n, m)``, ``n`` and ``m`` unrelated   test_cross_attention_shapes
+queries from ``x``, keys and values from ``context``                        test_cross_attention_values
+``context_mask`` ``(B, m)``, True = real token, hides keys (not queries)    test_cross_attention_mask
+a fully padded context (mask all False) gives zero weights, never NaN       test_cross_attention_mask
+the context is a set (order-free); output row i depends on x row i only    test_cross_attention_properties
+source_padding_mask: bool ``(B, m)``, True at the first ``lengths[b]``      test_source_padding_mask
+source_padding_mask: a length of 0 gives an all-False row                   test_source_padding_mask
+source_padding_mask: ValueError for a length < 0 or > m                     test_source_padding_mask_errors
+source_padding_mask: created on ``lengths.device``                          visible test on a GPU only (the
+                                                                            judge runs the code on CPU)
+DecoderCrossAttention: attributes ``norm`` (LayerNorm), ``cross``           test_decoder_cross_attention
+DecoderCrossAttention: ``x + cross(norm(x), memory)``; memory not normed    test_decoder_cross_attention
+DecoderCrossAttention: ``memory_lengths`` hide padded source positions      test_decoder_cross_attention_padding
+DecoderCrossAttention: an empty source (length 0): zero weights, no NaN     test_decoder_cross_attention_padding
+the four questions                                                          test_q_*
+==========================================================================  =====================================
+"""
 
 from __future__ import annotations
 
+import math
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from attnkit import CrossAttention as RefCrossAttention
-from autograder.checks import CheckFailed, Obj, StudentError, Suite, Trial, expect_close, expect_pair, expect_tensor
+from autograder.checks import (CheckFailed, Obj, StudentError, Suite, Trial, expect_choice, expect_close, expect_number,
+                               expect_pair, expect_tensor, expect_tuple)
 
 SUITE = Suite("05_cross_attention")
 CROSS = "CrossAttention"
+SOURCE_MASK = "source_padding_mask"
+DECODER = "DecoderCrossAttention"
 PARAM_NAMES = {f"attn.{p}.{t}" for p in ("q_proj", "k_proj", "v_proj", "out_proj") for t in ("weight", "bias")}
 N_EQUALS_M = ("something uses x's length n where the context length m belongs (a reshape, an expand or a mask "
               "built with x.shape[1]); the two sequences may have different lengths")
@@ -123,15 +153,39 @@ def cross_attention_values(t: Trial) -> None:
                               "keys and values must both come from the context; " + N_EQUALS_M)
 
 
+FULLY_PADDED = ("an example whose context is all padding (context_mask all False) must give zero weights and no NaN: "
+                "a softmax over a row of -inf is 0/0; replace those NaN by zeros (torch.nan_to_num, or where)")
+
+
+def _expect_fully_padded(out, w, b: int, n: int, m: int, e: int, h: int, what: str) -> tuple[Tensor, Tensor]:
+    """The example of ``w`` whose mask is all False (example 0) has zero weights; nothing is NaN."""
+    for value, name in ((out, "output"), (w, "weights")):
+        if isinstance(value, Tensor) and value.is_floating_point() and not torch.isfinite(value).all():
+            raise CheckFailed(f"the {name}{what} contain NaN: {FULLY_PADDED}")
+    _expect_shapes(out, w, b, n, m, e, h, what)
+    if not torch.all(w[0] == 0):
+        raise CheckFailed(f"the weights{what} are not zero for the fully padded example: {FULLY_PADDED}")
+    return out, w
+
+
 @SUITE.check("test_cross_attention_mask", parts=[CROSS])
 def cross_attention_mask(t: Trial) -> None:
-    """A (B, m) context mask hides padded context tokens from every query (n == m and n != m)."""
+    """A (B, m) context mask hides padded context tokens from every query (n == m and n != m); a fully padded
+    example gives zero weights and no NaN."""
     obj, ref = _module(t, 8, 2)
     x, ctx = t.randn(3, 5, 8), t.randn(3, 5, 8)
     _compare(t, obj, ref, x, ctx, _keep(t, 3, 5))
     for b, n, m in [(2, 3, 6), (3, 7, 4)]:
         x, ctx, keep = t.randn(b, n, 8), t.randn(b, m, 8), _keep(t, b, m)
         _with_unequal_lengths(t, lambda: _compare(t, obj, ref, x, ctx, keep), WRONG_AXIS + "; or " + N_EQUALS_M)
+    x, ctx, keep = t.randn(2, 3, 8), t.randn(2, 4, 8), _keep(t, 2, 4)
+    keep[0] = False  # example 0: nothing but padding
+    what = " for x (2, 3, 8) and context (2, 4, 8) whose example 0 is all padding"
+    out, w = _expect_fully_padded(*expect_pair(obj(x, ctx, keep), CROSS), 2, 3, 4, 8, 2, what)
+    with torch.no_grad():
+        exp_out, exp_w = ref(x, ctx, keep)
+    expect_close(w, exp_w, f"the weights{what}")
+    expect_close(out, exp_out, f"the output{what}")
 
 
 @SUITE.check("test_cross_attention_properties", parts=[CROSS])
@@ -154,3 +208,215 @@ def cross_attention_properties(t: Trial) -> None:
     expect_tensor(out2, (2, 4, 8), "the output")
     expect_close(out2[:, 1:], out[:, 1:], "output rows 1.. after changing only row 0 of x: each row of x may only be "
                  "a query (if x also gives the keys or values, every output row depends on every row of x)")
+
+
+# -- source_padding_mask: per-example source lengths -> a (B, m) context mask ----------------------------
+
+
+def _expect_value_error(call, what: str, hint: str) -> None:
+    """``call()`` must raise ValueError in the student's code (not another exception, not silently)."""
+    try:
+        result = call()
+    except StudentError as e:
+        msg = str(e)
+        if msg.startswith("not implemented"):
+            raise
+        if msg.startswith("your code raised ValueError"):
+            return
+        raise CheckFailed(f"{what} should raise a ValueError that says why; {msg}. {hint}") from None
+    shape = tuple(result.shape) if isinstance(result, Tensor) else type(result).__name__
+    raise CheckFailed(f"{what} silently returned {shape}; it should raise a ValueError. {hint}")
+
+
+def _ref_source_mask(lengths: Tensor, m: int) -> Tensor:
+    return torch.arange(m)[None, :] < lengths[:, None]  # (B, m)
+
+
+@SUITE.check("test_source_padding_mask", parts=[SOURCE_MASK])
+def source_padding_mask_check(t: Trial) -> None:
+    """source_padding_mask(lengths, m) is a bool (B, m) tensor, True at the first lengths[b] positions;
+    a length of 0 gives a row of False."""
+    cases = [[3, 1, 4], [2, 2], [0, 3, 1, 2], [t.randint(0, 6, ()).item(), 6, 0]]
+    for lengths, m in zip(cases, (5, 2, 3, 6)):
+        lt = torch.tensor(lengths, dtype=torch.int64)
+        what = f"source_padding_mask(lengths={lengths}, m={m})"
+        got = t.call(SOURCE_MASK, lt, m)
+        if not isinstance(got, Tensor):
+            raise CheckFailed(f"{what} should return a torch.Tensor, got {type(got).__name__}")
+        if tuple(got.shape) == (len(lengths), 1, m):
+            raise CheckFailed(f"{what} has shape {tuple(got.shape)}: that is chapter 04's (B, 1, m) padding mask; "
+                              f"return the per-token mask (B, m) = {(len(lengths), m)}; CrossAttention adds the query axis")
+        if got.dtype != torch.bool:
+            raise CheckFailed(f"{what} has dtype {got.dtype}: return a bool tensor (True = a real source token), "
+                              "for example from a comparison")
+        if tuple(got.shape) != (len(lengths), m):
+            raise CheckFailed(f"{what} has shape {tuple(got.shape)}, expected (B, m) = {(len(lengths), m)}")
+        exp = _ref_source_mask(lt, m)
+        if torch.equal(got, exp):
+            continue
+        mistakes = {
+            "True marks padding here; True must mark the real source tokens (the ones that may be attended to)": ~exp,
+            "one position too many is True (j <= length instead of j < length): positions 0 .. length-1 are real":
+                torch.arange(m)[None, :] <= lt[:, None],
+            "a source of length 0 must give a row of False (nothing to attend to), not one real token":
+                torch.arange(m)[None, :] < lt.clamp(min=1)[:, None],
+        }
+        for message, wrong in mistakes.items():
+            if torch.equal(got, wrong):
+                raise CheckFailed(f"{what} is wrong: {message}")
+        raise CheckFailed(f"{what} is wrong: row b should be True at positions 0 .. lengths[b] - 1 and False after")
+
+
+@SUITE.check("test_source_padding_mask_errors", parts=[SOURCE_MASK])
+def source_padding_mask_errors(t: Trial) -> None:
+    """A length longer than m or negative raises a ValueError (it cannot describe a source of m positions)."""
+    _expect_value_error(lambda: t.call(SOURCE_MASK, torch.tensor([2, 5]), 4), "source_padding_mask(lengths=[2, 5], m=4)",
+                        "A length above m means the source does not fit in m positions: check lengths <= m")
+    _expect_value_error(lambda: t.call(SOURCE_MASK, torch.tensor([-1, 2]), 4), "source_padding_mask(lengths=[-1, 2], m=4)",
+                        "A negative length is no length: check lengths >= 0")
+    got = t.call(SOURCE_MASK, torch.tensor([4, 0]), 4)  # the bounds themselves are fine
+    if not (isinstance(got, Tensor) and torch.equal(got, _ref_source_mask(torch.tensor([4, 0]), 4))):
+        raise CheckFailed("source_padding_mask(lengths=[4, 0], m=4) should work: 0 and m are valid lengths")
+
+
+# -- DecoderCrossAttention: the decoder block's cross-attention sublayer ---------------------------------
+
+
+DEC_NAMES = {"norm.weight", "norm.bias"} | {f"cross.{p}" for p in PARAM_NAMES}
+
+
+class _RefDecoderCross(nn.Module):
+    """The reference: pre-norm cross-attention sublayer over attnkit's CrossAttention."""
+
+    def __init__(self, e: int, h: int) -> None:
+        super().__init__()
+        self.norm, self.cross = nn.LayerNorm(e), RefCrossAttention(e, h)
+
+    def forward(self, x: Tensor, memory: Tensor, lengths: Tensor | None = None, norm_memory: bool = False,
+                residual: bool = True) -> tuple[Tensor, Tensor]:
+        keep = None if lengths is None else _ref_source_mask(lengths, memory.shape[1])
+        out, w = self.cross(self.norm(x), self.norm(memory) if norm_memory else memory, keep)
+        return (x + out if residual else out), w
+
+
+def _decoder(t: Trial, e: int, h: int) -> tuple[Obj, _RefDecoderCross]:
+    try:
+        obj = t.new(DECODER, e, h)
+    except StudentError as err:
+        raise CheckFailed(f"DecoderCrossAttention({e}, {h}) could not be created: {err}") from None
+    params = obj.params()
+    if set(params) != DEC_NAMES:
+        raise CheckFailed("DecoderCrossAttention should hold self.norm = nn.LayerNorm(embed_dim) and self.cross = "
+                          f"CrossAttention(embed_dim, num_heads); its parameters are: {', '.join(params) or 'none'}")
+    fresh = {k: t.randn(*v.shape, scale=0.5) + (1.0 if k == "norm.weight" else 0.0) for k, v in params.items()}
+    obj.load(fresh)
+    ref = _RefDecoderCross(e, h)
+    ref.load_state_dict(fresh)
+    return obj, ref
+
+
+def _decoder_mistakes(ref: _RefDecoderCross, x: Tensor, mem: Tensor, lengths: Tensor | None) -> dict:
+    with torch.no_grad():
+        out = {
+            "the residual is missing: the sublayer returns x + cross-attention(norm(x), memory)":
+                ref(x, mem, lengths, residual=False),
+            "the memory is normalised too: in a pre-norm decoder the sublayer's norm applies to x (the queries) "
+            "only; the encoder already normalised its output": ref(x, mem, lengths, norm_memory=True),
+        }
+        keep = None if lengths is None else _ref_source_mask(lengths, mem.shape[1])
+        post, post_w = ref.cross(x, mem, keep)
+        out["this is post-norm (norm(x + attention(x))): the exercise asks for pre-norm, x + attention(norm(x))"] = (
+            ref.norm(x + post), post_w)
+        if lengths is not None:
+            out["memory_lengths is ignored: padded source positions must get zero weight"] = ref(x, mem, None)
+    return out
+
+
+def _compare_decoder(obj: Obj, ref: _RefDecoderCross, x: Tensor, mem: Tensor, lengths: Tensor | None, what: str):
+    b, n, e = x.shape
+    m, h = mem.shape[1], ref.cross.attn.num_heads
+    args = (x, mem) if lengths is None else (x, mem, lengths)
+    out, w = expect_pair(obj(*args), DECODER)
+    empty = lengths is not None and bool((lengths == 0).any())
+    if empty:
+        for name, value in (("output", out), ("weights", w)):
+            if isinstance(value, Tensor) and value.is_floating_point() and not torch.isfinite(value).all():
+                raise CheckFailed(f"the {name}{what} contain NaN: {FULLY_PADDED}")
+    expect_tensor(out, (b, n, e), f"the output{what}")
+    expect_tensor(w, (b, h, n, m), f"the weights{what}")
+    if empty and not torch.all(w[lengths == 0] == 0):
+        raise CheckFailed(f"the weights{what} are not zero for the empty source: {FULLY_PADDED}")
+    with torch.no_grad():
+        exp_out, exp_w = ref(x, mem, lengths)
+    wrong = _decoder_mistakes(ref, x, mem, lengths)
+    expect_close(w, exp_w, f"the weights{what}", {msg: ww for msg, (_, ww) in wrong.items()})
+    expect_close(out, exp_out, f"the output{what}", {msg: o for msg, (o, _) in wrong.items()})
+
+
+@SUITE.check("test_decoder_cross_attention", parts=[DECODER])
+def decoder_cross_attention(t: Trial) -> None:
+    """With copied weights, equals x + attnkit's CrossAttention(norm(x), memory) (pre-norm), for n != m."""
+    for b, n, m, e, h in [(2, 3, 5, 8, 2), (1, 6, 2, 12, 3)]:
+        obj, ref = _decoder(t, e, h)
+        x, mem = t.randn(b, n, e), t.randn(b, m, e)
+        _compare_decoder(obj, ref, x, mem, None, f" for x {(b, n, e)} and memory {(b, m, e)}")
+
+
+@SUITE.check("test_decoder_cross_attention_padding", parts=[DECODER])
+def decoder_cross_attention_padding(t: Trial) -> None:
+    """memory_lengths hide each example's padded source positions; an empty source (length 0) gives zero weights
+    and no NaN (its queries read nothing)."""
+    obj, ref = _decoder(t, 8, 2)
+    for lengths, n, m in [([4, 2, 1], 3, 4), ([0, 5], 2, 5)]:
+        lt = torch.tensor(lengths)
+        x, mem = t.randn(len(lengths), n, 8), t.randn(len(lengths), m, 8)
+        what = f" for memory_lengths={lengths}, x {(len(lengths), n, 8)} and memory {(len(lengths), m, 8)}"
+        _compare_decoder(obj, ref, x, mem, lt, what)
+
+
+# -- conceptual questions ------------------------------------------------------------------------------
+
+
+@SUITE.check("test_q_cross_weights_shape", parts=["q_cross_weights_shape"])
+def q_cross_weights_shape(t: Trial) -> None:
+    """Shape of the cross-attention weights for B=2, H=4, a target of n=5 and a source of m=7 tokens."""
+    expect_tuple(t.value("q_cross_weights_shape"), (2, 4, 5, 7), "q_cross_weights_shape", {
+        "rows and columns are swapped: one row per query (a target position), one column per key (a source token)":
+            (2, 4, 7, 5),
+        "that is the self-attention shape of the decoder: in cross-attention the keys come from the source (m)":
+            (2, 4, 5, 5),
+        "the heads are missing: each of the H heads has its own weights, (B, H, n, m)": (2, 5, 7),
+        "that is the encoder's self-attention shape (source attending to source)": (2, 4, 7, 7),
+    })
+
+
+@SUITE.check("test_q_keys_from", parts=["q_keys_from"])
+def q_keys_from(t: Trial) -> None:
+    """Which side supplies the keys (and values) of the decoder's cross-attention."""
+    expect_choice(t.value("q_keys_from"), "encoder", "q_keys_from", ["encoder", "decoder"], {
+        "decoder": "the decoder supplies the queries (what it is looking for); the keys and values come from the "
+                   "encoder's output, the sentence being read",
+    })
+
+
+@SUITE.check("test_q_output_shape", parts=["q_output_shape"])
+def q_output_shape(t: Trial) -> None:
+    """Shape of the cross-attention output for B=2, n=5 target tokens, m=7 source tokens, E=16."""
+    expect_tuple(t.value("q_output_shape"), (2, 5, 16), "q_output_shape", {
+        "one row per source token: the output has one row per query, that is per target position (n)": (2, 7, 16),
+        "that is the weights' shape without heads: the output is a weighted sum of E-wide values": (2, 5, 7),
+        "the heads are not merged: the output projection returns (B, n, E)": (2, 4, 5, 4),
+    })
+
+
+@SUITE.check("test_q_padded_weight", parts=["q_padded_weight"])
+def q_padded_weight(t: Trial) -> None:
+    """The weight of source token 0 for scores (2, 0, 3) when token 2 is padding."""
+    e2, e3 = math.exp(2), math.exp(3)
+    expect_number(t.value("q_padded_weight"), e2 / (e2 + 1), "q_padded_weight", {
+        "that is the weight with the padded token attended to: padding gets score -inf, so it drops out of the "
+        "softmax's sum": e2 / (e2 + 1 + e3),
+        "the mask's polarity is inverted: token 0 is real, so it keeps its weight": 0.0,
+        "the masked score was set to 0 instead of -inf: exp(0) = 1 still counts in the sum": e2 / (e2 + 2),
+        "the scores were normalised without the exponential (2 / (2 + 0))": 1.0,
+    })

@@ -1,17 +1,46 @@
-"""Graded checks for exercise 06_positional_encoding: the sinusoidal table, the shift matrix, learned embeddings."""
+"""Graded checks for exercise 06_positional_encoding: the sinusoidal table, the shift matrix, learned embeddings,
+rotary embeddings (RoPE), four conceptual questions.
+
+Stated requirements (exercise text and docstrings) and the check that exercises each:
+
+=========================================================================  ====================================
+requirement                                                                check
+=========================================================================  ====================================
+table: shape ``(num_positions, dim)``                                      test_sinusoidal_shape
+table: a **float32** tensor                                                test_sinusoidal_shape
+table: ``P[i, 2j] = sin(i w_j)``, ``P[i, 2j+1] = cos(i w_j)``, ``w_j``     test_sinusoidal_values
+table: an odd ``dim`` raises ``ValueError`` (not another exception)        test_sinusoidal_odd_dim
+shift: shape ``(dim, dim)``, identity for delta 0, 2x2 diagonal blocks     test_shift_matrix_shape
+shift: ``P[i + delta] = P[i] @ M`` (row vectors), any delta                test_shift_matrix_property
+learned: one learned table ``(max_len, dim)``; ``x + table[:n]``           test_learned_embedding
+learned: ``n > max_len`` raises a ``ValueError`` that names ``max_len``    test_learned_embedding_max_len
+learned: index tensors on ``x.device``                                     visible test on a GPU only (the judge
+                                                                           runs the student's code on CPU)
+rope: pair ``(2j, 2j+1)`` at position ``p`` turned by ``p w_j``            test_rotary_values
+rope: default positions ``0 .. n-1``; given ``positions`` are used         test_rotary_values
+rope: returns ``x``'s shape and dtype (float64 in, float64 out)            test_rotary_values
+rope: an odd last dim raises ``ValueError``                                test_rotary_odd_dim
+rope: ``rope(q)_i . rope(k)_j`` depends on ``i - j`` only; norms kept      test_rotary_relative
+the four questions                                                         test_q_*
+=========================================================================  ====================================
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 
+from attnkit import apply_rotary_embedding as ref_rope
 from attnkit import position_shift_matrix as ref_shift
 from attnkit import sinusoidal_positional_encoding as ref_pe
-from autograder.checks import CheckFailed, StudentError, Suite, Trial, close, expect_close, expect_tensor
+from autograder.checks import (CheckFailed, StudentError, Suite, Trial, close, expect_close, expect_number,
+                               expect_tensor)
 
 SUITE = Suite("06_positional_encoding")
 PE, SHIFT, LEARNED = "sinusoidal_positional_encoding", "position_shift_matrix", "LearnedPositionalEmbedding"
+ROPE = "apply_rotary_embedding"
 PE_FROM_1 = ("the positions start at 1: row i is position i, counted from 0 (torch.arange(num_positions)), so row 0 "
              "is [sin 0, cos 0, ...] = [0, 1, 0, 1, ...]")
 LEARNED_FROM_1 = ("the positions start at 1: the row of position i is table[i], counted from 0, so a sequence of "
@@ -72,11 +101,13 @@ def _pe_mistakes(n: int, d: int) -> dict[str, torch.Tensor]:
 
 @SUITE.check("test_sinusoidal_shape", parts=[PE])
 def sinusoidal_shape(t: Trial) -> None:
-    """Shape (num_positions, dim), floating point; position 0 is [0, 1, 0, 1, ...]."""
+    """Shape (num_positions, dim), float32; position 0 is [0, 1, 0, 1, ...]."""
     for n, d in [(5, 4), (1, 2), (17, 10)]:
         P = expect_tensor(t.call(PE, n, d), (n, d), f"sinusoidal_positional_encoding({n}, {d})")
-        if not P.is_floating_point():
-            raise CheckFailed(f"sinusoidal_positional_encoding({n}, {d}) has dtype {P.dtype}; it should be floating point")
+        if P.dtype != torch.float32:
+            raise CheckFailed(f"sinusoidal_positional_encoding({n}, {d}) has dtype {P.dtype}; the exercise asks for "
+                              "float32 (the dtype of the embeddings it is added to: a float64 table would turn x + P "
+                              "into float64). Compute in float64 if you like, then .float()")
     expect_close(P[0], torch.tensor([0.0, 1.0] * 5), "row 0 (position 0) of the table",
                  {"sin and cos are swapped: position 0 is sin(0) = 0 in even columns and cos(0) = 1 in odd ones":
                   torch.tensor([1.0, 0.0] * 5), PE_FROM_1: ref_pe(2, 10, dtype=torch.float64)[1]})
@@ -213,4 +244,153 @@ def learned_embedding_max_len(t: Trial) -> None:
     _expect_value_error(lambda: obj(t.randn(2, 6, 4)), "LearnedPositionalEmbedding(5, 4) on a sequence of 6 positions",
                         "Position 5 has no learned row: compare x.shape[-2] with max_len and raise a ValueError that "
                         "names both")
+    try:
+        obj(t.randn(1, 7, 4))
+    except StudentError as err:
+        if "max_len" not in str(err) and "5" not in str(err):
+            raise CheckFailed("the ValueError for a sequence of 7 positions does not name max_len: say what the limit "
+                              f"is (max_len = 5) and what came (7), got: {err}") from None
 
+
+
+# -- rotary embeddings (RoPE) ----------------------------------------------------------------------
+
+
+def _rope(x: torch.Tensor, positions: torch.Tensor, w: torch.Tensor, halves: bool = False) -> torch.Tensor:
+    """RoPE with pair frequencies ``w``; ``halves`` pairs column j with j + d/2 (the rotate-half layout)."""
+    a = positions.to(torch.float64)[:, None] * w  # (n, d/2)
+    c, s = a.cos(), a.sin()
+    x = x.to(torch.float64)
+    if halves:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], -1)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], -1).flatten(-2)
+
+
+def _rope_mistakes(x: torch.Tensor, positions: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    n, d = x.shape[-2], x.shape[-1]
+    p = torch.arange(n) if positions is None else positions
+    j = torch.arange(d // 2, dtype=torch.float64)
+    w = 10000.0 ** (-2 * j / d)
+    out = {
+        "each pair turns the wrong way (by -p w_j): the rotation of (x_2j, x_2j+1) by the angle a is "
+        "(x_2j cos a - x_2j+1 sin a, x_2j sin a + x_2j+1 cos a)": _rope(x, -p, w),
+        "the pairs are (j, j + d/2), the 'rotate half' layout; this exercise pairs neighbouring columns (2j, 2j+1), "
+        "like the sinusoidal table": _rope(x, p, w, halves=True),
+        "the frequency exponent is missing its factor 2: w_j = 10000^(-2j/d), j counting pairs": _rope(x, p, 10000.0 ** (-j / d)),
+        "the frequency uses the column index 2j for the pair index j: w_j = 10000^(-2j/d)":
+            _rope(x, p, 10000.0 ** (-4 * j / d)),
+        "the positions start at 1: row i is position i, counted from 0": _rope(x, p + 1, w),
+        "the sinusoidal table was added instead of rotating: RoPE multiplies each pair by a rotation, it adds nothing":
+            x.to(torch.float64) + ref_pe(n, d, dtype=torch.float64) if positions is None else x.to(torch.float64),
+    }
+    if positions is not None:
+        out["the positions argument is ignored: rotate row i by positions[i] w_j (0 .. n-1 only by default)"] = \
+            _rope(x, torch.arange(n), w)
+    return out
+
+
+def _call_rope(t: Trial, x: torch.Tensor, positions: torch.Tensor | None, what: str) -> torch.Tensor:
+    got = t.call(ROPE, x) if positions is None else t.call(ROPE, x, positions)
+    return expect_tensor(got, tuple(x.shape), what)
+
+
+@SUITE.check("test_rotary_values", parts=[ROPE])
+def rotary_values(t: Trial) -> None:
+    """Equals attnkit's RoPE for default and given positions, several shapes; keeps x's dtype (float32, float64)."""
+    cases = [((2, 5, 8), None), ((3, 2, 6, 4), None), ((1, 4, 16), torch.tensor([7, 3, 12, 0])),
+             ((2, 3, 6), torch.tensor([2.5, 10.0, 41.0]))]
+    for shape, positions in cases:
+        x = t.randn(*shape)
+        what = f"apply_rotary_embedding(x of shape {shape}" + ("" if positions is None else
+                                                               f", positions={positions.tolist()}") + ")"
+        got = _call_rope(t, x, positions, what)
+        exp = ref_rope(x.to(torch.float64)) if positions is None else ref_rope(x.to(torch.float64), positions)
+        expect_close(got, exp, what, _rope_mistakes(x, positions), atol=1e-4)
+    x = t.randn(2, 3, 4, dtype=torch.float64)
+    got = _call_rope(t, x, None, "apply_rotary_embedding(x float64 of shape (2, 3, 4))")
+    if got.dtype != torch.float64:
+        raise CheckFailed(f"apply_rotary_embedding on a float64 x returned {got.dtype}: return x's dtype (build the "
+                          "cos and sin tables in x.dtype, or convert the result with .to(x.dtype))")
+    got = _call_rope(t, x.float(), None, "apply_rotary_embedding(x float32 of shape (2, 3, 4))")
+    if got.dtype != torch.float32:
+        raise CheckFailed(f"apply_rotary_embedding on a float32 x returned {got.dtype}: return x's dtype")
+
+
+@SUITE.check("test_rotary_odd_dim", parts=[ROPE])
+def rotary_odd_dim(t: Trial) -> None:
+    """An odd last dimension raises a ValueError (columns are rotated in pairs)."""
+    _expect_value_error(lambda: t.call(ROPE, t.randn(1, 3, 5)), "apply_rotary_embedding(x of shape (1, 3, 5))",
+                        "With an odd width the last column has no partner to rotate with: check x.shape[-1] % 2")
+
+
+@SUITE.check("test_rotary_relative", parts=[ROPE])
+def rotary_relative(t: Trial) -> None:
+    """The score rope(q)_i . rope(k)_j depends on i - j only (same q, k at every position); norms are kept."""
+    n, d = 9, 8
+    q, k = t.randn(d), t.randn(d)
+    Q = _call_rope(t, q.expand(1, n, d).clone(), None, f"apply_rotary_embedding(x of shape (1, {n}, {d}))")[0]
+    K = _call_rope(t, k.expand(1, n, d).clone(), None, f"apply_rotary_embedding(x of shape (1, {n}, {d}))")[0]
+    Q, K = Q.to(torch.float64), K.to(torch.float64)
+    if not torch.allclose(Q.norm(dim=-1), q.to(torch.float64).norm().expand(n), atol=1e-4):
+        raise CheckFailed("apply_rotary_embedding changes the length of the vectors: a rotation keeps every "
+                          "(x_2j, x_2j+1) pair's length; use cos and sin of the same angle in the 2x2 rotation")
+    S = Q @ K.T  # (n, n): S[i, j] = rope(q)_i . rope(k)_j
+    for off in range(-n + 2, n - 1):
+        diag = torch.diagonal(S, off)
+        if (diag - diag[0]).abs().max() > 1e-3:
+            raise CheckFailed(f"rope(q) at position i dotted with rope(k) at position j changes along i - j = {-off} "
+                              "(for the same q and k): the score must depend on the offset only. Rotate every pair "
+                              "of position p by p w_j, with the same w_j for queries and keys")
+    if (S - S[0, 0]).abs().max() < 1e-6:
+        raise CheckFailed("every score rope(q)_i . rope(k)_j is the same: the rotation ignores the positions")
+
+
+# -- conceptual questions ------------------------------------------------------------------------------
+
+
+@SUITE.check("test_q_frequency", parts=["q_frequency"])
+def q_frequency(t: Trial) -> None:
+    """w_j of the sin/cos pair in columns 4 and 5 of a dim-8 table."""
+    expect_number(t.value("q_frequency"), 10000.0 ** (-4 / 8), "q_frequency", {
+        "the exponent is missing its factor 2: w_j = 10000^(-2j/dim) with j = 2, the pair index": 10000.0 ** (-2 / 8),
+        "that uses the column index 4 as the pair index: columns 4 and 5 are pair j = 2": 10000.0 ** (-8 / 8),
+        "the exponent's sign is wrong: frequencies shrink from w_0 = 1": 10000.0 ** (4 / 8),
+        "that is a wavelength (2 pi / w_j), not the frequency w_j": 2 * math.pi * 10000.0 ** (4 / 8),
+    })
+
+
+@SUITE.check("test_q_pe_value", parts=["q_pe_value"])
+def q_pe_value(t: Trial) -> None:
+    """P[100, 2] of a dim-4 table (pair j = 1, w_1 = 0.01)."""
+    expect_number(t.value("q_pe_value"), math.sin(1.0), "q_pe_value", {
+        "that is cos(1), the odd column 3: even columns hold the sine": math.cos(1.0),
+        "that is sin(100 w_0) with w_0 = 1: column 2 belongs to pair j = 1, whose frequency is 0.01": math.sin(100.0),
+        "the exponent is missing its factor 2 (w_1 = 10000^(-1/4) = 0.1)": math.sin(10.0),
+        "the sine's argument was taken in degrees; torch and math work in radians": math.sin(math.radians(1.0)),
+    })
+
+
+@SUITE.check("test_q_rope_angle", parts=["q_rope_angle"])
+def q_rope_angle(t: Trial) -> None:
+    """The angle RoPE turns pair j = 1 of a d = 4 vector at position 50."""
+    expect_number(t.value("q_rope_angle"), 0.5, "q_rope_angle", {
+        "that uses w_0 = 1: pair j = 1 turns with w_1 = 10000^(-2/4) = 0.01": 50.0,
+        "the exponent is missing its factor 2 (w_1 = 10000^(-1/4))": 50 * 10000.0 ** (-1 / 4),
+        "that is the frequency w_1 alone: the angle is the position times the frequency": 0.01,
+        "that is in degrees; the angle p w_j is in radians": math.degrees(0.5),
+    })
+
+
+@SUITE.check("test_q_dot_offset", parts=["q_dot_offset"])
+def q_dot_offset(t: Trial) -> None:
+    """The dot product P[5] . P[8] of a dim-2 table: cos of the offset."""
+    expect_number(t.value("q_dot_offset"), math.cos(3.0), "q_dot_offset", {
+        "sin a sin b + cos a cos b is cos(a - b), not sin(a - b)": math.sin(3.0),
+        "sin a sin b + cos a cos b is cos(a - b), the difference of the positions, not their sum": math.cos(13.0),
+        "rows of the table have length 1, but two different rows are not parallel: their dot product is cos of "
+        "the angle between them": 1.0,
+        "that is cos(5) cos(8), only the cos columns: the dot product also adds sin(5) sin(8)":
+            math.cos(5.0) * math.cos(8.0),
+    })

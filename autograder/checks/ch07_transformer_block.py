@@ -1,4 +1,32 @@
-"""Graded checks for exercise 07_transformer_block: ``FeedForward`` and the encoder and decoder blocks.
+"""Graded checks for exercise 07_transformer_block: ``FeedForward``, the encoder and decoder blocks, dropout in
+training and evaluation, three conceptual questions.
+
+Stated requirements (exercise text and docstrings) and the check that exercises each:
+
+==========================================================================  ==================================
+requirement                                                                 check
+==========================================================================  ==================================
+FeedForward(embed_dim, ff_dim, dropout): linear1 E -> ff_dim, linear2 back  test_feed_forward
+FeedForward: linear2(relu(linear1(x))), any leading dimensions              test_feed_forward
+FeedForward: dropout after the ReLU, active in training only                test_feed_forward_dropout
+encoder: attributes self_attn, feed_forward, norm1, norm2                   test_encoder_block_* (_build)
+encoder: returns (output (B, n, E), weights (B, H, n, n))                   test_encoder_block_post_norm
+encoder: post-norm by default, pre-norm with norm_first=True                test_encoder_block_post/pre_norm
+encoder: the mask reaches the self-attention                                test_encoder_block_mask
+encoder: an all-padding example (fully masked rows): zero weights, no NaN   test_encoder_block_mask
+decoder: attributes cross_attn, norm3 as well; (output, self_w, cross_w)    test_decoder_block_post_norm
+decoder: cross-attention queries from the self-attention sublayer,          test_decoder_block_post/pre_norm
+         keys and values from memory; n != m
+decoder: self_mask to the self-attention, memory_mask to the cross-attn     test_decoder_block_masks
+decoder: an empty memory (memory_mask all False): zero weights, no NaN      test_decoder_block_masks
+blocks: dropout on each sublayer's output before the residual, in           test_blocks_dropout
+        training only (eval gives the dropout-free block)
+the three questions                                                         test_q_*
+==========================================================================  ==================================
+
+Dropout is checked deterministically with ``dropout=1.0``, which zeroes whatever it is applied to in training:
+the feed-forward must then return ``linear2``'s bias, a post-norm block ``norm2(norm1(x))`` and a pre-norm
+block ``x`` itself.
 
 The expected values come from :mod:`attnkit.transformer` with the student's module's parameter names and fresh
 random weights (layer norms included, so a norm in the wrong place shows); ``tests/test_transformer.py`` proves
@@ -18,7 +46,8 @@ from attnkit import FeedForward as RefFeedForward
 from attnkit import TransformerDecoderBlock as RefDecoder
 from attnkit import TransformerEncoderBlock as RefEncoder
 from attnkit import causal_mask
-from autograder.checks import CheckFailed, Obj, StudentError, Suite, Trial, expect_close, expect_tensor
+from autograder.checks import (CheckFailed, Obj, StudentError, Suite, Trial, close, expect_choice, expect_close,
+                               expect_number, expect_tensor)
 
 SUITE = Suite("07_transformer_block")
 FF, ENC, DEC = "FeedForward", "TransformerEncoderBlock", "TransformerDecoderBlock"
@@ -242,6 +271,13 @@ def _students_feed_forward(obj: Obj) -> FeedForwardFn:
     return run
 
 
+def _no_nan(out, w, what: str) -> None:
+    for name, value in (("output", out), ("weights", w)):
+        if isinstance(value, Tensor) and value.is_floating_point() and not torch.isfinite(value).all():
+            raise CheckFailed(f"the {name} of {what} contain NaN: a query row with no allowed key must get zero "
+                              "weights (softmax over a row of -inf is 0/0; replace the NaN by zeros)")
+
+
 def _tuple(value, length: int, what: str) -> tuple:
     if not isinstance(value, (tuple, list)) or len(value) != length:
         got = f"a {type(value).__name__}" + (f" of length {len(value)}" if isinstance(value, (tuple, list)) else "")
@@ -255,7 +291,7 @@ def _tuple(value, length: int, what: str) -> tuple:
 
 @SUITE.check("test_feed_forward", parts=[FF])
 def feed_forward(t: Trial) -> None:
-    """linear1 (hidden, E), linear2 (E, hidden); output linear2(relu(linear1(x))) for any leading dimensions."""
+    """linear1 (ff_dim, E), linear2 (E, ff_dim); output linear2(relu(linear1(x))) for any leading dimensions."""
     for e, hdim in [(8, 16), (6, 4)]:
         obj, ref = _build(t, FF, RefFeedForward, e, hdim)
         for shape in [(2, 5, e), (3, e), (2, 2, 3, e)]:
@@ -283,10 +319,13 @@ def _check_encoder(t: Trial, pre: bool, masked: bool) -> None:
         if masked:
             lengths = torch.randint(1, n + 1, (b,), generator=t.gen)
             lengths[0] = n - 2
+            lengths[-1] = 0  # an example that is all padding: every query row is fully masked
             mask = (torch.arange(n) < lengths[:, None])[:, None, :]  # (B, 1, n) True = real token
         what = f"the output of {ENC}({e}, {h}, {f}{', norm_first=True' if pre else ''})" + (
             " with a padding mask" if masked else "")
         out, w = _tuple(obj(x) if mask is None else obj(x, mask), 2, ENC)
+        if masked:
+            _no_nan(out, w, f"{ENC} with an example that is all padding (mask all False)")
         ff = _students_feed_forward(obj)
         with torch.no_grad():
             _, exp_w = ref(x, mask)
@@ -332,6 +371,7 @@ def _check_decoder(t: Trial, pre: bool, masked: bool) -> None:
             sm = causal_mask(n)
             lengths = torch.randint(1, m + 1, (b,), generator=t.gen)
             lengths[0] = m - 1
+            lengths[-1] = 0  # an example whose memory is all padding: its cross-attention rows are fully masked
             mm = (torch.arange(m) < lengths[:, None])[:, None, :]  # (B, 1, m)
         what = f"the output of {DEC}({e}, {h}, {f}{', norm_first=True' if pre else ''}) for x {(b, n, e)}, memory {(b, m, e)}" \
                + (" with a causal self_mask and a memory padding mask" if masked else "")
@@ -344,6 +384,8 @@ def _check_decoder(t: Trial, pre: bool, masked: bool) -> None:
                                   f"memory_mask belongs to the cross-attention, self_mask to the self-attention") from None
             raise
         out, ws, wc = _tuple(result, 3, DEC)
+        if masked:
+            _no_nan(out, wc, f"{DEC} with an example whose memory is all padding (memory_mask all False)")
         if n != m and isinstance(wc, Tensor) and tuple(wc.shape) == (b, h, n, n):
             raise CheckFailed(f"the cross-attention weights have shape {(b, h, n, n)}: the cross-attention attends to x "
                               f"itself; its keys and values must come from memory, giving {(b, h, n, m)}")
@@ -376,3 +418,121 @@ def decoder_masks(t: Trial) -> None:
     """self_mask (causal) reaches the self-attention and memory_mask (padding) the cross-attention, both norm orders."""
     _check_decoder(t, pre=False, masked=True)
     _check_decoder(t, pre=True, masked=True)
+
+
+# -- dropout: in training only, where the exercise puts it ----------------------------------------------
+
+
+def _train(obj: Obj, mode: bool) -> None:
+    """``obj.train(mode)`` in the student's process (it returns the module itself, which is kept there)."""
+    obj.trial.backend.call(obj.ref, [mode], {}, attr="train", keep=True)
+
+
+@SUITE.check("test_feed_forward_dropout", parts=[FF])
+def feed_forward_dropout(t: Trial) -> None:
+    """With dropout=1.0: in training the hidden units are all dropped (output = linear2's bias); in eval mode the
+    dropout does nothing."""
+    obj, ref = _build(t, FF, RefFeedForward, 6, 10, 1.0)
+    x = t.randn(2, 3, 6, scale=1.5)
+    with torch.no_grad():
+        clean = _ff(ref, x)
+        dropped = ref.linear2.bias.expand_as(clean).clone()
+        wrong = {"the dropout is applied to linear2's output; it belongs after the ReLU, on the hidden units: "
+                 "linear2(dropout(relu(linear1(x))))": torch.zeros_like(clean),
+                 "the dropout is applied to the input x; it belongs after the ReLU, on the hidden units: "
+                 "linear2(dropout(relu(linear1(x))))": ref.linear2(torch.relu(ref.linear1.bias)).expand_as(clean),
+                 "the dropout is never applied in training: create nn.Dropout(dropout) and call it after the ReLU "
+                 "in forward": clean}
+    _train(obj, True)
+    expect_close(obj(x), dropped, "FeedForward(6, 10, dropout=1.0) in training mode (every hidden unit dropped)", wrong)
+    _train(obj, False)
+    expect_close(obj(x), clean, "FeedForward(6, 10, dropout=1.0) in eval mode (dropout must do nothing)", {
+        "the dropout is applied in eval mode too: use nn.Dropout (or F.dropout(h, p, training=self.training)), "
+        "which is the identity after model.eval()": dropped})
+
+
+@SUITE.check("test_blocks_dropout", parts=[ENC, DEC])
+def blocks_dropout(t: Trial) -> None:
+    """With dropout=1.0 every sublayer's output is dropped in training (post-norm returns the norms of x, pre-norm
+    x itself); in eval mode the block equals the dropout-free block."""
+    for pre in (False, True):
+        kw = {"norm_first": True} if pre else {}
+        order = "pre-norm" if pre else "post-norm"
+        enc, ref_e = _build(t, ENC, RefEncoder, 8, 2, 16, 1.0, **kw)
+        dec, ref_d = _build(t, DEC, RefDecoder, 8, 2, 16, 1.0, **kw)
+        x, memory = t.randn(2, 4, 8), t.randn(2, 5, 8)
+        with torch.no_grad():
+            exp_e = x if pre else ref_e.norm2(ref_e.norm1(x))
+            exp_d = x if pre else ref_d.norm3(ref_d.norm2(ref_d.norm1(x)))
+            clean_e, _ = ref_e(x)
+            clean_d, _, _ = ref_d(x, memory)
+        hint = (f"with dropout=1.0 in training every sublayer's output is zeroed before the residual, so a {order} "
+                f"block returns {'x itself' if pre else 'the norms applied to x'}")
+        _train(enc, True)
+        out = _tuple(enc(x), 2, ENC)[0]
+        if close(out, clean_e):
+            raise CheckFailed(f"{ENC}(8, 2, 16, dropout=1.0{', norm_first=True' if pre else ''}) ignores dropout in "
+                              "training: apply an nn.Dropout to each sublayer's output before adding the residual")
+        expect_close(out, exp_e, f"the output of {ENC}(8, 2, 16, dropout=1.0) ({order}) in training mode: {hint}; "
+                     "is a sublayer's output added without dropout, or the dropout applied after the residual?")
+        _train(dec, True)
+        out = _tuple(dec(x, memory), 3, DEC)[0]
+        if close(out, clean_d):
+            raise CheckFailed(f"{DEC}(8, 2, 16, dropout=1.0{', norm_first=True' if pre else ''}) ignores dropout in "
+                              "training: apply an nn.Dropout to each sublayer's output before adding the residual")
+        expect_close(out, exp_d, f"the output of {DEC}(8, 2, 16, dropout=1.0) ({order}) in training mode: {hint} "
+                     "(the cross-attention's output too); is a sublayer's output added without dropout?")
+        _train(enc, False)
+        _train(dec, False)
+        eval_msg = ("in eval mode (dropout must do nothing after model.eval(): use nn.Dropout, or F.dropout with "
+                    "training=self.training)")
+        expect_close(_tuple(enc(x), 2, ENC)[0], clean_e, f"the output of {ENC}(8, 2, 16, dropout=1.0) ({order}) "
+                     + eval_msg, {"dropout is applied in eval mode too: " + eval_msg: exp_e})
+        expect_close(_tuple(dec(x, memory), 3, DEC)[0], clean_d, f"the output of {DEC}(8, 2, 16, dropout=1.0) "
+                     f"({order}) " + eval_msg, {"dropout is applied in eval mode too: " + eval_msg: exp_d})
+
+
+# -- conceptual questions ------------------------------------------------------------------------------
+
+E_Q, H_Q, F_Q = 512, 8, 2048
+ATTN_Q = 4 * (E_Q * E_Q + E_Q)  # q, k, v, out projections with biases
+FFN_Q = E_Q * F_Q + F_Q + F_Q * E_Q + E_Q
+NORMS_Q = 2 * 2 * E_Q  # two LayerNorms, weight and bias each
+
+
+@SUITE.check("test_q_block_params", parts=["q_block_params"])
+def q_block_params(t: Trial) -> None:
+    """Parameters of an encoder block with E=512, H=8, ff_dim=2048 (biases and LayerNorms included)."""
+    expect_number(t.value("q_block_params"), ATTN_Q + FFN_Q + NORMS_Q, "q_block_params", {
+        "the two LayerNorms are missing: each has a weight and a bias of E entries": ATTN_Q + FFN_Q,
+        "the biases are missing (every nn.Linear has one, and each LayerNorm has a weight and a bias)":
+            4 * E_Q * E_Q + 2 * E_Q * F_Q,
+        "the biases of the linear layers are missing": 4 * E_Q * E_Q + 2 * E_Q * F_Q + NORMS_Q,
+        "the heads do not multiply the parameters: the H heads split the E-wide projections, each head using "
+        "E/H of the columns": H_Q * ATTN_Q + FFN_Q + NORMS_Q,
+        "the feed-forward network has two linear layers (E -> ff_dim and ff_dim -> E)": ATTN_Q + E_Q * F_Q + F_Q + NORMS_Q,
+        "that counts three projections; multi-head attention has four (q, k, v and the output projection)":
+            3 * (E_Q * E_Q + E_Q) + FFN_Q + NORMS_Q,
+    }, rel=1e-6)
+
+
+@SUITE.check("test_q_prenorm_position", parts=["q_prenorm_position"])
+def q_prenorm_position(t: Trial) -> None:
+    """Where LayerNorm sits in a pre-norm block."""
+    expect_choice(t.value("q_prenorm_position"), "input", "q_prenorm_position", ["input", "sum", "output"], {
+        "sum": "normalising the sum, norm(x + sublayer(x)), is post-norm (the original paper); pre-norm normalises the "
+               "sublayer's input and leaves the residual path untouched: x + sublayer(norm(x))",
+        "output": "x + norm(sublayer(x)) normalises the branch's output; pre-norm normalises its input: "
+                  "x + sublayer(norm(x))",
+    })
+
+
+@SUITE.check("test_q_ff_share", parts=["q_ff_share"])
+def q_ff_share(t: Trial) -> None:
+    """The fraction of an encoder block's parameters in the feed-forward network (E=512, ff_dim=2048)."""
+    total = ATTN_Q + FFN_Q + NORMS_Q
+    expect_number(t.value("q_ff_share"), FFN_Q / total, "q_ff_share", {
+        "that is the attention's share: the question asks for the feed-forward network's": ATTN_Q / total,
+        "that is the ratio of feed-forward to attention parameters, not the share of the whole block": FFN_Q / ATTN_Q,
+        "that counts only one of the feed-forward's two linear layers": (E_Q * F_Q + F_Q) / (ATTN_Q + E_Q * F_Q + F_Q + NORMS_Q),
+    }, rel=2e-3)

@@ -1,4 +1,30 @@
-"""Graded checks for exercise 08_efficient_attention: ``online_softmax_update``, ``append_to_cache``, ``cached_attention``.
+"""Graded checks for exercise 08_efficient_attention: ``online_softmax_update``, ``tiled_attention``,
+``append_to_cache``, ``cached_attention``, three conceptual questions.
+
+Stated requirements (exercise text and docstrings) and the check that exercises each:
+
+=========================================================================  ======================================
+requirement                                                                check
+=========================================================================  ======================================
+update: returns (running_max, running_sum, acc), shapes (..., n, 1) x2,    every update check (_state)
+        (..., n, d_v)
+update: M' = max(M, block max); sum and acc rescaled by exp(M - M')        test_online_softmax_basic, _blocks
+update: keeps the inputs' dtype                                            test_online_softmax_blocks
+update: an all -inf row stays (-inf, 0, 0), no NaN                         test_online_softmax_masked
+tiled: equals attention, blocks that do not divide m, (..., n, d_v)        test_tiled_attention
+tiled: scores scaled by 1/sqrt(d_k); acc / running_sum at the end          test_tiled_attention
+tiled: keeps the inputs' dtype (float64 in, float64 out)                   test_tiled_attention
+tiled: causal, query i sees keys 0..i (itself included)                    test_tiled_attention_causal
+tiled: mask (True = may attend, broadcastable) hides keys                  test_tiled_attention_mask
+tiled: a query with no allowed key gives zeros, never NaN                  test_tiled_attention_mask
+tiled: does not call torch's attention or attnkit                          the authorship scan (every part)
+tiled: does not call the setup's ``attention``                             NOT checked: same outputs, and the
+                                                                           scan bans attribute and imported
+                                                                           names only (left to the formgrader)
+append: None starts a cache; new positions last on the time axis           test_append_to_cache
+cached: output (B, H, s, d_v); causal shifted by t; cache of t + s         test_cached_attention_step, _prompt
+the three questions                                                        test_q_*
+=========================================================================  ======================================
 
 The online-softmax checks build a realistic state in the judge (the reference state after some
 blocks), ask the student's update to fold in one more block whose maximum is larger for some rows and
@@ -19,10 +45,11 @@ from attnkit import causal_mask as ref_causal
 from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit.efficient import append_to_cache as ref_append
 from attnkit.efficient import online_softmax_update as ref_update
-from autograder.checks import CheckFailed, Suite, Trial, close, expect_tensor
+from attnkit.efficient import tiled_attention as ref_tiled
+from autograder.checks import CheckFailed, StudentError, Suite, Trial, close, expect_number, expect_tensor
 
 SUITE = Suite("08_efficient_attention")
-UPDATE, APPEND, CACHED = "online_softmax_update", "append_to_cache", "cached_attention"
+UPDATE, APPEND, CACHED, TILED = "online_softmax_update", "append_to_cache", "cached_attention", "tiled_attention"
 
 NO_RESCALE_SUM = ("the running sum is not rescaled when the maximum grows: multiply the old running_sum by "
                   "exp(running_max - new_max) before adding the block's exponentials")
@@ -242,7 +269,8 @@ def _causal(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return ref_attention(q.double(), k.double(), v.double(), ref_causal(q.shape[-2]))[0]
 
 
-def _expect_output(got, expected: Tensor, what: str, mistakes: dict[str, Tensor]) -> Tensor:
+def _expect_output(got, expected: Tensor, what: str, mistakes: dict[str, Tensor],
+                   against: str = "causal attention over the whole sequence") -> Tensor:
     got = expect_tensor(got, tuple(expected.shape), what)
     if close(got, expected):
         return got
@@ -250,7 +278,7 @@ def _expect_output(got, expected: Tensor, what: str, mistakes: dict[str, Tensor]
         if close(got, wrong):
             raise CheckFailed(f"{what} is wrong: {message}")
     err = (got.double() - expected).abs().max().item()
-    raise CheckFailed(f"{what} differs from causal attention over the whole sequence (largest difference {err:.3g})")
+    raise CheckFailed(f"{what} differs from {against} (largest difference {err:.3g})")
 
 
 def _step_mistakes(q: Tensor, keys: Tensor, values: Tensor, t0: int, s: int) -> dict[str, Tensor]:
@@ -303,3 +331,211 @@ def cached_prompt(t: Trial) -> None:
     """A prompt of several positions, then single steps, then several again: causal, never the future."""
     q, k, v = t.randn(2, 2, 9, 4), t.randn(2, 2, 9, 4), t.randn(2, 2, 9, 3)
     _decode(t, q, k, v, [3, 1, 1, 4], "a prompt of 3, two steps, then 4 at once")
+
+
+# -- tiled attention -----------------------------------------------------------------------------------
+
+NO_SCALE = "the scores are not scaled: divide them (or the queries) by sqrt(d_k) before the softmax"
+NOT_DIVIDED = "the output is the accumulator itself: divide acc by running_sum after the last block"
+SKIPS_LAST = ("the last, shorter block of keys is skipped: range(0, m, block) visits every block, including a last one "
+              "shorter than block when m is not a multiple of it")
+STRICT = ("causal off by one: query i must see keys 0..i, itself included; hide key j only when j > i "
+          "(your mask hides j >= i)")
+ONE_AHEAD = ("causal off by one: query i sees key i + 1, one step in its future; hide every key j > i "
+             "(compare the key's position in the whole sequence, j0 + c, with the query's)")
+BLOCK_LOCAL = ("the causal mask compares positions inside the block (0..b-1) with the query's position: use the key's "
+               "position in the whole sequence, block start + c")
+MASK_IGNORED = "the mask is ignored: give the masked keys of each block the score -inf"
+MASK_INVERTED = "the mask's polarity is inverted: True means may attend, so hide the keys where the mask is False"
+EMPTY_NAN = ("a query with no allowed key gives NaN (0 / 0): its running sum is 0, so return zeros there "
+             "(divide by 1 where running_sum is 0)")
+
+
+def _variant_update(kind: str):
+    """The reference update, or one with a classic mistake (for the tiled loop's named mistakes)."""
+    def update(m: Tensor, l: Tensor, acc: Tensor, s: Tensor, v: Tensor) -> State:
+        new = torch.maximum(m, s.amax(-1, keepdim=True))
+        shift = torch.where(new.isfinite(), new, torch.zeros_like(new))
+        r = torch.exp(m - shift)
+        p = torch.exp(s - shift)
+        if kind == "no rescale acc":
+            return new, r * l + p.sum(-1, keepdim=True), acc + p @ v
+        if kind == "no rescale":
+            return new, l + p.sum(-1, keepdim=True), acc + p @ v
+        if kind == "stale max":  # the first block's maximum is kept: later blocks are relative to it
+            keep = torch.where(m.isfinite(), m, new)
+            ks = torch.where(keep.isfinite(), keep, torch.zeros_like(keep))
+            rk = torch.exp(m - ks)
+            pk = torch.exp(s - ks)
+            return keep, rk * l + pk.sum(-1, keepdim=True), rk * acc + pk @ v
+        return new, r * l + p.sum(-1, keepdim=True), r * acc + p @ v
+    return update
+
+
+def _tiled(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, block: int, update: str = "",
+           scale: bool = True, divide: bool = True, skip_last: bool = False, causal_rule: str = "j > i",
+           guard: bool = True) -> Tensor:
+    """The tiled loop in float64, with a switch for each classic mistake."""
+    q, k, v = q.double(), k.double(), v.double()
+    n, m = q.shape[-2], k.shape[-2]
+    q = q / math.sqrt(q.shape[-1]) if scale else q
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    state: State = (torch.full((*lead, n, 1), -math.inf, dtype=torch.float64),
+                    torch.zeros(*lead, n, 1, dtype=torch.float64), torch.zeros(*lead, n, v.shape[-1], dtype=torch.float64))
+    if mask is not None:
+        mask = mask.expand(*mask.shape[:-2], n, m)
+    rows = torch.arange(n)[:, None]
+    fn = _variant_update(update)
+    stop = m - (m % block or block) if skip_last else m
+    for j in range(0, stop, block):
+        s = q @ k[..., j:j + block, :].transpose(-2, -1)
+        if mask is not None:
+            s = s.masked_fill(~mask[..., j:j + block], -math.inf)
+        if causal:
+            cols = torch.arange(j, j + s.shape[-1])
+            hide = {"j > i": cols > rows, "j >= i": cols >= rows, "j > i + 1": cols > rows + 1,
+                    "local": torch.arange(s.shape[-1]) > rows}[causal_rule]
+            s = s.masked_fill(hide, -math.inf)
+        state = fn(*state, s, v[..., j:j + block, :])
+    _, total, acc = state
+    if not divide:
+        return acc
+    return acc / torch.where(total > 0, total, torch.ones_like(total)) if guard else acc / total
+
+
+def _tiled_mistakes(q, k, v, mask, causal, block) -> dict[str, Tensor]:
+    def t(**kw) -> Tensor:
+        return _tiled(q, k, v, mask, causal, block, **kw)
+    out = {NO_RESCALE_ACC: t(update="no rescale acc"), NO_RESCALE: t(update="no rescale"),
+           STALE_MAX: t(update="stale max"), NO_SCALE: t(scale=False), NOT_DIVIDED: t(divide=False)}
+    if k.shape[-2] % block:
+        out[SKIPS_LAST] = t(skip_last=True)
+    if causal:
+        out[STRICT] = t(causal_rule="j >= i")
+        out[ONE_AHEAD] = t(causal_rule="j > i + 1")
+        out[BLOCK_LOCAL] = t(causal_rule="local")
+    if mask is not None:
+        out[MASK_IGNORED] = _tiled(q, k, v, None, causal, block)
+        out[MASK_INVERTED] = _tiled(q, k, v, ~mask, causal, block)
+    return out
+
+
+def _expect_tiled(t: Trial, q: Tensor, k: Tensor, v: Tensor, what: str, mask: Tensor | None = None,
+                  causal: bool = False, block: int = 4) -> Tensor:
+    kwargs: dict = {"block": block}
+    if mask is not None:
+        kwargs["mask"] = mask
+    if causal:
+        kwargs["causal"] = True
+    got = t.call(TILED, q, k, v, **kwargs)
+    shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), q.shape[-2], v.shape[-1])
+    if isinstance(got, Tensor) and got.is_floating_point() and not torch.isfinite(got).all():
+        raise CheckFailed(f"{what} contains NaN: {EMPTY_NAN}" if mask is not None or causal else
+                          f"{what} contains NaN or inf: {STALE_MAX} (exp(score - an old maximum) overflows when a "
+                          "later block's scores are much larger)")
+    got = expect_tensor(got, shape, what)
+    expected = ref_tiled(q.double(), k.double(), v.double(), mask, causal)  # attnkit: (query, key, value, mask, causal)
+    _expect_output(got, expected, what, _tiled_mistakes(q, k, v, mask, causal, block),
+                   "softmax attention" + (" with the causal mask" if causal else "") + (" with the mask" if mask is not None else ""))
+    if got.dtype != q.dtype:
+        raise CheckFailed(f"{what} has dtype {got.dtype} for {q.dtype} inputs: keep the inputs' dtype")
+    return got
+
+
+@SUITE.check("test_tiled_attention", parts=[TILED])
+def tiled_check(t: Trial) -> None:
+    """Equals softmax attention for blocks that do and do not divide m, any leading dimensions, float32 and float64."""
+    for lead, n, m, d, d_v, block, dtype in [((2,), 5, 11, 4, 3, 4, torch.float32), ((2, 3), 3, 8, 2, 5, 8, torch.float32),
+                                              ((1,), 6, 9, 3, 2, 2, torch.float64), ((), 4, 5, 4, 4, 1, torch.float32)]:
+        q, k, v = t.randn(*lead, n, d, dtype=dtype), t.randn(*lead, m, d, dtype=dtype, scale=2.0), \
+            t.randn(*lead, m, d_v, dtype=dtype)
+        _expect_tiled(t, q, k, v, f"tiled_attention for query {(*lead, n, d)}, key {(*lead, m, d)}, block={block} "
+                      f"({dtype})", block=block)
+    # the later blocks' scores are ~300 above the first block's: exp(300) overflows float32 unless every block is
+    # taken relative to the maximum so far (a stale maximum gives inf / inf)
+    q = torch.full((1, 2, 4), 3.0) + t.randn(1, 2, 4, scale=0.1)
+    k = torch.cat([t.randn(1, 4, 4, scale=0.1), torch.full((1, 4, 4), 50.0) + t.randn(1, 4, 4)], dim=1)
+    _expect_tiled(t, q, k, t.randn(1, 8, 3), "tiled_attention where the second block's scores are ~300 above the "
+                  "first's (float32)", block=4)
+
+
+@SUITE.check("test_tiled_attention_causal", parts=[TILED])
+def tiled_causal(t: Trial) -> None:
+    """causal=True: query i sees keys 0..i, for blocks that do and do not divide n."""
+    for b, n, d, block in [(2, 7, 4, 3), (1, 8, 2, 4), (2, 5, 3, 1)]:
+        x, v = t.randn(b, n, d, scale=1.5), t.randn(b, n, 3)
+        _expect_tiled(t, x, x, v, f"tiled_attention(causal=True) for a sequence of {n} positions, block={block}",
+                      causal=True, block=block)
+
+
+@SUITE.check("test_tiled_attention_mask", parts=[TILED])
+def tiled_mask(t: Trial) -> None:
+    """A padding mask (B, 1, m) and a full (B, n, m) mask hide keys; a query with no allowed key gets zeros."""
+    q, k, v = t.randn(3, 4, 4), t.randn(3, 7, 4, scale=2.0), t.randn(3, 7, 2)
+    keep = t.rand_mask(3, 1, 7, p=0.6)
+    keep[0, 0, :] = True
+    keep[2] = False  # example 2 may attend to nothing
+    _expect_tiled(t, q, k, v, "tiled_attention with a (B, 1, m) padding mask, one example all padding", mask=keep, block=3)
+    full = t.rand_mask(3, 4, 7, p=0.5)
+    full[:, 1] = False  # query 1 of every example may attend to nothing
+    _expect_tiled(t, q, k, v, "tiled_attention with a (B, n, m) mask, query 1 fully masked", mask=full, block=4)
+
+
+# -- conceptual questions ------------------------------------------------------------------------------
+
+KV_BYTES = 2 * 12 * 16 * 64 * 2 * 1000  # keys and values x layers x heads x head_dim x bytes x tokens
+
+
+@SUITE.check("test_q_kv_cache_bytes", parts=["q_kv_cache_bytes"])
+def q_kv_cache_bytes(t: Trial) -> None:
+    """Bytes of a float16 KV cache: 12 layers, 16 heads of 64, 1000 tokens, one sequence."""
+    expect_number(t.value("q_kv_cache_bytes"), KV_BYTES, "q_kv_cache_bytes", {
+        "that is half: the cache holds both keys and values (a factor 2), and each float16 number takes 2 bytes; "
+        "one of the two factors is missing": KV_BYTES // 2,
+        "that is float32 (4 bytes a number); the cache is float16, 2 bytes": KV_BYTES * 2,
+        "that is one layer's cache: every one of the 12 layers keeps its own keys and values": KV_BYTES // 12,
+        "that is one head's cache: every layer has 16 heads, each with its own keys and values": KV_BYTES // 16,
+        "that grows with the square of the tokens: the cache holds one key and one value per token, so it grows "
+        "linearly": KV_BYTES * 1000,
+    }, rel=1e-9)
+
+
+@SUITE.check("test_q_attention_flops", parts=["q_attention_flops"])
+def q_attention_flops(t: Trial) -> None:
+    """FLOPs of Q K^T and weights @ V for n = 1024, d = 64 (a multiply-add is 2)."""
+    n, d = 1024, 64
+    expect_number(t.value("q_attention_flops"), 4 * n * n * d, "q_attention_flops", {
+        "that is half: either one of the two products only, or a multiply-add counted as one operation; each "
+        "product takes n * n * d multiply-adds = 2 n^2 d operations": 2 * n * n * d,
+        "that is linear in n (n d^2 is the cost of a projection); the score matrix has n^2 entries, each a "
+        "d-long dot product": 4 * n * d * d,
+        "that is the number of entries of the score matrix, not the operations to compute them": n * n,
+        "that counts one multiply-add per product and entry (n^2 d) without the factor 2 for the two products and the "
+        "two operations": n * n * d,
+    }, rel=1e-9)
+
+
+@SUITE.check("test_q_online_state", parts=["q_online_state"])
+def q_online_state(t: Trial) -> None:
+    """Running max and sum after the blocks (1, 3) and (2, 5)."""
+    value = t.value("q_online_state")
+    if isinstance(value, Tensor) and value.numel() == 2:
+        value = tuple(value.flatten().tolist())
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise CheckFailed(f"q_online_state should be a tuple of two numbers (running_max, running_sum), got "
+                          f"{type(value).__name__}")
+    expect_number(value[0], 5.0, "the running max of q_online_state", {
+        "that is the first block's maximum: the running max is the largest score over every block so far": 3.0,
+        "that is the second block's first score; the maximum of (1, 3, 2, 5) is 5": 2.0,
+    })
+    e = math.exp
+    expect_number(value[1], e(-4) + e(-2) + e(-3) + 1, "the running sum of q_online_state", {
+        "the old sum is not rescaled: e^(1-3) + e^(3-3) is relative to the old max 3; multiply it by e^(3-5)":
+            e(-2) + 1 + e(-3) + 1,
+        "the maximum is stale: every term must be relative to the new max 5, not 3": e(-2) + 1 + e(-1) + e(2),
+        "that is the sum of exp(scores) with no maximum subtracted; the running sum is relative to the running max":
+            e(1) + e(3) + e(2) + e(5),
+        "that is only the second block's sum: the first block's terms stay in, rescaled by e^(3-5)": e(-3) + 1,
+        "the rescaling factor is inverted: the old sum is multiplied by e^(M - M') = e^(3-5), not e^(5-3)":
+            (e(-2) + 1) * e(2) + e(-3) + 1,
+    })
