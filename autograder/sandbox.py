@@ -46,7 +46,6 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
