@@ -155,7 +155,10 @@ def pick_notebooks(job: Job, ctx: Context) -> tuple[dict[str, Path | None], list
 
 
 def grade_job(job: Job, ctx: Context) -> dict[str, Any]:
-    """Grade one student (runs in a worker process); always returns a result, never raises."""
+    """Grade one student (runs in a worker process); always returns a result, never raises but for
+    :class:`IsolationUnavailable` (isolation required and a Dask worker cannot give it: nothing is recorded)."""
+    if ctx.limits.require_isolation:
+        require_isolation()
     started = time.monotonic()
     try:
         linked = job.folder.is_symlink() or job.folder.parent.is_symlink()
