@@ -50,8 +50,11 @@ def works() -> bool:
     if exe is None or os.environ.get("AUTOGRADER_NO_BWRAP"):
         return False
     try:
-        subprocess.run([exe, "--unshare-all", "--unshare-user", "--disable-userns", "--ro-bind", "/", "/",
-                        "--dev", "/dev", "--proc", "/proc", "true"], check=True, timeout=20,
+        # Every option the sandbox uses (--disable-userns needs bubblewrap 0.8, --size 0.7 or later).
+        subprocess.run([exe, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+                        "--new-session", "--ro-bind", "/", "/", "--size", str(1 << 20), "--tmpfs", "/tmp",
+                        "--remount-ro", "/tmp", "--dev", "/dev", "--remount-ro", "/dev", "--proc", "/proc", "true"],
+                       check=True, timeout=20,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except (subprocess.SubprocessError, OSError):
         return False

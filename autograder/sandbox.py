@@ -2,36 +2,40 @@
 
 A :class:`Sandbox` starts ``harness.py`` in a scratch folder that holds only
 what the student received, and talks to it over two pipes (see :mod:`wire`).
-Where the machine allows (root and ``unshare``), the process also gets
+How it is isolated depends on the machine (:func:`isolation_mode`):
 
-* its own network namespace with no interfaces but a down loopback (no network),
-* its own PID namespace (killing the harness kills everything it started),
-* its own mount namespace in which the folders of :data:`HIDDEN` and the
-  course, the submissions and the grading folder are hidden behind empty tmpfs
-  mounts and only the Python installation and the scratch folder are visible
-  (the Python installation read-only),
-* a scratch folder of its own: a tmpfs of ``Limits.scratch_bytes`` holding a copy
-  of what the student received (everything else it sees is read-only), so
-  student code can fill its scratch folder but never the host's disk,
-* an unprivileged user of its own (see :func:`sandbox_uid`) with no new privileges,
-* where a writable cgroup v2 (or the v1 ``memory`` and ``pids`` controllers) is
-  available, a cgroup of its own: the memory limit (without swap) and the process
+* as root (``namespaces``), the process is forked by the zygote
+  (:mod:`autograder.zygote`) into its own network (no network), PID, IPC, UTS
+  and mount namespaces; the folders of :data:`HIDDEN`, the course, the
+  submissions and the grading folder are hidden behind empty tmpfs mounts, the
+  Python installation is visible, and every mount is read-only but the scratch
+  folder; it runs as a user id of its own (:func:`sandbox_uid`, no new
+  privileges) with fresh keyrings, and where a writable cgroup is available
+  (:mod:`autograder.cgroups`) the memory limit (without swap) and the process
   limit count all its processes together, an OOM kill stops the request with a
-  clear reason, and the cgroup is removed with the sandbox. Without one, the
-  limits are per process (rlimits) and the grading log says so.
+  clear reason, and the cgroup is removed with the sandbox;
+* without root, where user namespaces are allowed (``bubblewrap``), the same
+  namespaces, hidden folders and read-only file system through ``bwrap``
+  (:mod:`autograder.bubblewrap`), in a user namespace of its own; memory and
+  processes are limited per process (rlimits);
+* elsewhere (``none``), a plain process with rlimits only:
+  :func:`isolation_summary` says so before grading, every result's log records
+  it, and :func:`require_isolation` (``Limits.require_isolation``) refuses.
+
+In the first two, the scratch folder is a tmpfs of ``Limits.scratch_bytes``
+holding a copy of what the student received: student code can fill it but
+never the host's disk, and nothing it writes reaches a later sandbox.
 
 No GPU is visible to student code (``CUDA_VISIBLE_DEVICES`` is empty): the checks
-compare on the CPU. Everywhere it gets resource limits (address space, processes, file size, open
-files, no core dumps), a wall-clock limit on every request and on the whole
-notebook, enforced from outside with SIGKILL, and a byte cap on what it prints.
-Writing a request and reading its reply share the request's deadline (the pipes
-are non-blocking), so a process that stops reading or stalls mid-reply is
-stopped like one that hangs. Scratch folders and cgroups are named after their
-grading process (see :mod:`autograder.leftovers`): a grader killed before
-cleaning up leaves them to the next one, which removes them. The cgroup
-plumbing is in :mod:`autograder.cgroups`, the fork server in
-:mod:`autograder.zygote` and its client in :mod:`autograder.zygote_client`.
-:attr:`Sandbox.isolation` lists what was applied, for the grading log.
+compare on the CPU. Everywhere it gets resource limits (address space, CPU time,
+file size, open files, no core dumps), a wall-clock limit on every request and
+on the whole notebook, enforced from outside with SIGKILL, and a byte cap on
+what it prints. Writing a request and reading its reply share the request's
+deadline (the pipes are non-blocking), so a process that stops reading or
+stalls mid-reply is stopped like one that hangs. Scratch folders and cgroups
+are named after their grading process (see :mod:`autograder.leftovers`): a
+grader killed before cleaning up leaves them to the next one, which removes
+them. :attr:`Sandbox.isolation` lists what was applied, for the grading log.
 """
 
 from __future__ import annotations
@@ -40,8 +44,8 @@ import os
 import resource
 import select
 import shutil
-import signal
 import secrets
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -90,7 +94,9 @@ class Limits:
     reply_bytes: int = 256 << 20  # largest reply accepted from the sandbox
     start_timeout: float = 120.0  # seconds to start Python and import torch
     cpu_seconds: int = 600  # CPU time of each of the student's processes (RLIMIT_CPU)
-    require_isolation: bool = False  # refuse to run student code where no isolation can be had
+    # Refuse to run student code where no isolation can be had. Not part of the repr, which the grader's
+    # fingerprint hashes: asking for isolation changes no grade, so it must not trigger a regrade.
+    require_isolation: bool = field(default=False, repr=False, compare=False)
 
 
 class SandboxError(RuntimeError):

@@ -63,8 +63,8 @@ for top in rw:
 print(json.dumps({'cwd': os.getcwd(), 'rw': rw, 'written': written, 'scanned': scanned}))
 '''
 
-# Inside a sandbox: the kernel's stores keyed by user id or by IPC namespace. ``put`` stores PAYLOAD in every
-# keyring and in a SysV shared-memory segment; ``get`` prints what it finds there.
+# Inside a sandbox: the kernel's stores keyed by user id or by IPC namespace. ``put`` stores its data in every
+# keyring, a SysV shared-memory segment and a POSIX message queue; ``get`` returns what it finds there.
 KERNEL = r'''
 import ctypes, platform
 libc = ctypes.CDLL(None, use_errno=True)
@@ -80,18 +80,43 @@ SHM_KEY = 0x5EED
 def put(data):
     for name, ring in RINGS.items():
         libc.syscall(L(ADD_KEY), b'user', b'collude', data, L(len(data)), L(ring))
+    put_mq(data)
     shm = libc.shmget(SHM_KEY, 4096, 0o1666)  # IPC_CREAT | rw for everyone
     if shm >= 0:
         addr = libc.shmat(shm, None, 0)
         ctypes.memmove(addr, data + b'\0', min(len(data) + 1, 4096))
+try:
+    librt = ctypes.CDLL('librt.so.1', use_errno=True)
+except OSError:
+    librt = None
+MQ = b'/collude'
+def put_mq(data):
+    if librt is not None:
+        q = librt.mq_open(MQ, 0o102, 0o666, None)  # O_CREAT | O_RDWR
+        if q < 0:
+            return
+        for _ in range(2):  # two copies: reading one back (the writer's own check) leaves the other
+            librt.mq_send(q, data[:4096], len(data[:4096]), 0)
+def get_mq():
+    if librt is None:
+        return None
+    q = librt.mq_open(MQ, 0o4000, 0, None)  # O_RDONLY | O_NONBLOCK
+    if q < 0:
+        return None
+    buf = ctypes.create_string_buffer(1 << 16)
+    n = librt.mq_receive(q, buf, 1 << 16, None)
+    return buf.raw[:n].decode('utf-8', 'replace') if n >= 0 else None
 def get():
     found = {}
+    message = get_mq()
+    if message is not None:
+        found['posix-mq'] = message
     buf = ctypes.create_string_buffer(1 << 16)
     for name, ring in RINGS.items():
         key = libc.syscall(L(KEYCTL), L(10), L(ring), b'user', b'collude', L(0))
         if key > 0:
             n = libc.syscall(L(KEYCTL), L(11), L(key), buf, L(1 << 16))
-            found[name] = buf.raw[:n].decode('utf-8', 'replace')
+            found[name] = buf.raw[:n].rstrip(b'\0').decode('utf-8', 'replace')[:200]
     shm = libc.shmget(SHM_KEY, 0, 0)
     if shm >= 0:
         addr = libc.shmat(shm, None, 0o10000)  # SHM_RDONLY
@@ -147,7 +172,7 @@ def test_keyrings_and_ipc_are_fresh_in_every_sandbox(mode):
     with Sandbox() as first:
         own = run(first, KERNEL + f"put({secret.encode()!r})\nprint(sorted(get()))\n")
     # The writer can read back what it stored (the probe works): at least the session keyring and the segment.
-    assert "session" in own and "sysv-shm" in own, own
+    assert "session" in own and "sysv-shm" in own and "posix-mq" in own, own
     with Sandbox() as second:
         found = run(second, KERNEL + "print(get())\n")
     assert secret not in found, f"{mode}: a later sandbox read an earlier one's keyring or IPC: {found}"
