@@ -402,7 +402,6 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
         raise SystemExit(f"unknown assignment {assignment!r}; known: {', '.join(course.assignments())}")
     if not submissions.is_dir():
         raise SystemExit(f"no submissions folder at {submissions}")
-    log(isolation_summary())
     if limits is not None and limits.require_isolation:
         try:
             require_isolation()
@@ -432,6 +431,7 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
         else:
             todo.append(job)
     log(f"{assignment}: {len(jobs)} students, {len(jobs) - len(todo)} already graded, {len(todo)} to grade")
+    log(isolation_summary())  # before any student code runs
 
     def finish(result: dict[str, Any]) -> None:
         try:
