@@ -81,7 +81,8 @@ class Limits:
     """Resource limits for one submission.
 
     ``grade``'s options set the three time limits, ``memory_bytes``,
-    ``max_processes`` and ``scratch_bytes``; the other fields keep these defaults.
+    ``max_processes``, ``scratch_bytes`` and ``require_isolation``; the other
+    fields keep these defaults.
     """
 
     cell_timeout: float = 60.0  # seconds for one notebook cell

@@ -24,8 +24,9 @@ student code,
 5. runs the harness loop on the pipes the judge passed over the socket.
 
 No student code ever runs in the zygote, and no child is reused: each
-submission sees a process fresh from the same clean image. Runs as root only
-(the judge falls back to plain processes otherwise). Linux only.
+submission sees a process fresh from the same clean image. Runs as root only;
+without root the sandbox uses bubblewrap (:mod:`autograder.bubblewrap`) or,
+failing that, a plain process. Linux only.
 """
 
 from __future__ import annotations
