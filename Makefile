@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test install clean exercises browser
+.PHONY: book test install clean exercises browser bubblewrap
 
 # MathJax is served by the book itself, so math renders offline and no CDN is
 # contacted: the es5/ build of the npm `mathjax` package, copied to _vendor/mathjax
@@ -42,6 +42,15 @@ browser:
 	      echo "WARNING: could not install chromium; the browser test will skip"; \
 	  else echo "WARNING: $(CHROMIUM) missing and not root; the browser test will skip"; fi; }
 
+# Installs bubblewrap when missing and we are root: a grader without root isolates student code with
+# it, and the isolation tests run it (as root, and as an unprivileged user); without it they skip.
+bubblewrap:
+	@command -v bwrap >/dev/null || { \
+	  if test "$$(id -u)" = 0 && command -v apt-get >/dev/null; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap || \
+	      echo "WARNING: could not install bubblewrap; the non-root isolation tests will skip"; \
+	  else echo "WARNING: bwrap missing and not root; the non-root isolation tests will skip"; fi; }
+
 install: $(STAMP) $(MATHJAX)
 
 # Executes every chapter (cached in _build/.jupyter_cache: an unchanged notebook is
@@ -51,7 +60,7 @@ install: $(STAMP) $(MATHJAX)
 book: $(STAMP) $(MATHJAX)
 	$(BIN)/jupyter-book build . --all --warningiserror --keep-going
 
-test: $(STAMP) $(MATHJAX) browser
+test: $(STAMP) $(MATHJAX) browser bubblewrap
 	$(BIN)/python -m pytest
 
 # Regenerate exercises/ from solutions/assignments/ (never edit exercises/ by hand).

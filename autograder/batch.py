@@ -44,7 +44,7 @@ from typing import Any
 from autograder import course
 from autograder.judge import NotebookResult, TestResult, grade_notebook
 from autograder.notebook import SourceNotebook, nbgrader_meta
-from autograder.sandbox import Limits
+from autograder.sandbox import IsolationUnavailable, Limits, isolation_summary, require_isolation
 
 HERE = Path(__file__).resolve().parent
 STUDENT_ID = re.compile(r"^[A-Za-z0-9_.@+-]{1,128}$")
@@ -155,7 +155,10 @@ def pick_notebooks(job: Job, ctx: Context) -> tuple[dict[str, Path | None], list
 
 
 def grade_job(job: Job, ctx: Context) -> dict[str, Any]:
-    """Grade one student (runs in a worker process); always returns a result, never raises."""
+    """Grade one student (runs in a worker process); always returns a result, never raises but for
+    :class:`IsolationUnavailable` (isolation required and a Dask worker cannot give it: nothing is recorded)."""
+    if ctx.limits.require_isolation:
+        require_isolation()
     started = time.monotonic()
     try:
         linked = job.folder.is_symlink() or job.folder.parent.is_symlink()
@@ -178,14 +181,11 @@ def grade_job(job: Job, ctx: Context) -> dict[str, Any]:
         reason = "internal grader error (see the log): " + tb.strip().splitlines()[-1][:200]
         for r in results:
             r.log.append(tb)
-    result = clean_text({"student": job.student, "assignment": ctx.assignment, "fingerprint": fingerprint(job, ctx),
-                         "reason": reason[:1000], "seconds": round(time.monotonic() - started, 2),
-                         "notebooks": [r.to_json() for r in results]})
-    try:
-        render_feedback(ctx.workdir, ctx.assignment, result)
-    except Exception as e:  # noqa: BLE001 - feedback failing must not lose the grade
-        result["reason"] = (result["reason"] + f"; feedback could not be rendered: {e}").strip("; ")
-    return result
+    # Nothing is written here: on Dask this runs on a worker, and the coordinating process writes the
+    # result, the gradebook and the feedback (see run's finish).
+    return clean_text({"student": job.student, "assignment": ctx.assignment, "fingerprint": fingerprint(job, ctx),
+                       "reason": reason[:1000], "seconds": round(time.monotonic() - started, 2),
+                       "notebooks": [r.to_json() for r in results]})
 
 
 # -- gradebook and feedback -------------------------------------------------------------------------
@@ -402,6 +402,11 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
         raise SystemExit(f"unknown assignment {assignment!r}; known: {', '.join(course.assignments())}")
     if not submissions.is_dir():
         raise SystemExit(f"no submissions folder at {submissions}")
+    if limits is not None and limits.require_isolation:
+        try:
+            require_isolation()
+        except IsolationUnavailable as e:
+            raise SystemExit(str(e)) from None
     workdir = (workdir or out.resolve().parent / "grading").resolve()
     records = Records(workdir, assignment)
     records.prepare_gradebook()
@@ -426,9 +431,14 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
         else:
             todo.append(job)
     log(f"{assignment}: {len(jobs)} students, {len(jobs) - len(todo)} already graded, {len(todo)} to grade")
+    log(isolation_summary())  # before any student code runs
 
     def finish(result: dict[str, Any]) -> None:
-        records.save(result)  # first: a result on disk is never lost
+        try:
+            render_feedback(workdir, assignment, result)
+        except Exception as e:  # noqa: BLE001 - feedback failing must not lose the grade
+            result["reason"] = (result["reason"] + f"; feedback could not be rendered: {e}").strip("; ")
+        records.save(result)  # a result on disk is never lost
         records.record(result)
         results[result["student"]] = result
         if len(results) % 10 == 0:
@@ -489,13 +499,16 @@ def add_grade_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-processes", type=int, default=d.max_processes, help="process/thread limit of student code")
     p.add_argument("--scratch-mb", type=int, default=d.scratch_bytes >> 20,
                    help="size of the student's scratch folder (a tmpfs of its own where namespaces are available)")
+    p.add_argument("--require-isolation", action="store_true",
+                   help="refuse to grade where student code cannot be isolated (no root and no bubblewrap)")
     p.set_defaults(func=_grade)
 
 
 def _grade(args: argparse.Namespace) -> int:
     limits = Limits(cell_timeout=args.cell_timeout, call_timeout=args.call_timeout,
                     notebook_timeout=args.notebook_timeout, memory_bytes=args.memory_mb << 20,
-                    max_processes=args.max_processes, scratch_bytes=args.scratch_mb << 20)
+                    max_processes=args.max_processes, scratch_bytes=args.scratch_mb << 20,
+                    require_isolation=args.require_isolation)
     results = run(args.submissions, args.assignment, args.out, args.workdir, limits, args.workers, args.force,
                   log=lambda s: print(s, file=sys.stderr, flush=True), scheduler=args.scheduler,
                   students=args.students)

@@ -2,73 +2,88 @@
 
 A :class:`Sandbox` starts ``harness.py`` in a scratch folder that holds only
 what the student received, and talks to it over two pipes (see :mod:`wire`).
-Where the machine allows (root and ``unshare``), the process also gets
+How it is isolated depends on the machine (:func:`isolation_mode`):
 
-* its own network namespace with no interfaces but a down loopback (no network),
-* its own PID namespace (killing the harness kills everything it started),
-* its own mount namespace in which the course, the submissions, the grading
-  folder, ``/root``, ``/home`` and ``/tmp`` are hidden behind empty tmpfs
-  mounts and only the Python installation and the scratch folder are visible
-  (the Python installation read-only),
-* a scratch folder of its own: a tmpfs of ``Limits.scratch_bytes`` holding a copy
-  of what the student received (everything else it sees is read-only), so
-  student code can fill its scratch folder but never the host's disk,
-* an unprivileged user of its own (see :func:`sandbox_uid`) with no new privileges,
-* where a writable cgroup v2 (or the v1 ``memory`` and ``pids`` controllers) is
-  available, a cgroup of its own: the memory limit (without swap) and the process
+* as root (``namespaces``), the process is forked by the zygote
+  (:mod:`autograder.zygote`) into its own network (no network), PID, IPC, UTS
+  and mount namespaces; the folders of :data:`HIDDEN`, the course, the
+  submissions and the grading folder are hidden behind empty tmpfs mounts, the
+  Python installation is visible, and every mount is read-only but the scratch
+  folder; it runs as a user id of its own (:func:`sandbox_uid`, no new
+  privileges) with fresh keyrings, and where a writable cgroup is available
+  (:mod:`autograder.cgroups`) the memory limit (without swap) and the process
   limit count all its processes together, an OOM kill stops the request with a
-  clear reason, and the cgroup is removed with the sandbox. Without one, the
-  limits are per process (rlimits) and the grading log says so.
+  clear reason, and the cgroup is removed with the sandbox;
+* without root, where user namespaces are allowed (``bubblewrap``), the same
+  namespaces, hidden folders and read-only file system through ``bwrap``
+  (:mod:`autograder.bubblewrap`), in a user namespace of its own; memory and
+  processes are limited per process (rlimits);
+* elsewhere (``none``), a plain process with rlimits only:
+  :func:`isolation_summary` says so before grading, every result's log records
+  it, and :func:`require_isolation` (``Limits.require_isolation``) refuses.
 
-Everywhere it gets resource limits (address space, processes, file size, open
-files, no core dumps), a wall-clock limit on every request and on the whole
-notebook, enforced from outside with SIGKILL, and a byte cap on what it prints.
-Writing a request and reading its reply share the request's deadline (the pipes
-are non-blocking), so a process that stops reading or stalls mid-reply is
-stopped like one that hangs. Scratch folders and cgroups are named after their
-grading process (pid and start time): a grader killed before cleaning up leaves
-them to the next one, which removes them.
-:attr:`Sandbox.isolation` lists what was applied, for the grading log.
+In the first two, the scratch folder is a tmpfs of ``Limits.scratch_bytes``
+holding a copy of what the student received: student code can fill it but
+never the host's disk, and nothing it writes reaches a later sandbox.
+
+No GPU is visible to student code (``CUDA_VISIBLE_DEVICES`` is empty): the checks
+compare on the CPU. Everywhere it gets resource limits (address space, CPU time,
+file size, open files, no core dumps), a wall-clock limit on every request and
+on the whole notebook, enforced from outside with SIGKILL, and a byte cap on
+what it prints. Writing a request and reading its reply share the request's
+deadline (the pipes are non-blocking), so a process that stops reading or
+stalls mid-reply is stopped like one that hangs. Scratch folders and cgroups
+are named after their grading process (see :mod:`autograder.leftovers`): a
+grader killed before cleaning up leaves them to the next one, which removes
+them. :attr:`Sandbox.isolation` lists what was applied, for the grading log.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import resource
 import select
 import shutil
+import secrets
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import sysconfig
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autograder import wire
+from autograder import bubblewrap, wire
+from autograder.cgroups import Cgroup
+from autograder.leftovers import SCRATCH_PREFIX, owner_tag, sweep_stale_scratch
+from autograder.zygote import fresh_keyrings
+from autograder.zygote_client import ZygoteChild, ZygoteError, zygote_spawn
 
 HERE = Path(__file__).resolve().parent
 
 
 def sandbox_uid() -> int:
-    """An unprivileged user id of this grading process's own (no passwd entry needed).
+    """A user id for one sandbox, drawn at random from about two billion (no passwd entry needed).
 
-    Process limits count per user, so parallel workers use different ids: one
-    student's fork bomb cannot use up another student's processes.
+    Every sandbox runs as an id of its own, so what the kernel keys by user id
+    (process limits, keyrings) is not shared with a classmate graded before,
+    after or beside it; the keyrings of the id are emptied before student code
+    runs in any case (:func:`autograder.zygote.fresh_keyrings`), so even a
+    repeated draw inherits nothing.
     """
-    return 100_000 + (os.getpid() * 7919 + threading.get_ident()) % 100_000
+    return 100_000 + secrets.randbelow((1 << 31) - 200_000)
 
 
 @dataclass
 class Limits:
-    """Resource limits for one submission; every field can be set from the command line."""
+    """Resource limits for one submission.
+
+    ``grade``'s options set the three time limits, ``memory_bytes``,
+    ``max_processes``, ``scratch_bytes`` and ``require_isolation``; the other
+    fields keep these defaults.
+    """
 
     cell_timeout: float = 60.0  # seconds for one notebook cell
     call_timeout: float = 30.0  # seconds for one call into the student's code
@@ -79,6 +94,10 @@ class Limits:
     scratch_bytes: int = 256 << 20  # size of the scratch folder (a tmpfs of its own where namespaces are available)
     reply_bytes: int = 256 << 20  # largest reply accepted from the sandbox
     start_timeout: float = 120.0  # seconds to start Python and import torch
+    cpu_seconds: int = 600  # CPU time of each of the student's processes (RLIMIT_CPU)
+    # Refuse to run student code where no isolation can be had. Not part of the repr, which the grader's
+    # fingerprint hashes: asking for isolation changes no grade, so it must not trigger a regrade.
+    require_isolation: bool = field(default=False, repr=False, compare=False)
 
 
 class SandboxError(RuntimeError):
@@ -89,28 +108,73 @@ class SandboxError(RuntimeError):
         self.kind = kind  # "timeout", "crash", "protocol"
 
 
-def _can_isolate() -> bool:
+def _namespaces_work() -> bool:
     if os.environ.get("AUTOGRADER_NO_NAMESPACES") or sys.platform != "linux" or os.geteuid() != 0:
         return False
-    if not shutil.which("unshare") or not shutil.which("setpriv") or not shutil.which("mount"):
+    if not shutil.which("unshare"):
         return False
     try:
-        subprocess.run(["unshare", "--net", "--mount", "--pid", "--fork", "true"], check=True, timeout=20,
+        subprocess.run(["unshare", "--net", "--mount", "--pid", "--ipc", "--fork", "true"], check=True, timeout=20,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except (subprocess.SubprocessError, OSError):
         return False
     return True
 
 
-_ISOLATE: bool | None = None
+NAMESPACES, BUBBLEWRAP, NONE = "namespaces", "bubblewrap", "none"
+_MODE: dict[int, str] = {}
+
+
+def isolation_mode() -> str:
+    """How sandboxes are isolated here (checked once per process).
+
+    ``"namespaces"``: as root, namespaces, cgroups and a user per sandbox set up by :mod:`autograder.zygote`;
+    ``"bubblewrap"``: without root, the same namespaces through ``bwrap`` (:mod:`autograder.bubblewrap`);
+    ``"none"``: neither is possible, student code runs as a plain process under rlimits.
+    ``AUTOGRADER_NO_NAMESPACES`` and ``AUTOGRADER_NO_BWRAP`` switch the first two off.
+    """
+    pid = os.getpid()
+    if pid not in _MODE:
+        _MODE[pid] = NAMESPACES if _namespaces_work() else BUBBLEWRAP if bubblewrap.works() else NONE
+    return _MODE[pid]
 
 
 def can_isolate() -> bool:
-    """True when namespaces and an unprivileged user are available (checked once per process)."""
-    global _ISOLATE
-    if _ISOLATE is None:
-        _ISOLATE = _can_isolate()
-    return _ISOLATE
+    """True when student code runs with no network, the course hidden and a file system of its own."""
+    return isolation_mode() != NONE
+
+
+class IsolationUnavailable(SandboxError):
+    """Isolation was required and cannot be had on this machine."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("isolation", message)
+
+
+NO_ISOLATION = ("no isolation: not root, and user namespaces are not available to bubblewrap (bwrap), so student code "
+                "would run as this user with rlimits only, able to read the course, the grading folder and its "
+                "secret, and to reach the network")
+
+
+def isolation_summary() -> str:
+    """One line for the grading log, before grading: what isolation student code gets here."""
+    mode = isolation_mode()
+    if mode == NAMESPACES:
+        return "isolation: namespaces, cgroups and a user per sandbox (running as root)"
+    if mode == BUBBLEWRAP:
+        return ("isolation: bubblewrap (user, network, PID, IPC namespaces; file system read-only but the scratch "
+                "folder; course hidden), without root: no cgroup, so memory and processes are limited per process")
+    return "WARNING: " + NO_ISOLATION
+
+
+def require_isolation() -> None:
+    """Raise :class:`IsolationUnavailable` with a clear message when no isolation can be had here."""
+    if not can_isolate():
+        raise IsolationUnavailable(
+            f"refusing to grade ({NO_ISOLATION}). Run as root, or install bubblewrap (Debian: apt-get install "
+            "bubblewrap) where the kernel allows unprivileged user namespaces (sysctl "
+            "kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0), or grade without "
+            "--require-isolation to accept running student code unisolated.")
 
 
 def _top_level(paths: list[Path]) -> list[Path]:
@@ -131,343 +195,21 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
-HIDDEN = ("/root", "/home", "/tmp", "/var/tmp", "/dev/shm", "/srv", "/mnt", "/media", "/opt", "/work")
-
-
-# -- owners: what a grader leaves behind when it is killed is found and removed by the next one ----------------
-def _owner_tag(pid: int | None = None) -> str | None:
-    """``pid.starttime``: names a process for good (a recycled pid has another start time)."""
-    pid = os.getpid() if pid is None else pid
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return f"{pid}.{int(stat[stat.rindex(b')') + 2:].split()[19])}"
-    except (OSError, ValueError, IndexError):
-        return None if pid != os.getpid() else f"{pid}.0"
-
-
-def _owner_dead(tag: str) -> bool:
-    pid, _, start = tag.partition(".")
-    if not pid.isdigit() or not start.isdigit():
-        return False
-    if sys.platform != "linux":
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return True
-        except OSError:
-            pass
-        return False
-    return _owner_tag(int(pid)) != tag
-
-
-SCRATCH_PREFIX = "attn-sbx-"
-_SWEPT: set[tuple[int, str]] = set()
-
-
-def _sweep_stale_scratch() -> None:
-    """Remove scratch folders of graders that died without cleaning up (once per process)."""
-    key = (os.getpid(), tempfile.gettempdir())
-    if key in _SWEPT:
-        return
-    _SWEPT.add(key)
-    try:
-        entries = list(os.scandir(tempfile.gettempdir()))
-    except OSError:
-        return
-    for entry in entries:
-        if not entry.name.startswith(SCRATCH_PREFIX):
-            continue
-        tag = entry.name[len(SCRATCH_PREFIX):].split("-", 1)[0]
-        try:
-            if entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == os.geteuid() \
-                    and _owner_dead(tag):
-                shutil.rmtree(entry.path, ignore_errors=True)
-        except OSError:
-            pass
-
-
-# -- cgroups: memory and processes counted for the whole sandbox, not per process -------------------------------
-def _mounts() -> list[tuple[str, str, list[str]]]:
-    out = []
-    try:
-        with open("/proc/self/mounts") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 4:
-                    target = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[1])
-                    out.append((target, parts[2], parts[3].split(",")))
-    except OSError:
-        pass
-    return out
-
-
-def _write(path: Path, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-
-
-class Cgroup:
-    """One sandbox's cgroup (v2, or the v1 memory and pids controllers): a limit on all its processes together."""
-
-    _seq = 0
-
-    def __init__(self, kind: str, dirs: list[Path], memory: Path) -> None:
-        self.kind, self.dirs, self.memory = kind, dirs, memory
-        self.oom_seen = 0
-
-    @classmethod
-    def create(cls, limits: Limits) -> "Cgroup":
-        """Create and configure a fresh cgroup; OSError when the machine has no usable one."""
-        plan = cgroup_plan()
-        if plan is None:
-            raise OSError("no writable cgroup v2 (or v1 memory and pids controllers)")
-        kind, parents = plan
-        cls._seq += 1
-        name = f"{SCRATCH_PREFIX}{_owner_tag()}-{threading.get_ident() % 100000}-{cls._seq}"
-        dirs = [p / name for p in parents]
-        group = cls(kind, dirs, dirs[0])
-        try:
-            for d in dirs:
-                d.mkdir()
-            mem, swap = str(limits.memory_bytes), "0"
-            if kind == "v2":
-                d = dirs[0]
-                _write(d / "memory.max", mem)
-                if (d / "memory.swap.max").exists():
-                    _write(d / "memory.swap.max", swap)
-                if (d / "memory.oom.group").exists():
-                    _write(d / "memory.oom.group", "1")  # an OOM kill ends the whole sandbox, never half of it
-                _write(d / "pids.max", str(limits.max_processes))
-            else:
-                m, pids = dirs
-                _write(m / "memory.limit_in_bytes", mem)
-                if (m / "memory.memsw.limit_in_bytes").exists():
-                    _write(m / "memory.memsw.limit_in_bytes", mem)  # memory + swap = memory: no swap
-                if (m / "memory.swappiness").exists():
-                    try:
-                        _write(m / "memory.swappiness", "0")
-                    except OSError:
-                        pass
-                _write(pids / "pids.max", str(limits.max_processes))
-        except OSError:
-            group.remove()
-            raise
-        return group
-
-    def oom_kills(self) -> int:
-        """How many processes the kernel's OOM killer has killed in this cgroup so far."""
-        try:
-            text = (self.memory / ("memory.events" if self.kind == "v2" else "memory.oom_control")).read_text()
-        except OSError:
-            return 0
-        for line in text.splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill" and value.strip().isdigit():
-                return int(value)
-        return 0
-
-    def new_oom_kill(self) -> bool:
-        n = self.oom_kills()
-        seen, self.oom_seen = self.oom_seen, max(self.oom_seen, n)
-        return n > seen
-
-    def kill_all(self) -> None:
-        for d in self.dirs:
-            if (d / "cgroup.kill").exists():
-                try:
-                    _write(d / "cgroup.kill", "1")
-                    continue
-                except OSError:
-                    pass
+def _tasks_of(uid: int) -> int:
+    """How many processes and threads ``uid`` runs now (what RLIMIT_NPROC counts)."""
+    n = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
             try:
-                pids = [int(x) for x in (d / "cgroup.procs").read_text().split()]
-            except (OSError, ValueError):
-                continue
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-
-    def remove(self, wait: float = 3.0) -> bool:
-        """Kill what is left in the cgroup and remove it; False if it could not be removed (yet)."""
-        end = time.monotonic() + wait
-        left = [d for d in self.dirs if d.exists()]
-        while left:
-            self.kill_all()
-            for d in list(left):
-                try:
-                    d.rmdir()
-                    left.remove(d)
-                except FileNotFoundError:
-                    left.remove(d)
-                except OSError:
-                    pass
-            if not left or time.monotonic() > end:
-                break
-            time.sleep(0.02)
-        return not left
+                if entry.stat().st_uid == uid:
+                    n += len(os.listdir(f"/proc/{entry.name}/task"))
+            except OSError:
+                pass
+    return n
 
 
-def _sweep_stale_cgroups(parents: list[Path]) -> None:
-    for parent in parents:
-        try:
-            entries = [e for e in os.scandir(parent) if e.name.startswith(SCRATCH_PREFIX) and e.is_dir()]
-        except OSError:
-            continue
-        for e in entries:
-            if _owner_dead(e.name[len(SCRATCH_PREFIX):].split("-", 1)[0]):
-                Cgroup("v1", [Path(e.path)], Path(e.path)).remove(wait=1.0)
-
-
-def _find_cgroup_plan() -> tuple[str, list[Path]] | None:
-    if sys.platform != "linux" or os.geteuid() != 0 or os.environ.get("AUTOGRADER_NO_CGROUP"):
-        return None
-    mounts = _mounts()
-    # cgroup v2 mounted at /sys/fs/cgroup: a shared parent under the root, with the controllers enabled.
-    root = Path("/sys/fs/cgroup")
-    if any(t == str(root) and fs == "cgroup2" for t, fs, _ in mounts):
-        try:
-            available = (root / "cgroup.controllers").read_text().split()
-            if "memory" in available and "pids" in available:
-                parent = root / "attn-autograder"
-                for d in (root, parent):
-                    if d is parent:
-                        parent.mkdir(exist_ok=True)
-                    enabled = (d / "cgroup.subtree_control").read_text().split()
-                    if "memory" not in enabled or "pids" not in enabled:
-                        _write(d / "cgroup.subtree_control", "+memory +pids")
-                _sweep_stale_cgroups([parent])
-                return "v2", [parent]
-        except OSError:
-            return None
-        return None
-    # cgroup v1 (or hybrid): the memory and pids controllers, under the grader's own cgroups.
-    own: dict[str, str] = {}
-    try:
-        with open("/proc/self/cgroup") as f:
-            for line in f:
-                _, controllers, path = line.rstrip("\n").split(":", 2)
-                for c in controllers.split(","):
-                    own[c] = path
-    except (OSError, ValueError):
-        return None
-    parents = []
-    for controller in ("memory", "pids"):
-        target = next((t for t, fs, opts in mounts if fs == "cgroup" and controller in opts), None)
-        if target is None or controller not in own:
-            return None
-        parent = Path(target + own[controller])
-        if not os.access(parent, os.W_OK):
-            return None
-        parents.append(parent)
-    _sweep_stale_cgroups(parents)
-    return "v1", parents
-
-
-_CGROUP_PLAN: dict[int, tuple[str, list[Path]] | None] = {}
-
-
-def cgroup_plan() -> tuple[str, list[Path]] | None:
-    """``(kind, parent folders)`` of the cgroups sandboxes get here, or None (checked once per process)."""
-    pid = os.getpid()
-    if pid not in _CGROUP_PLAN:
-        _CGROUP_PLAN[pid] = _find_cgroup_plan()
-    return _CGROUP_PLAN[pid]
-
-
-class ZygoteChild:
-    """A sandboxed process forked by the zygote; quacks like the part of ``Popen`` the sandbox uses."""
-
-    def __init__(self, pid: int, status_fd: int) -> None:
-        self.pid = pid
-        self.status_fd = status_fd
-        self.returncode: int | None = None
-        # pidfds name the processes themselves, so a kill never hits a recycled pid.
-        self.pidfd = os.pidfd_open(pid)  # the reporter
-        self.inner_pidfd = -1  # the sandboxed process: PID 1 of its namespace; killing it ends the namespace
-        if select.select([status_fd], [], [], 30)[0]:
-            data = os.read(status_fd, 4)
-            if len(data) == 4:
-                try:
-                    self.inner_pidfd = os.pidfd_open(struct.unpack("<i", data)[0])
-                except ProcessLookupError:
-                    pass
-
-    def poll(self) -> int | None:
-        if self.returncode is None and select.select([self.status_fd], [], [], 0)[0]:
-            self._read_status()
-        return self.returncode
-
-    def _read_status(self) -> None:
-        data = b""
-        try:
-            data = os.read(self.status_fd, 4)
-        except OSError:
-            pass
-        self.returncode = os.waitstatus_to_exitcode(struct.unpack("<i", data)[0]) if len(data) == 4 else -signal.SIGKILL
-
-    def wait(self, timeout: float = 10.0) -> int:
-        if self.returncode is None:
-            if select.select([self.status_fd], [], [], timeout)[0]:
-                self._read_status()
-            else:
-                self.kill()
-        return self.returncode if self.returncode is not None else -signal.SIGKILL
-
-    def kill(self) -> None:
-        """SIGKILL the sandboxed process (and with it its namespace) and its reporter."""
-        if self.pidfd < 0:
-            return
-        for fd in (self.inner_pidfd, self.pidfd):
-            if fd >= 0:
-                try:
-                    signal.pidfd_send_signal(fd, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        if self.returncode is None:
-            self.returncode = -signal.SIGKILL if not select.select([self.status_fd], [], [], 5)[0] else None
-            if self.returncode is None:
-                self._read_status()
-        for fd in (self.pidfd, self.inner_pidfd, self.status_fd):
-            if fd >= 0:
-                os.close(fd)
-        self.pidfd = self.inner_pidfd = self.status_fd = -1
-
-
-_ZYGOTE: tuple[int, subprocess.Popen, socket.socket] | None = None
-
-
-def _zygote(env: dict[str, str]) -> socket.socket:
-    """This process's zygote, started on first use (and again if it died)."""
-    global _ZYGOTE
-    if _ZYGOTE is not None and _ZYGOTE[0] == os.getpid() and _ZYGOTE[1].poll() is None:
-        return _ZYGOTE[2]
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    base = {k: v for k, v in env.items() if k not in ("HOME", "TMPDIR", "MPLCONFIGDIR")}
-    proc = subprocess.Popen([sys.executable, "-S", "-B", str(HERE / "zygote.py"), str(theirs.fileno())],
-                            pass_fds=(theirs.fileno(),), env=base, cwd="/", stdin=subprocess.DEVNULL,
-                            start_new_session=True)
-    theirs.close()
-    ours.settimeout(120)
-    if ours.recv(16) != b"ready":
-        proc.kill()
-        raise SandboxError("crash", "the sandbox zygote did not start")
-    ours.settimeout(None)
-    _ZYGOTE = (os.getpid(), proc, ours)
-    return ours
-
-
-_ZYGOTE_LOCK = threading.Lock()
-
-
-def zygote_spawn(env: dict[str, str], spec: dict[str, Any], fds: list[int], status_fd: int) -> ZygoteChild:
-    with _ZYGOTE_LOCK:  # one request at a time on the socket (Dask workers may grade in threads)
-        sock = _zygote(env)
-        socket.send_fds(sock, [json.dumps(spec).encode()], fds)
-        (pid,) = struct.unpack("<i", sock.recv(4))
-    return ZygoteChild(pid, status_fd)
+# Hidden from student code, besides the course, the submissions and the grading folder: the one list.
+HIDDEN = ("/root", "/home", "/tmp", "/var/tmp", "/dev/shm", "/srv", "/mnt", "/media", "/opt", "/work")
 
 
 @dataclass
@@ -477,15 +219,14 @@ class Sandbox:
     files: Path | None = None  # folder whose contents the student received (copied into the scratch folder)
     limits: Limits = field(default_factory=Limits)
     hide: list[Path] = field(default_factory=list)  # extra folders to hide (course, submissions, grading state)
-    device: str = "cpu"
     isolation: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.proc: subprocess.Popen | ZygoteChild | None = None
-        _sweep_stale_scratch()
+        sweep_stale_scratch()
         # The owner's pid and start time in the name: a grader killed before its clean-up leaves a folder
         # that the next grader recognises as orphaned and removes.
-        self.root = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{_owner_tag()}-"))
+        self.root = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{owner_tag()}-"))
         self.deadline = time.monotonic() + self.limits.notebook_timeout
         self._r = self._w = -1
         self.cgroup: Cgroup | None = None
@@ -514,7 +255,7 @@ class Sandbox:
 
     def _env(self, work: Path) -> dict[str, str]:
         site_dirs = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
-        env = {
+        return {
             "PATH": "/usr/bin:/bin",
             "HOME": str(work),
             "TMPDIR": str(work / "tmp"),
@@ -528,68 +269,45 @@ class Sandbox:
             # the installed packages are reached through this path instead.
             "PYTHONPATH": os.pathsep.join(dict.fromkeys(site_dirs)),
             "LANG": "C.UTF-8",
+            "CUDA_VISIBLE_DEVICES": "",  # grading runs on the CPU: no GPU is visible to student code
         }
-        if self.device.startswith("cuda"):
-            env["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "0")
-        return env
+
+    def _visible(self) -> tuple[list[Path], list[Path]]:
+        """``(expose, hide)``: the Python installation (read-only) and the folders hidden behind empty mounts."""
+        site_dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+        expose = _top_level([Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()]
+                            + [Path(d).resolve() for d in site_dirs])
+        hide = _top_level([Path(p) for p in HIDDEN] + [p.resolve() for p in self.hide])
+        return expose, hide
+
+    def _rlimits(self, processes: bool) -> None:
+        """In the child about to exec: the per-process limits (``processes``: RLIMIT_NPROC too)."""
+        lim = self.limits
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (lim.file_bytes, lim.file_bytes))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+        resource.setrlimit(resource.RLIMIT_AS, (lim.memory_bytes, lim.memory_bytes))
+        resource.setrlimit(resource.RLIMIT_CPU, (lim.cpu_seconds, lim.cpu_seconds + 5))
+        if processes:  # counted per real user id: this user's processes now, plus the sandbox's allowance
+            resource.setrlimit(resource.RLIMIT_NPROC, (_tasks_of(os.getuid()) + lim.max_processes,) * 2)
 
     def start(self) -> None:
+        mode = isolation_mode()
+        if mode == NONE and self.limits.require_isolation:
+            require_isolation()
         work = self._prepare()
         env = self._env(work)
         r_req, w_req = os.pipe()
         r_rep, w_rep = os.pipe()
         log_fd = os.open(self.root / "process.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        if can_isolate():
-            uid = sandbox_uid()
-            site_dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-            expose = _top_level([Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()]
-                                + [Path(d).resolve() for d in site_dirs])
-            hide = _top_level([Path(p) for p in HIDDEN] + [p.resolve() for p in self.hide])
-            try:
-                self.cgroup = Cgroup.create(self.limits)
-                whole = (f"cgroup {self.cgroup.kind} (memory {self.limits.memory_bytes >> 20} MiB without swap and "
-                         f"{self.limits.max_processes} processes for the whole sandbox)")
-            except OSError as e:
-                self.cgroup = None
-                whole = (f"no cgroup ({e.strerror or e}): memory and process limits apply per process only "
-                         "(rlimits), so several processes together can use more")
-            spec = {"expose": [str(p) for p in expose] + [str(self.root)], "hide": [str(p) for p in hide],
-                    "uid": uid, "work": str(work), "env": env, "device": self.device,
-                    "cgroups": [str(d) for d in self.cgroup.dirs] if self.cgroup else [],
-                    "scratch_bytes": self.limits.scratch_bytes,
-                    "limits": {"file_bytes": self.limits.file_bytes, "max_processes": self.limits.max_processes,
-                               "memory_bytes": 0 if self.device.startswith("cuda") else self.limits.memory_bytes}}
-            r_status, w_status = os.pipe()
-            try:
-                self.proc = zygote_spawn(env, spec, [r_req, w_rep, w_status, log_fd], r_status)
-            finally:
-                for fd in (r_req, w_rep, w_status, log_fd):
-                    os.close(fd)
-            self.isolation = ["network namespace (no network)", "pid namespace", "mount namespace (course hidden)",
-                              f"scratch folder on its own tmpfs of {self.limits.scratch_bytes >> 20} MiB",
-                              f"unprivileged user {uid}", "rlimits", whole, "forked from a clean zygote"]
-        else:
-            limits = self.limits
-            cuda = self.device.startswith("cuda")
-
-            def preexec() -> None:
-                os.setsid()
-                _die_with_parent()
-                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-                resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
-                resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-                if not cuda:
-                    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-
-            cmd = [sys.executable, "-S", "-B", str(self.root / "harness" / "harness.py"), str(r_req), str(w_rep),
-                   self.device]
-            try:
-                self.proc = subprocess.Popen(cmd, cwd=str(work), env=env, stdin=subprocess.DEVNULL, stdout=log_fd,
-                                             stderr=log_fd, pass_fds=(r_req, w_rep), preexec_fn=preexec, close_fds=True)
-            finally:
-                for fd in (r_req, w_rep, log_fd):
-                    os.close(fd)
-            self.isolation = ["rlimits only: namespaces or root unavailable, so no network or filesystem isolation"]
+        try:
+            if mode == NAMESPACES:
+                self._start_zygote(work, env, [r_req, w_rep, log_fd])
+            else:
+                self._start_process(work, env, [r_req, w_rep, log_fd], mode == BUBBLEWRAP)
+        finally:
+            for fd in (r_req, w_rep, log_fd):
+                os.close(fd)
         self._w, self._r = w_req, r_rep
         # Every read and write is bounded by a deadline (see request): a process that stops reading its
         # requests, or stalls half-way through a reply, cannot block the grader.
@@ -597,6 +315,72 @@ class Sandbox:
         os.set_blocking(self._r, False)
         # A first round trip proves the harness is up.
         self.request({"op": "names"}, timeout=self.limits.start_timeout)
+
+    def _start_zygote(self, work: Path, env: dict[str, str], fds: list[int]) -> None:
+        """As root: a process forked by the zygote, which isolates it (see :mod:`autograder.zygote`)."""
+        uid = sandbox_uid()
+        expose, hide = self._visible()
+        try:
+            self.cgroup = Cgroup.create(self.limits.memory_bytes, self.limits.max_processes)
+            whole = (f"cgroup {self.cgroup.kind} (memory {self.limits.memory_bytes >> 20} MiB without swap and "
+                     f"{self.limits.max_processes} processes for the whole sandbox)")
+        except OSError as e:
+            self.cgroup = None
+            whole = (f"no cgroup ({e.strerror or e}): memory and process limits apply per process only "
+                     "(rlimits), so several processes together can use more")
+        lim = self.limits
+        spec = {"expose": [str(p) for p in expose] + [str(self.root)], "hide": [str(p) for p in hide],
+                "uid": uid, "work": str(work), "env": env,
+                "cgroups": [str(d) for d in self.cgroup.dirs] if self.cgroup else [],
+                "scratch_bytes": lim.scratch_bytes,
+                "limits": {"file_bytes": lim.file_bytes, "max_processes": lim.max_processes,
+                           "memory_bytes": lim.memory_bytes, "cpu_seconds": lim.cpu_seconds}}
+        r_status, w_status = os.pipe()
+        try:
+            self.proc = zygote_spawn(env, spec, [fds[0], fds[1], w_status, fds[2]], r_status)
+        except ZygoteError as e:
+            raise SandboxError("crash", str(e)) from None
+        finally:
+            os.close(w_status)
+        self.isolation = ["network namespace (no network)", "pid namespace", "ipc namespace",
+                          "mount namespace (course hidden, every mount read-only but the scratch folder)",
+                          f"scratch folder on its own tmpfs of {lim.scratch_bytes >> 20} MiB",
+                          f"unprivileged user {uid} of its own, fresh keyrings",
+                          f"rlimits (CPU {lim.cpu_seconds} s per process)", whole, "forked from a clean zygote"]
+
+    def _start_process(self, work: Path, env: dict[str, str], fds: list[int], bwrap: bool) -> None:
+        """Without root: a new process, under bubblewrap where it works, else with rlimits only."""
+        r_req, w_rep, log_fd = fds
+        harness = self.root / "harness" / "harness.py"
+        if bwrap:
+            expose, hide = self._visible()
+            received = self.root / "received"
+            received.mkdir()
+            uid = sandbox_uid()
+            cmd = bubblewrap.command(expose, hide, self.root, received, work, self.limits.scratch_bytes, uid,
+                                     sys.executable, harness, [str(r_req), str(w_rep)])
+        else:
+            cmd = [sys.executable, "-S", "-B", str(harness), str(r_req), str(w_rep)]
+
+        def preexec() -> None:
+            os.setsid()
+            _die_with_parent()
+            self._rlimits(processes=bwrap)
+            if bwrap:  # the grader's session keyring stays behind (user keyrings are per user namespace)
+                fresh_keyrings(clear_user=False)
+
+        self.proc = subprocess.Popen(cmd, cwd=str(work), env=env, stdin=subprocess.DEVNULL, stdout=log_fd,
+                                     stderr=log_fd, pass_fds=(r_req, w_rep), preexec_fn=preexec, close_fds=True)
+        lim = self.limits
+        if bwrap:
+            self.isolation = ["bubblewrap without root: user, network (no network), pid, ipc, uts namespaces",
+                              "mount namespace (course hidden, every mount read-only but the scratch folder)",
+                              f"scratch folder on its own tmpfs of {lim.scratch_bytes >> 20} MiB",
+                              f"user {uid} in a user namespace of its own, fresh keyrings",
+                              f"rlimits (CPU {lim.cpu_seconds} s per process; no cgroup without root: memory "
+                              "and processes are limited per process)"]
+        else:
+            self.isolation = ["rlimits only: " + NO_ISOLATION]
 
     def close(self) -> None:
         self.kill()
@@ -711,7 +495,8 @@ class Sandbox:
         if code < 0:
             sig = signal.Signals(-code).name
             why = {"SIGKILL": "killed (often: memory exhausted)", "SIGSEGV": "crashed (segmentation fault)",
-                   "SIGXFSZ": "stopped for writing a file over the size limit"}.get(sig, f"ended by {sig}")
+                   "SIGXFSZ": "stopped for writing a file over the size limit",
+                   "SIGXCPU": f"stopped for using more than its {self.limits.cpu_seconds} s of CPU time"}.get(sig, f"ended by {sig}")
             msg = f"the notebook's process was {why}"
         else:
             msg = f"the notebook's process exited with status {code} (sys.exit, os._exit or a crash)"

@@ -11,16 +11,22 @@ student code,
 1. enters new mount, network, PID, IPC and UTS namespaces (a second fork makes
    the sandboxed process PID 1 of its namespace, so killing it ends everything
    it started; the first fork stays behind to report its exit status);
-2. hides the course, the submissions, the grading folder, ``/root``, ``/home``
-   and ``/tmp`` behind empty tmpfs mounts, leaving only the Python installation
+2. hides what the sandbox asks (:data:`autograder.sandbox.HIDDEN`, the course,
+   the submissions, the grading folder) behind empty tmpfs mounts, leaving only the Python installation
    and the sandbox's folder visible, read-only, with the scratch folder inside it
    on a size-limited tmpfs of its own (a copy of what the student received);
-3. drops to an unprivileged user with no new privileges and applies the limits;
-4. runs the harness loop on the pipes the judge passed over the socket.
+3. makes every mount it can see read-only except its scratch folder (and its
+   own ``/proc``): nothing it writes outside the scratch reaches the host or a
+   later sandbox, whichever world-writable folder the host has;
+4. drops to an unprivileged user of its own (an id no other sandbox uses) with
+   no new privileges, applies the limits, and starts from empty kernel
+   keyrings (a new session keyring; the user keyrings of its id cleared);
+5. runs the harness loop on the pipes the judge passed over the socket.
 
 No student code ever runs in the zygote, and no child is reused: each
-submission sees a process fresh from the same clean image. Runs as root only
-(the judge falls back to plain processes otherwise). Linux only.
+submission sees a process fresh from the same clean image. Runs as root only;
+without root the sandbox uses bubblewrap (:mod:`autograder.bubblewrap`) or,
+failing that, a plain process. Linux only.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import platform
+import re
 import resource
 import shutil
 import signal
@@ -41,6 +49,11 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVA
 MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 STAGING = "/mnt"
+MOUNT_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC}
+# keyctl(2): the call's number per architecture, its operations and the special keyring ids.
+SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "i686": 288, "armv7l": 311, "ppc64le": 289, "s390x": 280}
+KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR, KEYCTL_GET_PERSISTENT = 1, 7, 22
+KEY_SPEC_SESSION_KEYRING, KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -3, -4, -5
 
 
 def _check(ret: int, what: str) -> None:
@@ -52,6 +65,76 @@ def _check(ret: int, what: str) -> None:
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     enc = lambda s: None if s is None else s.encode()  # noqa: E731
     _check(LIBC.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
+
+
+def _keyctl(op: int, *args: int | None) -> int:
+    nr = SYS_KEYCTL.get(platform.machine())
+    if nr is None:
+        raise OSError(0, f"keyctl: unknown system call number on {platform.machine()}")
+    ret = LIBC.syscall(ctypes.c_long(nr), ctypes.c_long(op), *(ctypes.c_long(a) if a is not None else None for a in args))
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"keyctl {op}: {os.strerror(err)}")
+    return ret
+
+
+def fresh_keyrings(clear_user: bool) -> None:
+    """Leave the inherited kernel keyrings behind: join a new, empty session keyring.
+
+    With ``clear_user`` (a process already running as its sandbox's own user id), also empty the
+    keyrings the kernel keys by user id (user, user-session and persistent keyrings), which outlive
+    the processes that filled them: whatever an earlier process of that id left there is gone.
+    A kernel without keyrings (ENOSYS) has nothing to share.
+    """
+    import errno
+
+    try:
+        _keyctl(KEYCTL_JOIN_SESSION_KEYRING, None)
+    except OSError as e:
+        if e.errno == errno.ENOSYS:
+            return
+        raise
+    if not clear_user:
+        return
+    for ring in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING):
+        _keyctl(KEYCTL_CLEAR, ring)
+    try:  # linked into the new session keyring, then emptied
+        _keyctl(KEYCTL_CLEAR, _keyctl(KEYCTL_GET_PERSISTENT, -1, KEY_SPEC_SESSION_KEYRING))
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+
+
+def _mount_points() -> list[tuple[str, set[str]]]:
+    """Every mount point this process sees, with its per-mount options (``/proc/self/mountinfo``)."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            target = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])  # \040: a space
+            out.append((target, set(fields[5].split(","))))
+    return out
+
+
+def _everything_read_only(writable: list[str]) -> None:
+    """Remount every mount read-only but ``writable`` and ``/proc``.
+
+    A whole-tree rule rather than a list of folders: any world-writable folder the host has
+    (``/var/tmp``, ``/run/lock``, ``/dev/mqueue``, ...) is read-only here, so nothing a sandbox writes
+    outside its scratch reaches the host's disk or a later sandbox. Writing to device files such as
+    ``/dev/null`` still works on a read-only mount.
+    """
+    for target, opts in _mount_points():
+        if target in writable or target == "/proc" or target.startswith("/proc/") or "ro" in opts:
+            continue
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID
+        for name, flag in MOUNT_FLAGS.items():
+            flags |= flag if name in opts else 0
+        try:
+            _mount(None, target, None, flags)
+        except OSError:
+            if os.path.exists(target):  # a mount hidden under another one cannot be reached anyway
+                raise
 
 
 def _isolate_filesystem(expose: list[str], hide: list[str], work: str | None = None, scratch_bytes: int = 0) -> None:
@@ -83,6 +166,8 @@ def _isolate_filesystem(expose: list[str], hide: list[str], work: str | None = N
         _mount(None, work, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
     _check(LIBC.umount2(STAGING.encode(), MNT_DETACH), "umount staging")
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    if scratch_bytes and work:
+        _everything_read_only([work])
 
 
 def _run_child(spec: dict, fds: list[int]) -> None:
@@ -124,9 +209,11 @@ def _run_child(spec: dict, fds: list[int]) -> None:
             resource.setrlimit(res, (value, value))
         if lim.get("memory_bytes"):
             resource.setrlimit(resource.RLIMIT_AS, (lim["memory_bytes"], lim["memory_bytes"]))
+        resource.setrlimit(resource.RLIMIT_CPU, (lim["cpu_seconds"], lim["cpu_seconds"] + 5))
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
+        fresh_keyrings(clear_user=True)
         _check(LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
         # Changing credentials cleared the parent-death signal: set it again. (getppid() is 0 across
         # the PID namespace, so a reporter that died in between cannot be detected here; the judge
@@ -137,7 +224,7 @@ def _run_child(spec: dict, fds: list[int]) -> None:
         os.environ.update(spec["env"])
         import harness
 
-        sys.argv = ["harness", str(r_req), str(w_rep), spec["device"]]
+        sys.argv = ["harness", str(r_req), str(w_rep)]
         harness.main()
         code = 0
     except BaseException as e:  # noqa: BLE001 - report, then leave without running anything else

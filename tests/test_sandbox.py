@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from autograder.course import ROOT
-from autograder.sandbox import Limits, Sandbox, SandboxError, can_isolate
+from autograder.sandbox import NAMESPACES, Limits, Sandbox, SandboxError, isolation_mode
 
-isolated = pytest.mark.skipif(not can_isolate(), reason="needs root and Linux namespaces")
+# These tests look at the sandbox from the host as root (its user's processes, its cgroup); bubblewrap's
+# isolation without root is tested in test_isolation*.py.
+isolated = pytest.mark.skipif(isolation_mode() != NAMESPACES, reason="needs root and Linux namespaces")
 
 
 def run(box: Sandbox, code: str, timeout: float = 20) -> dict:
@@ -151,9 +153,9 @@ def test_a_stalled_pipe_does_not_stop_the_batch(tmp_path):
 
 
 def _cgroup_or_skip():
-    from autograder.sandbox import cgroup_plan
+    from autograder.cgroups import cgroup_plan
 
-    if not can_isolate() or cgroup_plan() is None:
+    if isolation_mode() != NAMESPACES or cgroup_plan() is None:
         pytest.skip("needs root, namespaces and a writable cgroup (v2, or v1 memory and pids)")
 
 
@@ -174,11 +176,11 @@ def test_memory_limit_counts_every_process_of_the_sandbox():
 
 
 def test_without_cgroup_the_log_says_so(monkeypatch):
-    import autograder.sandbox as sb
+    import autograder.cgroups as cgroups
 
-    if not can_isolate():
+    if isolation_mode() != NAMESPACES:
         pytest.skip("needs root and namespaces")
-    monkeypatch.setattr(sb, "cgroup_plan", lambda: None)
+    monkeypatch.setattr(cgroups, "cgroup_plan", lambda: None)
     with Sandbox(hide=[ROOT]) as box:
         assert box.cgroup is None
         assert any("no cgroup" in s and "per process" in s for s in box.isolation), box.isolation
@@ -206,7 +208,8 @@ def test_a_killed_grader_leaves_nothing_behind():
     import signal
     import sys
 
-    import autograder.sandbox as sb
+    import autograder.cgroups as cgroups
+    import autograder.leftovers as leftovers
 
     code = (f"import sys, time\nsys.path.insert(0, {str(ROOT)!r})\n"
             "from autograder.sandbox import Sandbox\nbox = Sandbox()\nbox.start()\n"
@@ -216,12 +219,12 @@ def test_a_killed_grader_leaves_nothing_behind():
     assert left and all(p.exists() for p in left)
     grader.send_signal(signal.SIGKILL)
     grader.wait()
-    sb._SWEPT.clear()
-    sb._CGROUP_PLAN.clear()
+    leftovers._SWEPT.clear()
+    cgroups._CGROUP_PLAN.clear()
     deadline = time.monotonic() + 10
     while any(p.exists() for p in left) and time.monotonic() < deadline:
-        sb._SWEPT.clear()
-        sb._CGROUP_PLAN.clear()
+        leftovers._SWEPT.clear()
+        cgroups._CGROUP_PLAN.clear()
         with Sandbox():  # a new grader's first sandbox sweeps what dead graders left
             pass
         time.sleep(0.2)
