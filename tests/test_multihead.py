@@ -282,7 +282,7 @@ def test_attention_dropout_matches_torch_with_the_same_seed(p, masked):
 
 def test_dropout_is_checked_and_needs_the_weights():
     with pytest.raises(ValueError, match="probability"):
-        MultiHeadAttention(8, 2, dropout=1.0)
+        MultiHeadAttention(8, 2, dropout=1.5)
     from attnkit import fused_attention
     mha = MultiHeadAttention(8, 2, dropout=0.1, attention=fused_attention)
     x = torch.randn(1, 3, 8)
