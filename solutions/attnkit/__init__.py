@@ -48,7 +48,9 @@ only modules listed above it (and torch); nothing in the package imports
 Every attention function has the signature ``(query, key, value, mask=None) ->
 (output, weights)``; ``MultiHeadAttention``, ``SelfAttention``, ``CrossAttention``
 and the blocks take one as their ``attention=`` argument (``fused_attention``
-returns ``None`` for the weights it never forms). No flag changes a return type.
+returns ``None`` for the weights it never forms, so a layer built with it and
+attention ``dropout > 0`` raises ``ValueError`` in training mode: there are no
+weights to drop). No flag changes a return type.
 """
 
 from attnkit.validation import ShapeError, check_embeddings, check_inputs, check_mask, check_tensors

@@ -91,7 +91,9 @@ class MultiHeadAttention(nn.Module):
         dropout: attention dropout, in training mode only: each weight is zeroed
             with probability ``dropout``, the rest scaled by ``1 / (1 - dropout)``,
             before they mix the values, as in ``nn.MultiheadAttention`` (the
-            weights returned are the dropped ones).
+            weights returned are the dropped ones). An ``attention`` function
+            that forms no weights (``fused_attention``) has none to drop: with
+            ``dropout > 0`` in training mode ``forward`` raises ``ValueError``.
         attention: the function that attends, ``(q, k, v, mask) -> (out, weights)``.
     """
 
