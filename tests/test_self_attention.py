@@ -19,33 +19,28 @@ def torch_twin(layer: SelfAttention) -> nn.MultiheadAttention:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("B, n, E, H", [(2, 5, 8, 2), (1, 1, 4, 4), (3, 7, 12, 3)])
-def test_matches_torch_self_attention(B, n, E, H, dtype):
+def test_is_multihead_attention_of_x_with_itself(B, n, E, H, masked, dtype):
+    """SelfAttention(x) is its MultiHeadAttention on (x, x, x), mask passed through, and torch's self-attention."""
     torch.manual_seed(0)
     layer = SelfAttention(E, H).to(dtype)
     assert isinstance(layer.attn, MultiHeadAttention)
     x = torch.randn(B, n, E, dtype=dtype)
-    out, w = layer(x)
-    assert out.shape == (B, n, E) and w.shape == (B, H, n, n) and out.dtype == dtype
-    exp_out, exp_w = torch_twin(layer)(x, x, x, average_attn_weights=False)
-    torch.testing.assert_close(out, exp_out, **TOL[dtype])
-    torch.testing.assert_close(w, exp_w, **TOL[dtype])
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_is_multihead_attention_of_x_with_itself_and_passes_the_mask(dtype):
-    torch.manual_seed(1)
-    layer = SelfAttention(8, 2).to(dtype)
-    x = torch.randn(2, 6, 8, dtype=dtype)
-    mask = torch.rand(2, 6, 6) < 0.5
-    mask[..., 0] = True
+    mask = torch.rand(B, n, n) < 0.5 if masked else None
+    if mask is not None:
+        mask[..., 0] = True  # every query keeps a key
     out, w = layer(x, mask)
-    exp_out, exp_w = layer.attn(x, x, x, mask)
-    torch.testing.assert_close(out, exp_out, **TOL[dtype])
-    torch.testing.assert_close(w, exp_w, **TOL[dtype])
-    assert (w.masked_select(~mask[:, None].expand_as(w)) == 0).all()
-    ref_out, _ = torch_twin(layer)(x, x, x, attn_mask=~mask.repeat_interleave(2, dim=0))  # torch: True = may NOT attend
-    torch.testing.assert_close(out, ref_out, **TOL[dtype])
+    assert out.shape == (B, n, E) and w.shape == (B, H, n, n) and out.dtype == dtype
+    for got, want in zip((out, w), layer.attn(x, x, x, mask)):
+        torch.testing.assert_close(got, want, **TOL[dtype])
+    # torch: a 3-D attn_mask is (B * H, n, n) and True = may NOT attend
+    attn_mask = None if mask is None else ~mask.repeat_interleave(H, dim=0)
+    ref = torch_twin(layer)(x, x, x, attn_mask=attn_mask, average_attn_weights=False)
+    for got, want in zip((out, w), ref):
+        torch.testing.assert_close(got, want, **TOL[dtype])
+    if mask is not None:
+        assert (w.masked_select(~mask[:, None].expand_as(w)) == 0).all()
 
 
 @settings(max_examples=30, deadline=None, derandomize=True)

@@ -15,8 +15,9 @@ only modules listed above it (and torch); nothing in the package imports
     ``(output, weights)``).
 ``multihead`` (chapter 02; ``num_kv_heads`` chapter 08)
     ``split_heads``, ``merge_heads``, ``MultiHeadAttention`` (its ``attention=``
-    function, grouped-query ``num_kv_heads``, attention ``dropout``), the type
-    ``AttentionFn``.
+    function, grouped-query ``num_kv_heads``, attention ``dropout``), the types
+    ``AttentionFn`` and ``AttentionOptions`` (the keyword arguments the layers
+    built on it pass on).
 ``self_attention`` (chapter 03)
     ``SelfAttention``.
 ``masks`` (chapter 04; the sliding window chapters 03 and 08)
@@ -47,13 +48,16 @@ only modules listed above it (and torch); nothing in the package imports
 Every attention function has the signature ``(query, key, value, mask=None) ->
 (output, weights)``; ``MultiHeadAttention``, ``SelfAttention``, ``CrossAttention``
 and the blocks take one as their ``attention=`` argument (``fused_attention``
-returns ``None`` for the weights it never forms). No flag changes a return type.
+returns ``None`` for the weights it never forms, so a layer built with it and
+attention ``dropout > 0`` raises ``ValueError`` in training mode: there are no
+weights to drop). No flag changes a return type.
 """
 
 from attnkit.validation import ShapeError, check_embeddings, check_inputs, check_mask, check_tensors
 from attnkit.device import default_device
 from attnkit.attention import scaled_dot_product_attention, softmax
-from attnkit.multihead import AttentionFn, MultiHeadAttention, merge_heads, split_heads
+from attnkit.multihead import (AttentionFn, AttentionOptions, MultiHeadAttention, merge_heads,
+                              split_heads)
 from attnkit.self_attention import SelfAttention
 from attnkit.masks import causal_mask, padding_mask, sliding_window_mask
 from attnkit.cross_attention import CrossAttention, context_padding_mask
@@ -74,7 +78,7 @@ __all__ = [
     # chapter 01
     "softmax", "scaled_dot_product_attention",
     # chapter 02
-    "AttentionFn", "split_heads", "merge_heads", "MultiHeadAttention",
+    "AttentionFn", "AttentionOptions", "split_heads", "merge_heads", "MultiHeadAttention",
     # chapter 03
     "SelfAttention",
     # chapter 04

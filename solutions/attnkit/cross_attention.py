@@ -12,10 +12,11 @@ takes the queries from ``x`` and the keys and values from a second sequence,
 
 from __future__ import annotations
 
+from typing import Unpack
+
 from torch import Tensor, nn
 
-from attnkit.attention import scaled_dot_product_attention
-from attnkit.multihead import AttentionFn, MultiHeadAttention
+from attnkit.multihead import AttentionOptions, MultiHeadAttention
 from attnkit.validation import ShapeError
 
 __all__ = ["CrossAttention", "context_padding_mask"]
@@ -46,17 +47,14 @@ class CrossAttention(nn.Module):
     values. Output ``(B, n, E)``, one row per position of ``x``; weights
     ``(B, H, n, m)``, each row a distribution over the context. ``context_mask``
     (bool, True = may attend) is ``(B, m)`` (which context tokens are real) or a
-    3-D mask broadcastable to ``(B, n, m)``. The keyword arguments go to the
-    ``MultiHeadAttention``.
+    3-D mask broadcastable to ``(B, n, m)``. The keyword arguments
+    (``num_kv_heads``, ``dropout``, ``attention``) go to the ``MultiHeadAttention``.
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, *,
-                 num_kv_heads: int | None = None, dropout: float = 0.0,
-                 attention: AttentionFn = scaled_dot_product_attention) -> None:
+    def __init__(self, embed_dim: int, num_heads: int, bias: bool = True,
+                 **options: Unpack[AttentionOptions]) -> None:
         super().__init__()
-        self.attn = MultiHeadAttention(embed_dim, num_heads, bias,
-                                       num_kv_heads=num_kv_heads, dropout=dropout,
-                                       attention=attention)
+        self.attn = MultiHeadAttention(embed_dim, num_heads, bias, **options)
 
     def forward(self, x: Tensor, context: Tensor,
                 context_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:

@@ -54,7 +54,8 @@ def fused_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | No
     Same arguments and the same output; the second item is always ``None`` because the fused
     kernel never forms the ``(n, m)`` weights (that is what makes it fast). The pair keeps the
     shape of every attention function, so ``MultiHeadAttention(..., attention=fused_attention)``
-    runs the fast path.
+    runs the fast path; with attention ``dropout > 0`` that module raises ``ValueError`` in
+    training mode, since there are no weights to drop (use ``dropout=0.0``, or ``eval()``).
 
     Small calls are where Python's own cost shows (on a GPU most calls are small next to the
     launch cost), so the checks here are the cheap ones; broadcasting, the costly check, is left

@@ -19,6 +19,7 @@ slopes bound. No flag changes what ``forward`` returns.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypedDict
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -26,11 +27,20 @@ from torch import Tensor, nn
 from attnkit.attention import scaled_dot_product_attention
 from attnkit.validation import ShapeError, check_embeddings
 
-__all__ = ["AttentionFn", "split_heads", "merge_heads", "MultiHeadAttention"]
+__all__ = ["AttentionFn", "AttentionOptions", "split_heads", "merge_heads", "MultiHeadAttention"]
 
 # (query, key, value, mask) -> (output, weights); weights None if never formed
 AttentionFn = Callable[[Tensor, Tensor, Tensor, "Tensor | None"],
                        "tuple[Tensor, Tensor | None]"]
+
+
+class AttentionOptions(TypedDict, total=False):
+    """The keyword-only arguments of :class:`MultiHeadAttention`, which the layers
+    built on it (``SelfAttention``, ``CrossAttention``) pass on unchanged."""
+
+    num_kv_heads: int | None
+    dropout: float
+    attention: AttentionFn
 
 
 def _shape(x: object) -> object:
@@ -81,7 +91,9 @@ class MultiHeadAttention(nn.Module):
         dropout: attention dropout, in training mode only: each weight is zeroed
             with probability ``dropout``, the rest scaled by ``1 / (1 - dropout)``,
             before they mix the values, as in ``nn.MultiheadAttention`` (the
-            weights returned are the dropped ones).
+            weights returned are the dropped ones). An ``attention`` function
+            that forms no weights (``fused_attention``) has none to drop: with
+            ``dropout > 0`` in training mode ``forward`` raises ``ValueError``.
         attention: the function that attends, ``(q, k, v, mask) -> (out, weights)``.
     """
 

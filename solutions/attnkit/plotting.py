@@ -13,10 +13,11 @@ from matplotlib.figure import Figure
 __all__ = ["plot_attention", "plot_heads"]
 
 
-def _as_matrix(weights: torch.Tensor | np.ndarray) -> np.ndarray:
+def _as_array(weights: torch.Tensor | np.ndarray, shape: str) -> np.ndarray:
+    """``weights`` as a NumPy array with as many axes as ``shape`` names, e.g. ``"(n_queries, n_keys)"``."""
     w = weights.detach().cpu().float().numpy() if isinstance(weights, torch.Tensor) else np.asarray(weights)
-    if w.ndim != 2:
-        raise ValueError(f"expected a weight matrix of shape (n_queries, n_keys), got shape {w.shape}")
+    if w.ndim != shape.count(",") + 1:
+        raise ValueError(f"expected attention weights of shape {shape}, got shape {w.shape}")
     return w
 
 
@@ -35,7 +36,7 @@ def plot_attention(
     ``annotate=True`` each cell shows its weight (useful for small matrices).
     Returns the axes so callers can add to the figure.
     """
-    w = _as_matrix(weights)
+    w = _as_array(weights, "(n_queries, n_keys)")
     if ax is None:
         _, ax = plt.subplots(figsize=(0.45 * w.shape[1] + 2, 0.45 * w.shape[0] + 1.5))
     im = ax.imshow(w, cmap="Blues", vmin=0.0, vmax=max(1e-9, float(w.max())), aspect="auto")
@@ -64,9 +65,7 @@ def plot_heads(
     title: str | None = None,
 ) -> Figure:
     """Draw the weights of every head, ``(num_heads, n_queries, n_keys)``, side by side."""
-    w = weights.detach().cpu().float().numpy() if isinstance(weights, torch.Tensor) else np.asarray(weights)
-    if w.ndim != 3:
-        raise ValueError(f"expected per-head weights of shape (num_heads, n_queries, n_keys), got shape {w.shape}")
+    w = _as_array(weights, "(num_heads, n_queries, n_keys)")
     h = w.shape[0]
     fig, axes = plt.subplots(1, h, figsize=(2.6 * h + 1, 2.8), squeeze=False)
     for i, ax in enumerate(axes[0]):

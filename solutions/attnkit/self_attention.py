@@ -9,10 +9,11 @@ shuffling the positions of ``x`` shuffles the rows of the output the same way
 
 from __future__ import annotations
 
+from typing import Unpack
+
 from torch import Tensor, nn
 
-from attnkit.attention import scaled_dot_product_attention
-from attnkit.multihead import AttentionFn, MultiHeadAttention
+from attnkit.multihead import AttentionOptions, MultiHeadAttention
 
 __all__ = ["SelfAttention"]
 
@@ -23,16 +24,14 @@ class SelfAttention(nn.Module):
     ``forward(x, mask=None) -> (output, weights)``: ``x`` ``(B, n, E)``, output
     ``(B, n, E)``, weights ``(B, H, n, n)``; ``mask`` as in
     :class:`~attnkit.multihead.MultiHeadAttention` (True = may attend). The
-    keyword arguments go to the ``MultiHeadAttention``.
+    keyword arguments (``num_kv_heads``, ``dropout``, ``attention``) go to the
+    ``MultiHeadAttention``.
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, *,
-                 num_kv_heads: int | None = None, dropout: float = 0.0,
-                 attention: AttentionFn = scaled_dot_product_attention) -> None:
+    def __init__(self, embed_dim: int, num_heads: int, bias: bool = True,
+                 **options: Unpack[AttentionOptions]) -> None:
         super().__init__()
-        self.attn = MultiHeadAttention(embed_dim, num_heads, bias,
-                                       num_kv_heads=num_kv_heads, dropout=dropout,
-                                       attention=attention)
+        self.attn = MultiHeadAttention(embed_dim, num_heads, bias, **options)
 
     def forward(self, x: Tensor,
                 mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:

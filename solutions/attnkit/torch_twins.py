@@ -17,6 +17,8 @@ the package imports it.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 from torch import nn
 
@@ -24,6 +26,8 @@ from attnkit.multihead import MultiHeadAttention
 from attnkit.transformer import TransformerDecoderBlock, TransformerEncoderBlock
 
 __all__ = ["to_torch_multihead", "to_torch_encoder_layer", "to_torch_decoder_layer"]
+
+Layer = TypeVar("Layer", nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
 
 
 @torch.no_grad()
@@ -52,32 +56,30 @@ def to_torch_multihead(mha: MultiHeadAttention) -> nn.MultiheadAttention:
     return theirs.train(mha.training)
 
 
-def _copy_block(block: nn.Module, theirs: nn.Module, norms: tuple[str, ...]) -> None:
+def _twin_block(block: TransformerEncoderBlock | TransformerDecoderBlock,
+                layer: type[Layer]) -> Layer:
+    """A ``layer`` with ``block``'s settings, self-attention, feed-forward and norm weights."""
+    attn, w = block.self_attn.attn, block.norm1.weight
+    theirs = layer(attn.embed_dim, attn.num_heads, block.feed_forward.linear1.out_features,
+                   dropout=block.dropout1.p, batch_first=True, norm_first=block.norm_first,
+                   device=w.device, dtype=w.dtype)
+    _copy_attention(attn, theirs.self_attn)
     with torch.no_grad():
         theirs.linear1.load_state_dict(block.feed_forward.linear1.state_dict())
         theirs.linear2.load_state_dict(block.feed_forward.linear2.state_dict())
-        for name in norms:
-            getattr(theirs, name).load_state_dict(getattr(block, name).state_dict())
+        for name in ("norm1", "norm2", "norm3"):
+            if hasattr(theirs, name):  # the decoder layer has a third, for cross-attention
+                getattr(theirs, name).load_state_dict(getattr(block, name).state_dict())
+    return theirs.train(block.training)
 
 
 def to_torch_encoder_layer(block: TransformerEncoderBlock) -> nn.TransformerEncoderLayer:
     """An ``nn.TransformerEncoderLayer`` (relu, ``batch_first=True``) with ``block``'s weights and settings."""
-    attn, w = block.self_attn.attn, block.norm1.weight
-    theirs = nn.TransformerEncoderLayer(attn.embed_dim, attn.num_heads, block.feed_forward.linear1.out_features,
-                                        dropout=block.dropout1.p, batch_first=True, norm_first=block.norm_first,
-                                        device=w.device, dtype=w.dtype)
-    _copy_attention(attn, theirs.self_attn)
-    _copy_block(block, theirs, ("norm1", "norm2"))
-    return theirs.train(block.training)
+    return _twin_block(block, nn.TransformerEncoderLayer)
 
 
 def to_torch_decoder_layer(block: TransformerDecoderBlock) -> nn.TransformerDecoderLayer:
     """An ``nn.TransformerDecoderLayer`` (relu, ``batch_first=True``) with ``block``'s weights and settings."""
-    attn, w = block.self_attn.attn, block.norm1.weight
-    theirs = nn.TransformerDecoderLayer(attn.embed_dim, attn.num_heads, block.feed_forward.linear1.out_features,
-                                        dropout=block.dropout1.p, batch_first=True, norm_first=block.norm_first,
-                                        device=w.device, dtype=w.dtype)
-    _copy_attention(attn, theirs.self_attn)
+    theirs = _twin_block(block, nn.TransformerDecoderLayer)
     _copy_attention(block.cross_attn.attn, theirs.multihead_attn)
-    _copy_block(block, theirs, ("norm1", "norm2", "norm3"))
-    return theirs.train(block.training)
+    return theirs

@@ -62,7 +62,28 @@ class FeedForward(nn.Module):
         return self.linear2(self.dropout(torch.relu(self.linear1(x))))  # (..., E)
 
 
-class TransformerEncoderBlock(nn.Module):
+class _ResidualBlock(nn.Module):
+    """What both blocks are made of (chapter 07): ``self_attn``, ``cross_attn`` (the
+    decoder's only), ``feed_forward``, and per sublayer ``i`` a layer norm ``norm{i}``
+    and a dropout ``dropout{i}`` on its output. Their forward passes differ."""
+
+    def __init__(self, embed_dim: int, num_heads: int, ff_dim: int, dropout: float,
+                 norm_first: bool, attention: AttentionFn, *, cross: bool) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = SelfAttention(embed_dim, num_heads, dropout=dropout,
+                                       attention=attention)
+        if cross:
+            self.cross_attn = CrossAttention(embed_dim, num_heads, dropout=dropout,
+                                             attention=attention)
+        self.feed_forward = FeedForward(embed_dim, ff_dim, dropout)
+        self.norm1, self.dropout1 = nn.LayerNorm(embed_dim), nn.Dropout(dropout)
+        self.norm2, self.dropout2 = nn.LayerNorm(embed_dim), nn.Dropout(dropout)
+        if cross:
+            self.norm3, self.dropout3 = nn.LayerNorm(embed_dim), nn.Dropout(dropout)
+
+
+class TransformerEncoderBlock(_ResidualBlock):
     """Self-attention, then a feed-forward network, each with residual and norm (07).
 
     ``forward(x, mask=None) -> (output, weights)``: ``x`` and ``output``
@@ -75,15 +96,8 @@ class TransformerEncoderBlock(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, ff_dim: int,
                  dropout: float = 0.0, norm_first: bool = False, *,
                  attention: AttentionFn = scaled_dot_product_attention) -> None:
-        super().__init__()
-        self.norm_first = norm_first
-        self.self_attn = SelfAttention(embed_dim, num_heads, dropout=dropout,
-                                       attention=attention)
-        self.feed_forward = FeedForward(embed_dim, ff_dim, dropout)
-        self.norm1 = nn.LayerNorm(embed_dim)
-        self.norm2 = nn.LayerNorm(embed_dim)
-        self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
+        super().__init__(embed_dim, num_heads, ff_dim, dropout, norm_first, attention,
+                         cross=False)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Weights]:
         if self.norm_first:
@@ -97,7 +111,7 @@ class TransformerEncoderBlock(nn.Module):
         return x, weights  # (B, n, E), (B, H, n, n)
 
 
-class TransformerDecoderBlock(nn.Module):
+class TransformerDecoderBlock(_ResidualBlock):
     """Masked self-attention, cross-attention to ``memory``, feed-forward (chapter 07).
 
     ``forward(x, memory, self_mask=None, memory_mask=None)`` returns ``(output,
@@ -112,19 +126,8 @@ class TransformerDecoderBlock(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, ff_dim: int,
                  dropout: float = 0.0, norm_first: bool = False, *,
                  attention: AttentionFn = scaled_dot_product_attention) -> None:
-        super().__init__()
-        self.norm_first = norm_first
-        self.self_attn = SelfAttention(embed_dim, num_heads, dropout=dropout,
-                                       attention=attention)
-        self.cross_attn = CrossAttention(embed_dim, num_heads, dropout=dropout,
-                                         attention=attention)
-        self.feed_forward = FeedForward(embed_dim, ff_dim, dropout)
-        self.norm1 = nn.LayerNorm(embed_dim)
-        self.norm2 = nn.LayerNorm(embed_dim)
-        self.norm3 = nn.LayerNorm(embed_dim)
-        self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
-        self.dropout3 = nn.Dropout(dropout)
+        super().__init__(embed_dim, num_heads, ff_dim, dropout, norm_first, attention,
+                         cross=True)
 
     def forward(self, x: Tensor, memory: Tensor, self_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None) -> tuple[Tensor, Weights, Weights]:
