@@ -425,3 +425,59 @@ def test_a_tampered_guard_is_found_and_earns_nothing(attack):
     with pytest.raises(Exception, match="own implementation"):
         with backend.runner.guard.judged(()):
             __import__("torch").ops.aten._scaled_dot_product_attention_math(x, x, x)
+
+
+# -- grader-side analysis of student code is bounded -------------------------------------------------
+
+def test_a_long_chain_of_helpers_is_scanned_in_linear_work_and_named_briefly():
+    """Taint flows once per name: the message does not grow with the chain (it did, quadratically)."""
+    n = 3000
+    cells = [f"def h{i}(x):\n    return h{i + 1}(x)\n" for i in range(n)]
+    cells += [f"def h{n}(x):\n    return torch.nn.functional.scaled_dot_product_attention(x, x, x)\n",
+              "def softmax(x, dim=-1):\n    return h0(x)\n"]
+    found = delegations(cells, ["softmax"], {})
+    assert found["softmax"].startswith("softmax calls h0, which calls h1, which calls h2, which calls ")
+    assert f"{n - 3} more helpers, then h{n}" in found["softmax"] and "scaled_dot_product_attention" in found["softmax"]
+    assert len(found["softmax"]) < 300
+
+
+def test_the_scan_has_a_size_cap_and_a_time_budget():
+    from autograder.authorship import MAX_SCAN_CHARS, ScanLimit
+
+    with pytest.raises(ScanLimit, match="more than the grader reads"):
+        delegations(["x = 1\n" * (MAX_SCAN_CHARS // 6 + 1)], ["softmax"], {})
+    with pytest.raises(ScanLimit, match="budget"):
+        delegations([f"def h{i}(x):\n    return h{i + 1}(x)\n" for i in range(200)], ["softmax"], {}, budget_s=0.0)
+
+
+def test_many_magics_are_rewritten_line_by_line_not_by_ipythons_transformer(monkeypatch):
+    """IPython's transformer re-tokenises the cell once per magic (minutes for hundreds): past a few
+    magics the cell is rewritten in one linear pass, and still runs as Jupyter would run it."""
+    import IPython.core.inputtransformer2 as it2
+
+    from autograder import magics
+
+    calls = []
+    monkeypatch.setattr(it2.TransformerManager, "transform_cell", lambda self, code: calls.append(code) or code)
+    cell = "\n".join(f"x{i} = {i}\n%time y = 1" for i in range(magics.MAX_TRANSFORMED_MAGICS * 30))
+    python = magics.strip_magics(cell)
+    assert not calls
+    ns: dict = {}
+    exec(compile(python, "<cell>", "exec"), ns)
+    assert ns["x599"] == 599
+    magics.strip_magics("%time y = 1\nz = 2\n")
+    assert calls  # a cell with a few magics still goes through IPython's own transformer
+
+
+def test_honest_helpers_named_softmax_are_the_students():
+    """A helper module written with %%writefile, whose function's name contains "softmax", is the student's."""
+    from autograder.checks import load_suite
+
+    forbidden = load_suite("01_single_head").forbidden
+    cells = ["%%writefile helpers.py\nimport torch\ndef stable_softmax(x, dim):\n"
+             "    e = (x - x.amax(dim, keepdim=True)).exp()\n    return e / e.sum(dim, keepdim=True)\n",
+             "import helpers\nfrom helpers import stable_softmax\n",
+             "def softmax(x, dim=-1):\n    return stable_softmax(x, dim) + 0 * helpers.stable_softmax(x, dim)\n"]
+    assert delegations(cells, ["softmax"], forbidden) == {}
+    # a module the notebook did not write is not the student's: its softmax-named function is suspect
+    assert "softmax" in delegations(cells[1:], ["softmax"], forbidden)
