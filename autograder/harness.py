@@ -196,6 +196,7 @@ class Guard:
             return fn(*args, **kwargs)
 
         guarded.__guarded__ = True  # type: ignore[attr-defined]
+        del guarded.__wrapped__  # functools.wraps would hand the original to anyone who asks
         return guarded
 
     def _wrap_python_entry_points(self) -> None:

@@ -378,6 +378,9 @@ def test_a_parts_ban_holds_at_run_time_by_any_route(route):
         assert np.allclose(out, __import__("torch").softmax(__import__("torch").from_numpy(x), -1).numpy(), atol=1e-5)
     # ... and outside a judged call, as in Jupyter (a self-check cell)
     import torch
+    import torch._refs
+
+    assert not hasattr(torch._refs.softmax, "__wrapped__")  # the wrapper does not hand out torch's function
 
     assert torch.allclose(torch.softmax(torch.from_numpy(x), -1).sum(-1), torch.ones(2))
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from autograder.harness import Runner
 from autograder.wire import Ref
 
 __all__ = ["CheckFailed", "Suite", "Trial", "load_suite", "run_local", "suite_bans", "expect_number", "expect_tuple", "expect_choice"]
@@ -129,8 +130,6 @@ class LocalBackend(Backend):
     same :class:`~autograder.harness.Runner` the sandbox uses: same values, same errors, same bans."""
 
     def __init__(self, namespace: dict[str, Any], bans: Iterable[str] = ()) -> None:
-        from autograder.harness import Runner
-
         self.runner = Runner(torch, namespace)
         self.bans = tuple(bans)
 
