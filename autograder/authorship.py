@@ -20,40 +20,15 @@ same way, and a cell that does not parse is skipped alone.
 from __future__ import annotations
 
 import ast
+import collections
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autograder.harness import ATEN_ATTENTION, _strip_magics
+from autograder.magics import cell_magic, strip_magics
+from autograder.torch_names import ATEN_ATTENTION, is_torch_attention, squash
 
-TORCH_ATTENTION = {
-    "scaled_dot_product_attention": "torch's scaled_dot_product_attention",
-    "multi_head_attention_forward": "torch's multi_head_attention_forward",
-    "_native_multi_head_attention": "torch's native multi-head attention",
-    "MultiheadAttention": "torch.nn.MultiheadAttention",
-    "TransformerEncoderLayer": "torch.nn.TransformerEncoderLayer",
-    "TransformerDecoderLayer": "torch.nn.TransformerDecoderLayer",
-    "TransformerEncoder": "torch.nn.TransformerEncoder",
-    "TransformerDecoder": "torch.nn.TransformerDecoder",
-    "Transformer": "torch.nn.Transformer",
-}
-# Any name containing one of these is torch's attention too (the aten operators behind it:
-# torch.ops.aten._scaled_dot_product_attention_math, _scaled_dot_product_flash_attention_for_cpu, ...);
-# the harness refuses the same operators at run time.
-TORCH_ATTENTION_PARTS = ATEN_ATTENTION
 STRING_HINTS = ("attnkit", "multiheadattention", "transformerencoderlayer", "transformerdecoderlayer", *ATEN_ATTENTION)
-
-
-def _torch_attention(name: str) -> str | None:
-    """What torch attention ``name`` (an attribute or imported name) is, if it is one."""
-    if name in TORCH_ATTENTION:
-        return TORCH_ATTENTION[name]
-    if any(s in name for s in TORCH_ATTENTION_PARTS):
-        return f"torch's {name}"
-    return None
-
-
-def _norm(name: str) -> str:
-    return name.lower().replace("_", "")
 
 
 def _forbidden(name: str, extra: Mapping[str, str]) -> str | None:
@@ -61,8 +36,8 @@ def _forbidden(name: str, extra: Mapping[str, str]) -> str | None:
     whatever its case and underscores (``F.softmin``, ``torch._softmax``, ``aten._safe_softmax``, ``nn.LogSoftmax``)."""
     if name in extra:
         return extra[name]
-    low = _norm(name)
-    return next((what for key, what in extra.items() if _norm(key) and _norm(key) in low), None)
+    low = squash(name)
+    return next((what for key, what in extra.items() if squash(key) and squash(key) in low), None)
 
 
 @dataclass
@@ -72,6 +47,9 @@ class _Context:
     class_methods: dict[str, set[str]] = field(default_factory=dict)  # student classes -> names defined in them
     instances: dict[str, set[str]] = field(default_factory=dict)  # global -> names defined in its class
     consts: dict[str, ast.expr] = field(default_factory=dict)  # globals bound once, to a string expression
+    modules: set[str] = field(default_factory=set)  # modules the notebook wrote itself (%%writefile helper.py)
+    module_names: set[str] = field(default_factory=set)  # the names those modules are imported as
+    deadline: float = float("inf")  # time.monotonic() past which the scan gives up (ScanLimit)
 
 
 class _Unit:
@@ -107,16 +85,18 @@ def _offences(unit: _Unit, extra: Mapping[str, str], ctx: _Context, base: bool =
                 if what:
                     found.append(f"uses {what}")
         elif isinstance(n, ast.ImportFrom):
+            if (n.module or "") in ctx.modules:
+                continue  # the student's own module: its names are the student's, whatever they contain
             if base and (n.module or "").split(".")[0] == "attnkit":
                 found.append("imports the reference package attnkit")
             for a in n.names:
-                what = (_torch_attention(a.name) if base else None) or _forbidden(a.name, extra)
+                what = (is_torch_attention(a.name) if base else None) or _forbidden(a.name, extra)
                 if what:
                     found.append(f"uses {what}")
         elif isinstance(n, ast.Attribute):
             if _students_own(n, unit, ctx):
                 continue
-            what = (_torch_attention(n.attr) if base else None) or _forbidden(n.attr, extra)
+            what = (is_torch_attention(n.attr) if base else None) or _forbidden(n.attr, extra)
             if what:
                 found.append(f"uses {what}")
         elif isinstance(n, ast.Name) and n.id == "attnkit":
@@ -132,7 +112,7 @@ def _offences(unit: _Unit, extra: Mapping[str, str], ctx: _Context, base: bool =
                 if base and any(h in low for h in STRING_HINTS):
                     found.append(f"looks up {text[:60]!r} by name (a way to reach the reference or torch's own attention)")
                 else:
-                    what = next((w for key, w in extra.items() if _norm(key) and _norm(key) in _norm(text)), None)
+                    what = next((w for key, w in extra.items() if squash(key) and squash(key) in squash(text)), None)
                     if what:
                         found.append(f"looks up {text[:60]!r} by name (a way to reach {what})")
     return found
@@ -140,6 +120,8 @@ def _offences(unit: _Unit, extra: Mapping[str, str], ctx: _Context, base: bool =
 
 def _students_own(n: ast.Attribute, unit: _Unit, ctx: _Context) -> bool:
     v = n.value
+    if isinstance(v, ast.Name) and v.id in ctx.module_names:
+        return True  # helper.stable_softmax, from a module the notebook wrote with %%writefile
     if isinstance(v, ast.Name):
         if v.id in ("self", "cls"):  # the student's own only if this class (or a student base class) defines it
             if not isinstance(unit.stmt, ast.ClassDef):
@@ -174,6 +156,7 @@ def _fold(node: ast.AST, unit: _Unit, ctx: _Context, depth: int = 0) -> str | No
     f-strings, a global bound once to such a string); else ``None``."""
     if depth > 20:
         return None
+    _check_budget(ctx.deadline)
     if isinstance(node, ast.Constant):
         return node.value if isinstance(node.value, str) else None
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
@@ -276,13 +259,13 @@ def _parse(code: str | Sequence[str]) -> list[ast.Module]:
     trees = []
     for cell in code:
         try:
-            trees.append(ast.parse(_strip_magics(str(cell))))
+            trees.append(ast.parse(strip_magics(str(cell))))
         except PARSE_ERRORS:
             continue
     return trees
 
 
-def _top_level(line: str) -> bool:
+def _starts_statement(line: str) -> bool:
     """Whether ``line`` starts a top-level statement (as far as one line tells)."""
     return bool(line) and not line[0].isspace() and not line.startswith("#") and not line.startswith(
         ("else", "elif", "except", "finally", "case ", ")", "]", "}"))
@@ -290,7 +273,7 @@ def _top_level(line: str) -> bool:
 
 def _parse_joined(code: str) -> list[ast.Module]:
     try:
-        code = _strip_magics(code)
+        code = strip_magics(code)
     except Exception:  # noqa: BLE001 - IPython's transformer choked: parse what is there
         pass
     lines = ["" if "\0" in line else line for line in code.split("\n")]
@@ -302,8 +285,8 @@ def _parse_joined(code: str) -> list[ast.Module]:
         except PARSE_ERRORS:
             break
         # Blank the statement the error is in (line numbers stay) and try again.
-        start = next((i for i in range(bad, -1, -1) if _top_level(lines[i])), bad)
-        end = next((i for i in range(bad + 1, len(lines)) if _top_level(lines[i])), len(lines))
+        start = next((i for i in range(bad, -1, -1) if _starts_statement(lines[i])), bad)
+        end = next((i for i in range(bad + 1, len(lines)) if _starts_statement(lines[i])), len(lines))
         if not any(lines[start:end]):
             break  # nothing left to blank there: parse what can be parsed
         for i in range(start, end):
@@ -311,7 +294,7 @@ def _parse_joined(code: str) -> list[ast.Module]:
     # Too broken to repair one error at a time: parse each top-level statement alone.
     trees, chunk = [], []
     for line in lines + ["pass"]:
-        if _top_level(line) and chunk:
+        if _starts_statement(line) and chunk:
             try:
                 trees.append(ast.parse("\n".join(chunk)))
             except PARSE_ERRORS:
@@ -321,8 +304,8 @@ def _parse_joined(code: str) -> list[ast.Module]:
     return trees
 
 
-def _context(units: list[_Unit]) -> _Context:
-    ctx = _Context()
+def _context(units: list[_Unit], modules: set[str]) -> _Context:
+    ctx = _Context(modules=modules)
     binders: dict[str, list[_Unit]] = {}
     declared_global: set[str] = set()
     for u in units:
@@ -331,6 +314,8 @@ def _context(units: list[_Unit]) -> _Context:
         for n in ast.walk(u.stmt):
             if isinstance(n, ast.Global):
                 declared_global.update(n.names)
+            elif isinstance(n, ast.Import):
+                ctx.module_names.update(a.asname or a.name for a in n.names if a.name in modules)
     # A global is a student's class (or an instance of one) only when nothing else ever binds it.
     for name, us in binders.items():
         if name not in declared_global and all(isinstance(u.stmt, ast.ClassDef) for u in us):
@@ -371,41 +356,97 @@ def _class_names(cls: ast.ClassDef) -> set[str]:
     return names
 
 
+def _written_modules(code: str | Sequence[str]) -> set[str]:
+    """The modules the notebook writes itself with ``%%writefile NAME.py`` (their code is scanned as a cell)."""
+    found = set()
+    for cell in [] if isinstance(code, str) else code:
+        magic = cell_magic(str(cell))
+        if magic and magic[0] in ("writefile", "file"):
+            name = (magic[1].split() or [""])[-1].strip("'\"")
+            if name.endswith(".py") and "/" not in name:
+                found.add(name[:-3])
+    return found
+
+
+MAX_SCAN_CHARS = 1_000_000  # characters of student code the scan reads at most
+SCAN_SECONDS = 20.0  # the scan's time budget per notebook
+MAX_CHAIN_SHOWN = 4  # helpers named in a "calls a, which calls b, ..." sentence
+
+
+class ScanLimit(Exception):
+    """The student's code is too large, or too costly, to scan within the limits; the message says which."""
+
+
+def _check_budget(deadline: float) -> None:
+    if time.monotonic() > deadline:
+        raise ScanLimit(f"the authorship scan of this notebook took more than its budget of {SCAN_SECONDS:.0f} s "
+                        "(an unusually long chain of definitions); it cannot be graded as it is")
+
+
+def _chain_sentence(name: str, hops: Mapping[str, str], offence: Mapping[str, str]) -> str:
+    """``calls a, which calls b, which <offence>`` from ``name`` along ``hops``, long chains shortened."""
+    chain, at = [], name
+    while at in hops:
+        at = hops[at]
+        chain.append(at)
+    shown = chain if len(chain) <= MAX_CHAIN_SHOWN else chain[:MAX_CHAIN_SHOWN - 1] + [
+        f"{len(chain) - MAX_CHAIN_SHOWN} more helpers, then {chain[-1]}"]
+    return "".join(f"calls {n}, which " for n in shown) + offence[at]
+
+
 def delegations(code: str | Sequence[str], parts: Iterable[str],
-                extra: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, str]:
+                extra: Mapping[str, Mapping[str, str]] | None = None, budget_s: float | None = None) -> dict[str, str]:
     """Map each part whose answer delegates to a sentence saying how.
 
     ``code``: the student's cells in notebook order (a list of sources), or all of them joined in
     one string; ``extra`` adds, per part, names that part must not use
     (``{"softmax": {"softmax": "torch's softmax"}}``), there and in everything it reaches.
     A helper that delegates taints every part that calls it; another part does not.
+    Bounded: more than ``MAX_SCAN_CHARS`` of code, or more than ``budget_s`` seconds
+    (``SCAN_SECONDS`` by default), raises :class:`ScanLimit`; the work is linear in the code's size.
     """
+    size = len(code) if isinstance(code, str) else sum(len(str(c)) for c in code)
+    if size > MAX_SCAN_CHARS:
+        raise ScanLimit(f"the notebook's code is {size} characters long, more than the grader reads "
+                        f"({MAX_SCAN_CHARS}); it cannot be graded as it is")
+    deadline = time.monotonic() + (SCAN_SECONDS if budget_s is None else budget_s)
     extra = extra or {}
     parts = list(parts)
-    units = [_Unit(stmt) for tree in _parse(code) for stmt in _units(tree.body)]
-    ctx = _context(units)
+    units = []
+    for tree in _parse(code):
+        _check_budget(deadline)
+        units += [_Unit(stmt) for stmt in _units(tree.body)]
+    ctx = _context(units, _written_modules(code))
+    ctx.deadline = deadline
     # name -> the units binding it; its offences; the globals it reads
     binders: dict[str, list[_Unit]] = {}
     defs: dict[str, tuple[list[str], set[str]]] = {}
     for unit in units:
+        _check_budget(deadline)
         off = _offences(unit, {}, ctx)
         for name in unit.bound:
             binders.setdefault(name, []).append(unit)
             old = defs.get(name, ([], set()))
             defs[name] = (old[0] + off, old[1] | (unit.reads - {name}))
-    tainted: dict[str, str] = {n: d[0][0] for n, d in defs.items() if d[0]}
-    changed = True
-    while changed:
-        changed = False
-        for name, (_, refs) in defs.items():
-            if name in tainted:
-                continue
-            # Parts are graded on their own: calling another (delegating) part does not taint this one.
-            hit = next((r for r in sorted(refs) if r in tainted and r not in parts), None)
-            if hit is not None:
-                tainted[name] = f"calls {hit}, which {tainted[hit]}"
-                changed = True
-    found = {p: f"{p} {tainted[p]}" for p in parts if p in tainted}
+    # Taint flows from a delegating global to the globals that read it, breadth first (each name once, so
+    # the work is linear); parts are graded on their own, so a part's taint does not flow to its callers.
+    callers: dict[str, list[str]] = {}
+    for name in sorted(defs):
+        for ref in sorted(defs[name][1]):
+            callers.setdefault(ref, []).append(name)
+    offence = {n: d[0][0] for n, d in defs.items() if d[0]}
+    hops: dict[str, str] = {}  # a tainted name -> the tainted global it calls
+    todo = collections.deque(sorted(offence))
+    while todo:
+        _check_budget(deadline)
+        at = todo.popleft()
+        if at in parts:
+            continue
+        for caller in callers.get(at, ()):
+            if caller not in offence and caller not in hops:
+                hops[caller] = at
+                todo.append(caller)
+    found = {p: f"{p} {_chain_sentence(p, hops, offence)}" for p in parts if p in offence or p in hops}
     for p in parts:
         if p not in found and extra.get(p):
             how = _reaches_forbidden(p, parts, extra[p], binders, defs, ctx)
@@ -422,6 +463,7 @@ def _reaches_forbidden(part: str, parts: list[str], banned: Mapping[str, str], b
     while todo:
         name = todo.pop(0)
         for unit in binders.get(name, []):
+            _check_budget(ctx.deadline)
             off = _offences(unit, banned, ctx, base=False)
             if off:
                 chain, at = [], name

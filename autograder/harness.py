@@ -1,35 +1,451 @@
-"""The process that runs a student's code, inside the sandbox.
+"""The one way student code is run: a :class:`Runner`, in the sandbox and in a notebook kernel.
 
-It is started by :mod:`autograder.sandbox` with two pipe descriptors and obeys
-requests from the judge: execute a cell, call a function or method defined by
-the student, read or load a module's parameters. It never decides a grade:
-every result goes back to the judge as plain arrays (see :mod:`wire`), and the
-judge compares them with the reference in a process the student never ran in.
+In the sandbox, :func:`main` (started by :mod:`autograder.sandbox` or forked by the zygote with two
+pipe descriptors) answers the judge's requests with a Runner: execute a cell, call a function or
+method defined by the student, compute a gradient, read a plain value, read or load a module's
+parameters, list the names defined. Locally (``checks.run_local``, the grading tests) the judge's
+``LocalBackend`` hands the same requests to a Runner over a notebook's ``globals()``, so both give
+the same values and the same errors. The Runner never decides a grade: every result goes back as
+plain arrays (:mod:`wire`), and the judge compares them with the reference in a process the
+student never ran in.
 
-Whatever the student does to this process (patch torch, replace this module's
-functions, print "passed") can only change the numbers it sends back, never the
-verdict. This file is copied into the sandbox and imports only the standard
-library, numpy and torch (and IPython's input transformer, for a cell with IPython syntax).
+During every judged call a :class:`Guard` makes torch's own attention, and whatever else the part
+being graded bans (torch's softmax in the softmax exercise), refuse to run, at the dispatcher, for
+everything that runs during the call, whoever's Python reaches it. The guard is installed for the
+call only and checked from the Runner, outside the student's code, before and after it: a
+switched-off guard costs the call its points.
+
+Whatever the student does to this process (patch torch, replace this module's functions, print
+"passed") can only change the numbers it sends back, never the verdict. This file is copied into
+the sandbox with ``wire.py``, ``torch_names.py`` and ``magics.py``, and imports only those, the
+standard library, numpy and torch.
 """
 
 from __future__ import annotations
 
-import ast
+import contextlib
+import functools
+import importlib
 import io
+import linecache
 import os
 import sys
 import traceback
 import types
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
-try:
-    import wire
-except ImportError:  # imported from the autograder package (authorship reuses _strip_magics), not in the sandbox
-    from autograder import wire
+if __package__:  # imported as autograder.harness (the judge's local runner, the tests)
+    from autograder import magics, torch_names, wire
+else:  # run as a script in the sandbox, beside copies of its sibling modules
+    import magics  # type: ignore[no-redef]
+    import torch_names  # type: ignore[no-redef]
+    import wire  # type: ignore[no-redef]
 
 MAX_REQUEST = 256 << 20
 OUT_CAP = 64 << 10
+MAX_DEPTH = 8  # nesting of a returned value
+
+
+class Delegated(RuntimeError):
+    """Raised when graded code reaches torch's own implementation of what the part asks to write."""
+
+
+class Tampered(RuntimeError):
+    """The run-time guard was found switched off or bypassed around a judged call."""
+
+
+# -- the guard: bans that hold during a judged call ------------------------------------------------------
+
+
+class Guard:
+    """Run-time bans for judged calls: torch's attention always, a part's own bans (``fragments``) too.
+
+    At the dispatcher, the kernels of the banned aten operators are replaced, for the duration of the
+    call only, by one that raises :class:`Delegated` (a ``torch.library.Library`` created before the
+    call and destroyed after it, which restores torch's own kernels). Every other operator keeps its
+    kernel, so ordinary code runs exactly as fast as before. torch's Python entry points that compute
+    the same thing without reaching those operators (``nn.MultiheadAttention``'s forward, the Python
+    decompositions and references of ``torch._decomp`` and ``torch._refs``) are wrapped once, and refuse
+    while a call bans them.
+
+    Integrity is checked by the Runner around every call, outside the student's code: before it, a
+    banned operator is called on a tiny tensor, through the whole dispatcher (modes and kernels the
+    notebook may have registered included), and must be refused by this guard's kernel; after it, the
+    dispatcher's table for the banned operators must be exactly what was installed. Anything else
+    raises :class:`Tampered`.
+    """
+
+    def __init__(self, torch: types.ModuleType) -> None:
+        self.torch = torch
+        self.all_ops = sorted(torch._C._dispatch_get_all_op_names())
+        self.active: tuple[str, ...] | None = None  # the fragments banned by the call under way
+        self.refusals: list[str] = []  # what was refused during the call (even if the student caught it)
+        self.hits = 0  # refusals by this guard's kernels, counted for the integrity probe
+        self._plans: dict[tuple[str, ...], list[tuple[str, str]]] = {}
+        self._tables: dict[tuple[str, ...], list[str]] = {}  # the dispatcher's table with the guard installed
+        self._wrap_python_entry_points()
+
+    # the dispatcher's part ----------------------------------------------------------------------
+    def _plan(self, fragments: tuple[str, ...]) -> list[tuple[str, str]]:
+        """(operator, dispatch key) pairs to replace for ``fragments``, computed once per ban set."""
+        if fragments not in self._plans:
+            has = self.torch._C._dispatch_has_kernel_for_dispatch_key
+            pairs = []
+            for full in torch_names.matching_ops(self.all_ops, fragments):
+                for key in torch_names.GUARD_KEYS:
+                    try:
+                        if has(full, key):
+                            pairs.append((full[len("aten::"):], key))
+                    except RuntimeError:
+                        pass
+            self._plans[fragments] = pairs
+        return self._plans[fragments]
+
+    def _refuser(self, op: str):
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            self.hits += 1
+            what = f"torch.ops.aten.{op}"
+            self.refusals.append(what)
+            raise Delegated(f"{what} is torch's own implementation (a part's answer may not reach it, by any "
+                            "route); the exercise asks you to compute it yourself")
+
+        return refuse
+
+    def _install(self, fragments: tuple[str, ...]) -> Any:
+        lib = self.torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "overriding a previously registered kernel": the point
+            for op, key in self._plan(fragments):
+                try:
+                    lib.impl(op, self._refuser(op.split(".")[0]), key)
+                except (RuntimeError, ValueError):
+                    pass
+        return lib
+
+    def _table(self, fragments: tuple[str, ...]) -> list[str]:
+        """The dispatcher's active kernels of the guarded operators, at the guarded keys (one line each:
+        ``CPU: registered at <file:line> ...``); kernels the notebook registered at other keys do not count."""
+        dump = self.torch._C._dispatch_dump
+        keys = tuple(f"{key}: " for key in torch_names.GUARD_KEYS)
+        return [line for op in sorted({op for op, _ in self._plan(fragments)})
+                for line in dump("aten::" + op).splitlines() if line.startswith(keys)]
+
+    def _probe(self, fragments: tuple[str, ...]) -> None:
+        """Call one banned operator per ban on a tiny tensor: this guard's kernel must refuse it."""
+        torch = self.torch
+        x = torch.zeros(1, 1, 1)
+        probes = [("scaled_dot_product_attention", lambda: torch.ops.aten._scaled_dot_product_attention_math(x, x, x))]
+        if "softmax" in fragments:
+            probes.append(("softmax", lambda: torch.ops.aten._softmax(x, -1, False)))
+        for what, probe in probes:
+            before = self.hits
+            try:
+                probe()
+            except Delegated:
+                if self.hits == before + 1:
+                    continue
+            except Exception:  # noqa: BLE001 - anything but this guard's refusal means it is not in place
+                pass
+            raise Tampered(f"the grader's run-time guard against torch's {what} was switched off or bypassed "
+                           "(through the garbage collector, the dispatcher or a dispatch mode); this part earns "
+                           "no points")
+        self.refusals.clear()
+
+    @contextlib.contextmanager
+    def judged(self, fragments: tuple[str, ...]) -> Iterator[None]:
+        """Bans ``fragments`` and torch's attention while the block (one judged call) runs."""
+        lib = self._install(fragments)
+        try:
+            if fragments not in self._tables:  # the same registrations give the same table: dumped once
+                self._tables[fragments] = self._table(fragments)
+            table = self._tables[fragments]
+            self._probe(fragments)
+            self.refusals.clear()
+            self.active = fragments
+            try:
+                yield
+            finally:
+                self.active = None
+            if self._table(fragments) != table:
+                raise Tampered("the grader's run-time guard was changed during the call (a kernel of a banned "
+                               "operator was removed or replaced); this part earns no points")
+        finally:
+            self.active = None
+            lib._destroy()
+
+    # torch's Python entry points ----------------------------------------------------------------
+    def _banned_now(self, name: str) -> bool:
+        if self.active is None:
+            return False
+        return bool(torch_names.is_torch_attention(name)) or any(f in torch_names.squash(name) for f in self.active)
+
+    def _wrap(self, fn: Any, name: str) -> Any:
+        if getattr(fn, "__guarded__", False) or not callable(fn):
+            return fn
+
+        @functools.wraps(fn)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            if self._banned_now(name):
+                self.hits += 1
+                self.refusals.append(name)
+                raise Delegated(f"{name} is torch's own implementation; the exercise asks you to compute it yourself")
+            return fn(*args, **kwargs)
+
+        guarded.__guarded__ = True  # type: ignore[attr-defined]
+        del guarded.__wrapped__  # functools.wraps would hand the original to anyone who asks
+        return guarded
+
+    def _wrap_python_entry_points(self) -> None:
+        """Wrap, once per process, the Python functions of torch that compute attention or a softmax
+        without reaching its aten operator (a wrapper passes through unless a judged call bans it)."""
+        torch = self.torch
+        import torch.nn.functional as F
+
+        if getattr(F.multi_head_attention_forward, "__guarded__", False):
+            return  # already wrapped by an earlier guard in this process
+        F.multi_head_attention_forward = self._wrap(F.multi_head_attention_forward, "multi_head_attention_forward")
+        for cls in torch_names.ATTENTION_MODULES:
+            c = getattr(torch.nn, cls, None)
+            if c is not None:
+                c.forward = self._wrap(c.forward, cls)
+        modules = [sys.modules.get(m) for m in ("torch._refs", "torch._refs.nn.functional", "torch._refs.special",
+                                                "torch._decomp.decompositions")]
+        for module in filter(None, modules):
+            for attr, value in list(vars(module).items()):
+                if isinstance(value, types.FunctionType) and self._touches_a_ban(attr):
+                    setattr(module, attr, self._wrap(value, f"{module.__name__}.{attr}"))
+        decomp = sys.modules.get("torch._decomp")
+        if decomp is not None:
+            tables = [decomp.decomposition_table, *decomp.global_decomposition_table.values()]
+            for table in tables:
+                for op, fn in list(table.items()):
+                    if self._touches_a_ban(str(op)):
+                        table[op] = self._wrap(fn, f"the decomposition of {op}")
+
+    @staticmethod
+    def _touches_a_ban(name: str) -> bool:
+        """Whether ``name`` could be banned by some part (attention, or a softmax-like name)."""
+        return bool(torch_names.is_torch_attention(name)) or "softmax" in torch_names.squash(name)
+
+
+# -- the runner -------------------------------------------------------------------------------------------
+
+
+class _NoIPython:
+    """Stands in for ``get_ipython()``: notebook-only calls (magics, display hooks) do nothing here."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+class Runner:
+    """Runs a student's code on request: one namespace, the objects kept for the judge, conversions.
+
+    ``namespace``: the student's globals (a fresh ``__main__`` in the sandbox, a notebook's globals
+    locally). Requests and replies are plain dicts of wire values (:mod:`wire`); :meth:`handle` never
+    raises: an error in the student's code is a reply with ``ok: False``.
+    """
+
+    def __init__(self, torch: types.ModuleType, namespace: dict[str, Any] | None = None,
+                 device: str = "cpu") -> None:
+        self.torch = torch
+        self.device = torch.device(device)
+        self.provided: set[str] = set()  # names the runner defines for the notebook (Jupyter's built-ins)
+        if namespace is None:
+            namespace = {"__name__": "__main__", "__builtins__": __builtins__,
+                         "display": lambda *a, **k: print(*a), "get_ipython": lambda: _NoIPython()}
+            self.provided = {"display", "get_ipython"}
+        self.ns = namespace
+        self.refs: dict[int, Any] = {}
+        self.guard = _process_guard(torch)
+
+    # conversions ----------------------------------------------------------------------------------
+    def to_torch(self, v: Any) -> Any:
+        """A wire value (arrays, refs, containers) as the student's code receives it."""
+        if isinstance(v, np.ndarray):
+            return self.torch.from_numpy(v.copy()).to(self.device)
+        if isinstance(v, wire.Ref):
+            return self.refs[v.id]
+        if isinstance(v, list):
+            return [self.to_torch(x) for x in v]
+        if isinstance(v, tuple):
+            return tuple(self.to_torch(x) for x in v)
+        if isinstance(v, dict):
+            return {k: self.to_torch(x) for k, x in v.items()}
+        return v
+
+    def to_wire(self, v: Any, depth: int = 0) -> Any:
+        """What the student's code returned, as a wire value: plain tensors become arrays (bfloat16 and
+        complex as float32), tuples (a namedtuple too) and lists stay containers; nothing else goes."""
+        torch = self.torch
+        if depth > MAX_DEPTH:
+            raise TypeError("the result is nested too deeply")
+        if type(v) is torch.Tensor or type(v) is torch.nn.Parameter:
+            t = v.detach()
+            if t.is_complex() or t.dtype == torch.bfloat16:
+                t = t.to(torch.float32)
+            return t.to("cpu").contiguous().numpy().copy()
+        if isinstance(v, torch.Tensor):
+            raise TypeError(f"returned a {type(v).__module__}.{type(v).__qualname__}, a subclass of torch.Tensor; "
+                            "return a plain torch.Tensor")
+        if v is None or type(v) in (bool, int, float, str):
+            return v
+        if isinstance(v, tuple):  # a namedtuple or torch.Size too, read as the tuple it is
+            return tuple(self.to_wire(x, depth + 1) for x in tuple.__iter__(v))
+        if type(v) is list:
+            return [self.to_wire(x, depth + 1) for x in v]
+        raise TypeError(f"returned a {type(v).__name__}, expected torch tensors")
+
+    def resolve(self, target: Any) -> Any:
+        if isinstance(target, wire.Ref):
+            return self.refs[target.id]
+        if target not in self.ns:
+            defined = sorted(k for k, v in self.ns.items() if not k.startswith("_") and k not in self.provided
+                             and callable(v) and not isinstance(v, types.ModuleType))
+            raise NameError(f"nothing named {target!r} is defined "
+                            f"(your notebook defines: {', '.join(defined) or 'nothing callable'})")
+        return self.ns[target]
+
+    # requests ------------------------------------------------------------------------------------
+    def handle(self, req: Mapping[str, Any]) -> dict[str, Any]:
+        """Answer one request; an exception in the student's code becomes ``{"ok": False, "error": ...}``."""
+        try:
+            op = req.get("op")
+            method = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
+            if method is None:
+                return {"ok": False, "error": f"unknown request {op!r}"}
+            return {"ok": True, "value": method(req)}
+        except BaseException as e:  # noqa: BLE001 - anything the student raises is reported, never fatal
+            return self._error_reply(e)
+
+    def _error_reply(self, e: BaseException) -> dict[str, Any]:
+        try:
+            tb = traceback.format_exception(type(e), e, e.__traceback__)
+            # Keep the student's frames, drop the runner's own.
+            text = "".join(line for line in tb if "harness.py" not in line)
+            message = f"{type(e).__name__}: {e}"
+        except BaseException:  # noqa: BLE001 - an exception whose str() itself fails
+            text, message = "", f"{type(e).__name__} (its message could not be shown)"
+        reply = {"ok": False, "error": message[:2000], "traceback": text[-4000:]}
+        if isinstance(e, SystemExit):
+            reply["error"] = f"SystemExit({e.code}) raised: the notebook tried to exit"
+        return reply
+
+    def op_exec(self, req: Mapping[str, Any]) -> None:
+        """Run a cell as Jupyter would: its source registered for ``inspect`` (so ``torch.jit.script``
+        finds it), ``%%writefile`` writing into the working folder, other magics doing nothing."""
+        code, label = str(req["code"]), str(req.get("label", "<cell>"))
+        magic = magics.cell_magic(code)
+        if magic is not None and magic[0] in ("writefile", "file"):
+            self._write_file(magic[1], magic[2])
+            return None
+        code = magics.strip_magics(code)
+        linecache.cache[label] = (len(code), None, code.splitlines(True), label)
+        exec(compile(code, label, "exec"), self.ns)
+        return None
+
+    @staticmethod
+    def _write_file(args: str, body: str) -> None:
+        words = args.split()
+        append = bool(words) and words[0] in ("-a", "--append")
+        name = " ".join(words[1:] if append else words).strip("'\"")
+        if not name:
+            raise ValueError("%%writefile needs a file name")
+        with open(name, "a" if append else "w") as f:
+            f.write(body if body.endswith("\n") else body + "\n")
+        importlib.invalidate_caches()  # the next cell may import it
+        print(("Appended to" if append else "Writing") + f" {name}")
+
+    def _judged(self, req: Mapping[str, Any]) -> contextlib.AbstractContextManager:
+        return self.guard.judged(tuple(torch_names.runtime_fragments(req.get("bans") or ())))
+
+    def _refused(self) -> None:
+        """A refusal the student's code caught still costs the call: the part reached a banned operator."""
+        if self.guard.refusals:
+            raise Delegated(f"{self.guard.refusals[0]} is torch's own implementation (a part's answer may not "
+                            "reach it, by any route); the exercise asks you to compute it yourself")
+
+    def op_call(self, req: Mapping[str, Any]) -> Any:
+        """Call a function, class or method; ``keep``: keep the result here and send a reference;
+        ``grad``: send the gradient of ``sum(out * probe)`` with respect to ``args[grad]``."""
+        torch = self.torch
+        fn = self.resolve(req["target"])
+        if req.get("attr"):
+            fn = getattr(fn, req["attr"])
+        args = self.to_torch(list(req.get("args", [])))
+        kwargs = self.to_torch(dict(req.get("kwargs", {})))
+        grad = req.get("grad")
+        if grad is not None:
+            args[grad] = args[grad].requires_grad_(True)
+        with self._judged(req):
+            try:
+                with torch.set_grad_enabled(grad is not None or bool(req.get("keep"))):
+                    result = fn(*args, **kwargs)
+                if grad is not None:
+                    # One vector-Jacobian product; the backward pass runs under the same bans.
+                    out = result[0] if isinstance(result, tuple) else result
+                    probe = self.to_torch(req["probe"])
+                    (g,) = torch.autograd.grad((out * probe).sum(), args[grad], allow_unused=True)
+                    result = torch.zeros_like(args[grad]) if g is None else g
+            except Exception:
+                self._refused()  # a refusal wrapped in another error (TorchScript's) is still a refusal
+                raise
+            self._refused()
+        if req.get("keep"):
+            self.refs[len(self.refs) + 1] = result
+            return wire.Ref(len(self.refs))
+        return self.to_wire(result)
+
+    def op_value(self, req: Mapping[str, Any]) -> Any:
+        """A conceptual question's answer: a plain value the student assigned (tensors and numpy arrays
+        travel as arrays, numpy scalars as numbers, ``torch.Size`` as a tuple); the judge checks its type."""
+        name = req["target"]
+        if name not in self.ns:
+            raise NameError(f"nothing named {name!r} is defined: assign your answer to {name}")
+        v = self.ns[name]
+        if isinstance(v, np.ndarray):
+            v = self.torch.from_numpy(v.copy())
+        if isinstance(v, np.generic):
+            v = v.item()
+        if isinstance(v, tuple) and type(v) is not tuple:
+            v = tuple(v)
+        return self.to_wire(v)
+
+    def op_params(self, req: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: self.to_wire(v) for k, v in self.resolve(req["target"]).state_dict().items()}
+
+    def op_load(self, req: Mapping[str, Any]) -> None:
+        """Copy the judge's parameters into the student's module, name by name and shape by shape."""
+        obj = self.resolve(req["target"])
+        state = self.to_torch(req["state"])
+        with self.torch.no_grad():
+            own = obj.state_dict()
+            for k, v in state.items():
+                if k not in own:
+                    raise KeyError(f"your module has no parameter named {k!r} (it has: {', '.join(own)})")
+                if tuple(own[k].shape) != tuple(v.shape):
+                    raise ValueError(f"parameter {k!r} has shape {tuple(own[k].shape)}, expected {tuple(v.shape)}")
+                own[k].copy_(v)
+        return None
+
+    def op_names(self, req: Mapping[str, Any]) -> list[str]:
+        return sorted(k for k in self.ns if not k.startswith("__"))
+
+
+_GUARDS: dict[int, Guard] = {}  # one per torch module: the dispatcher and torch's functions are per process
+
+
+def _process_guard(torch: types.ModuleType) -> Guard:
+    if id(torch) not in _GUARDS:
+        _GUARDS[id(torch)] = Guard(torch)
+    return _GUARDS[id(torch)]
+
+
+# -- the sandbox's loop -----------------------------------------------------------------------------------
 
 
 class _Capped(io.TextIOBase):
@@ -61,275 +477,25 @@ class _Capped(io.TextIOBase):
         return text
 
 
-class Delegated(RuntimeError):
-    """Raised when graded code calls torch's own attention instead of computing it."""
-
-
-def _tripwires(torch: types.ModuleType) -> None:
-    """Make torch's built-in attention refuse to run inside graded code."""
-
-    def trip(name: str):
-        def refuse(*args, **kwargs):
-            raise Delegated(
-                f"{name} is torch's own implementation; the exercise asks you to compute attention yourself"
-            )
-
-        return refuse
-
-    import torch.nn.functional as F
-
-    for mod, attr in [
-        (F, "scaled_dot_product_attention"),
-        (F, "multi_head_attention_forward"),
-        (torch._C._nn, "scaled_dot_product_attention"),
-        (torch, "_native_multi_head_attention"),
-    ]:
-        if hasattr(mod, attr):
-            setattr(mod, attr, trip(f"{getattr(mod, '__name__', 'torch')}.{attr}"))
-    for cls in ("MultiheadAttention", "TransformerEncoderLayer", "TransformerDecoderLayer", "Transformer"):
-        c = getattr(torch.nn, cls, None)
-        if c is not None:
-            c.forward = trip(f"torch.nn.{cls}")
-    _dispatcher_tripwires(torch)
-
-
-# aten operators that compute attention: reached through torch.ops.aten, the C bindings, fast paths and
-# decompositions alike, they all end in one of these, whatever Python name led there.
-ATEN_ATTENTION = ("scaled_dot_product", "multi_head_attention", "_transformer_encoder_layer", "scaled_dot_attention",
-                  "_flash_attention", "_efficient_attention", "_cudnn_attention")
-# The dispatch keys whose kernels are replaced (only those an operator has: the others keep their defaults).
-TRIP_KEYS = ("CompositeImplicitAutograd", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
-             "CPU", "CUDA", "MPS", "XPU", "NestedTensorCPU", "NestedTensorCUDA", "AutocastCPU", "AutocastCUDA")
-_LIBRARIES: list = []  # the registrations last as long as their Library object
-
-
-def _dispatcher_tripwires(torch: types.ModuleType) -> None:
-    """Make the aten attention operators refuse to run, at the dispatcher.
-
-    The kernels of these few operators are replaced by one that raises :class:`Delegated`; every other
-    operator keeps its kernel, so ordinary code runs exactly as fast as before (unlike a dispatch mode,
-    which would see every operator).
-    """
-    import warnings
-
-    try:
-        names = [n[len("aten::"):] for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")]
-        lib = torch.library.Library("aten", "IMPL")
-    except (AttributeError, RuntimeError):
-        return
-    _LIBRARIES.append(lib)
-    for name in sorted(names):
-        base = name.split(".")[0]
-        if not any(s in base for s in ATEN_ATTENTION):
-            continue
-
-        def refuse(*args, _name=base, **kwargs):
-            raise Delegated(f"torch.ops.aten.{_name} is torch's own implementation; "
-                            "the exercise asks you to compute attention yourself")
-
-        for key in TRIP_KEYS:
-            try:
-                if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", key):
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")  # "overriding a previously registered kernel": the point
-                        lib.impl(name, refuse, key)
-            except (RuntimeError, ValueError):
-                pass
-
-
-class _NoIPython:
-    """Stands in for ``get_ipython()``: notebook-only calls (magics, display hooks) do nothing here."""
-
-    def __getattr__(self, name: str):
-        return lambda *args, **kwargs: None
-
-
-def _strip_magics(code: str) -> str:
-    """Turn IPython-only syntax (``%magic``, ``!shell``, ``obj?``) into plain Python that does nothing.
-
-    A cell magic on the first line (``%%time``, ``%%capture``, ...) becomes ``pass`` and the cell's body
-    runs as plain Python. A cell that is plain Python is left exactly as it is (a continuation line
-    ``% x.dim()`` or a ``%`` inside a string is no magic); one that is not is handed to IPython's own
-    input transformer, which turns only real magics at the start of logical lines into
-    ``get_ipython()`` calls (a no-op here). The grader's static authorship scan uses this same function.
-    """
-    lines = code.split("\n")
-    i = 0
-    while i < len(lines):
-        stripped = lines[i].strip()
-        if stripped.startswith("%%"):
-            lines[i] = "pass  # " + stripped
-        elif stripped:
-            break
-        i += 1
-    code = "\n".join(lines)
-    if not _maybe_ipython(lines):
-        return code
-    try:
-        compile(code, "<cell>", "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
-        return code  # plain Python already
-    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
-        pass
-    try:
-        from IPython.core.inputtransformer2 import TransformerManager  # imported only for cells that need it
-
-        return TransformerManager().transform_cell(code)
-    except Exception:  # noqa: BLE001 - no IPython, or it choked: comment the magic lines out instead
-        out = []
-        for line in lines:
-            stripped = line.lstrip()
-            if stripped.startswith(("%", "!")):
-                line = line[: len(line) - len(stripped)] + "pass  # " + stripped
-            out.append(line)
-        return "\n".join(out) + "\n"
-
-
-def _maybe_ipython(lines: list[str]) -> bool:
-    """Whether a line could be IPython syntax (a magic, a shell escape or a help request)."""
-    for line in lines:
-        stripped = line.strip()
-        if stripped.startswith(("%", "!")) or stripped.endswith("?"):
-            return True
-    return False
-
-
 def main() -> None:
     rfd, wfd = int(sys.argv[1]), int(sys.argv[2])
     device_name = sys.argv[3] if len(sys.argv) > 3 else "cpu"
     os.environ.setdefault("MPLBACKEND", "Agg")
+    sys.path.insert(0, os.getcwd())  # the working folder is importable, as in Jupyter (%%writefile modules)
     import torch
 
     torch.set_num_threads(1)
-    _tripwires(torch)
-    device = torch.device(device_name)
-
-    refs: dict[int, object] = {}
-    ns: dict[str, object] = {"__name__": "__main__", "__builtins__": __builtins__}
-    ns["display"] = lambda *a, **k: print(*a)
-    ns["get_ipython"] = lambda: _NoIPython()
+    runner = Runner(torch, device=device_name)
     sink = _Capped(OUT_CAP)
-
-    def to_torch(v):
-        if isinstance(v, np.ndarray):
-            return torch.from_numpy(v.copy()).to(device)
-        if isinstance(v, wire.Ref):
-            return refs[v.id]
-        if isinstance(v, list):
-            return [to_torch(x) for x in v]
-        if isinstance(v, tuple):
-            return tuple(to_torch(x) for x in v)
-        if isinstance(v, dict):
-            return {k: to_torch(x) for k, x in v.items()}
-        return v
-
-    def to_wire(v, depth=0):
-        if depth > 8:
-            raise TypeError("the result is nested too deeply")
-        if type(v) is torch.Tensor or type(v) is torch.nn.Parameter:
-            t = v.detach()
-            if t.is_complex() or t.dtype == torch.bfloat16:
-                t = t.to(torch.float32)
-            return t.to("cpu").contiguous().numpy().copy()
-        if isinstance(v, torch.Tensor):
-            raise TypeError(
-                f"returned a {type(v).__module__}.{type(v).__qualname__}, a subclass of torch.Tensor; return a plain torch.Tensor"
-            )
-        if v is None or type(v) in (bool, int, float, str):
-            return v
-        if type(v) is tuple:
-            return tuple(to_wire(x, depth + 1) for x in v)
-        if type(v) is list:
-            return [to_wire(x, depth + 1) for x in v]
-        raise TypeError(f"returned a {type(v).__name__}, expected torch tensors")
-
-    def resolve(target):
-        if isinstance(target, wire.Ref):
-            return refs[target.id]
-        if target not in ns:
-            defined = sorted(k for k, v in ns.items() if not k.startswith("_") and callable(v) and not isinstance(v, types.ModuleType))
-            raise NameError(f"nothing named {target!r} is defined (your notebook defines: {', '.join(defined) or 'nothing callable'})")
-        return ns[target]
-
     while True:
         try:
             req = wire.recv(rfd, MAX_REQUEST)
         except EOFError:
             return
-        op = req.get("op")
-        reply: dict
         old_out, old_err = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = sink
         try:
-            if op == "exec":
-                code = _strip_magics(req["code"])
-                exec(compile(code, req.get("label", "<cell>"), "exec"), ns)
-                reply = {"ok": True}
-            elif op == "call":
-                fn = resolve(req["target"])
-                if req.get("attr"):
-                    fn = getattr(fn, req["attr"])
-                args = to_torch(req.get("args", []))
-                kwargs = to_torch(req.get("kwargs", {}))
-                grad = req.get("grad")
-                if grad is not None:
-                    args[grad] = args[grad].requires_grad_(True)
-                with torch.set_grad_enabled(grad is not None or bool(req.get("keep"))):
-                    result = fn(*args, **kwargs)
-                if req.get("keep"):
-                    refs[len(refs) + 1] = result
-                    reply = {"ok": True, "value": wire.Ref(len(refs)), "type": type(result).__name__}
-                elif grad is not None:
-                    # The gradient of sum(out * probe) w.r.t. args[grad]: one vector-Jacobian product.
-                    out = result[0] if isinstance(result, tuple) else result
-                    probe = to_torch(req["probe"])
-                    (g,) = torch.autograd.grad((out * probe).sum(), args[grad], allow_unused=True)
-                    reply = {"ok": True, "value": to_wire(torch.zeros_like(args[grad]) if g is None else g)}
-                else:
-                    reply = {"ok": True, "value": to_wire(result)}
-            elif op == "value":
-                # A conceptual question's answer: a plain value the student assigned (a number, a tuple, a
-                # choice). Tensors and numpy arrays travel as arrays; the judge checks the type.
-                name = req["target"]
-                if name not in ns:
-                    raise NameError(f"nothing named {name!r} is defined: assign your answer to {name}")
-                v = ns[name]
-                if isinstance(v, np.ndarray):
-                    v = torch.from_numpy(v.copy())
-                if isinstance(v, np.generic):
-                    v = v.item()
-                if isinstance(v, tuple) and type(v) is not tuple:  # torch.Size, a namedtuple
-                    v = tuple(v)
-                reply = {"ok": True, "value": to_wire(v)}
-            elif op == "params":
-                obj = resolve(req["target"])
-                reply = {"ok": True, "value": {k: to_wire(v) for k, v in obj.state_dict().items()}}
-            elif op == "load":
-                obj = resolve(req["target"])
-                state = to_torch(req["state"])
-                with torch.no_grad():
-                    own = obj.state_dict()
-                    for k, v in state.items():
-                        if k not in own:
-                            raise KeyError(f"your module has no parameter named {k!r} (it has: {', '.join(own)})")
-                        if tuple(own[k].shape) != tuple(v.shape):
-                            raise ValueError(f"parameter {k!r} has shape {tuple(own[k].shape)}, expected {tuple(v.shape)}")
-                        own[k].copy_(v)
-                reply = {"ok": True}
-            elif op == "names":
-                reply = {"ok": True, "value": sorted(k for k in ns if not k.startswith("__"))}
-            else:
-                reply = {"ok": False, "error": f"unknown request {op!r}"}
-        except BaseException as e:  # noqa: BLE001 - anything the student raises is reported, never fatal
-            try:
-                tb = traceback.format_exception(type(e), e, e.__traceback__)
-                # Keep the student's frames, drop this harness's own.
-                text = "".join(line for line in tb if "harness.py" not in line)
-                message = f"{type(e).__name__}: {e}"
-            except BaseException:  # noqa: BLE001 - an exception whose str() itself fails
-                text, message = "", f"{type(e).__name__} (its message could not be shown)"
-            reply = {"ok": False, "error": message[:2000], "traceback": text[-4000:]}
-            if isinstance(e, SystemExit):
-                reply["error"] = f"SystemExit({e.code}) raised: the notebook tried to exit"
+            reply = runner.handle(req if isinstance(req, dict) else {})
         finally:
             sys.stdout, sys.stderr = old_out, old_err
         reply["output"] = sink.take()

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from autograder import authorship
-from autograder.checks import Backend, CheckFailed, StudentError, Trial, describe_error, load_suite, seed_for
+from autograder.checks import Backend, CheckFailed, Trial, load_suite, reply_value, seed_for, suite_bans
 from autograder.notebook import BadNotebook, Plan, SourceNotebook, plan_cells, read_notebook
 from autograder.sandbox import Limits, Sandbox, SandboxError
-from autograder.wire import Ref
 
 MAX_RESTARTS = 8  # fresh sandboxes after a crash or time-out, per notebook (each costs ~0.1 s)
 RETRY_TIMEOUT = 5.0  # seconds per call for a part that already timed out once
@@ -60,39 +59,14 @@ class NotebookResult:
 
 
 class SandboxBackend(Backend):
-    """Forwards a check's requests to the student's process."""
+    """Forwards a check's requests to the student's process (a :class:`~autograder.harness.Runner` there)."""
 
-    def __init__(self, box: Sandbox, limits: Limits, call_timeout: float | None = None) -> None:
-        self.box, self.limits = box, limits
+    def __init__(self, box: Sandbox, limits: Limits, call_timeout: float | None = None, bans: tuple[str, ...] = ()) -> None:
+        self.box, self.limits, self.bans = box, limits, tuple(bans)
         self.call_timeout = call_timeout or limits.call_timeout
 
-    def _ask(self, msg: dict[str, Any]) -> Any:
-        reply = self.box.request(msg, timeout=self.call_timeout)
-        if not reply["ok"]:
-            raise StudentError(describe_error(str(reply.get("error", "an error"))))
-        return reply.get("value")
-
-    def call(self, target, args, kwargs, attr=None, keep=False):
-        value = self._ask({"op": "call", "target": target, "attr": attr, "args": args, "kwargs": kwargs, "keep": keep})
-        if keep and not isinstance(value, Ref):
-            raise StudentError("the object could not be created")
-        return value
-
-    def grad(self, target, args, kwargs, wrt, probe, attr=None):
-        return self._ask({"op": "call", "target": target, "attr": attr, "args": args, "kwargs": kwargs, "grad": wrt,
-                          "probe": probe})
-
-    def value(self, name):
-        return self._ask({"op": "value", "target": name})
-
-    def params(self, target):
-        value = self._ask({"op": "params", "target": target})
-        if not isinstance(value, dict):
-            raise StudentError("the module's parameters could not be read")
-        return value
-
-    def load(self, target, state):
-        self._ask({"op": "load", "target": target, "state": state})
+    def ask(self, request: dict[str, Any]) -> Any:
+        return reply_value(self.box.request(request, timeout=self.call_timeout))
 
 
 class Session:
@@ -180,7 +154,10 @@ def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *
 
     parts = [c.grade_id for c in source.solutions()]
     student_code = [code for label, code in plan.cells if not label.startswith("setup cell")]  # cell by cell
-    delegated = authorship.delegations(student_code, parts, getattr(suite, "forbidden", {}))
+    try:
+        delegated = authorship.delegations(student_code, parts, getattr(suite, "forbidden", {}))
+    except authorship.ScanLimit as e:
+        return fail_all(str(e))
 
     session = Session(plan, files, hide or [], limits, result)
     crashed_reasons: list[str] = []
@@ -204,7 +181,8 @@ def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *
                 continue
             # A part that already hung once gets a short leash, so one infinite loop costs one time-out.
             timeout = min(limits.call_timeout, RETRY_TIMEOUT) if set(check.parts) & hung_parts else None
-            trial = Trial(SandboxBackend(box, limits, timeout), seed_for(secret, assignment, cell.grade_id))
+            trial = Trial(SandboxBackend(box, limits, timeout, suite_bans(suite, check.parts)),
+                          seed_for(secret, assignment, cell.grade_id))
             try:
                 check.fn(trial)
                 result.tests.append(TestResult(cell.grade_id, check.doc, cell.points, cell.points))

@@ -56,7 +56,7 @@ def nbgrader_meta(cell: dict) -> dict:
     return nbg if isinstance(nbg, dict) else {}
 
 
-def _norm(code: str) -> str:
+def _canonical(code: str) -> str:
     return "\n".join(line.rstrip() for line in code.strip().splitlines())
 
 
@@ -134,9 +134,9 @@ def plan_cells(source: SourceNotebook, student: dict) -> Plan:
     function or class they define.
     """
     tests = {c.grade_id: c for c in source.tests()}
-    test_texts = {_norm(c.code) for c in tests.values()}
+    test_texts = {_canonical(c.code) for c in tests.values()}
     setups = {c.grade_id: c for c in source.cells if c.kind == "setup"}
-    setup_texts = {_norm(c.code): c for c in setups.values()}
+    setup_texts = {_canonical(c.code): c for c in setups.values()}
     parts = {c.grade_id for c in source.solutions()}
     plan = Plan()
     used_setup: set[str] = set()
@@ -148,9 +148,9 @@ def plan_cells(source: SourceNotebook, student: dict) -> Plan:
         code = _text(cell.get("source"))
         meta = nbgrader_meta(cell)
         gid = meta.get("grade_id") if isinstance(meta.get("grade_id"), str) else ""
-        if gid in tests or _norm(code) in test_texts:
+        if gid in tests or _canonical(code) in test_texts:
             continue
-        setup = setups.get(gid) or setup_texts.get(_norm(code))
+        setup = setups.get(gid) or setup_texts.get(_canonical(code))
         if setup is not None and gid not in parts:
             if setup.grade_id not in used_setup:
                 # Source setup cells run in source order up to and including this one.

@@ -243,7 +243,7 @@ class Sandbox:
         os.chmod(self.root, 0o755)
         tools = self.root / "harness"
         tools.mkdir()
-        for name in ("harness.py", "wire.py"):
+        for name in ("harness.py", "wire.py", "torch_names.py", "magics.py"):
             shutil.copy2(HERE / name, tools / name)
         work = self.root / "work"
         if self.files is not None and self.files.is_dir():

@@ -1,7 +1,9 @@
 """The message format between the trusted judge and the sandboxed student process.
 
-A message is a 4-byte length, a JSON header and the raw bytes of any arrays it
-carries. Nothing is ever unpickled: arrays are rebuilt with ``numpy.frombuffer``
+A message on a pipe is an 8-byte little-endian length of the rest, then an
+8-byte little-endian length of the JSON header, the header (the value, with
+arrays replaced by their dtype, shape and index) and the raw bytes of any
+arrays it carries, in order. Nothing is ever unpickled: arrays are rebuilt with ``numpy.frombuffer``
 from an allow-listed dtype and a checked shape, so a hostile sandbox can send
 wrong numbers but never code, objects or oversized buffers.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import textwrap
 
-from autograder.checks import CheckFailed, LocalBackend, Trial, load_suite, seed_for
+from autograder.checks import CheckFailed, LocalBackend, Trial, load_suite, seed_for, suite_bans
 from autograder.authorship import delegations
 
 
@@ -32,7 +32,7 @@ def run_suite(assignment: str, code: str, secret: str = "test") -> dict[str, str
             results[gid] = "earns no points: " + bad[0]
             continue
         try:
-            check.fn(Trial(LocalBackend(ns), seed_for(secret, assignment, gid)))
+            check.fn(Trial(LocalBackend(ns, suite_bans(suite, check.parts)), seed_for(secret, assignment, gid)))
             results[gid] = ""
         except CheckFailed as e:
             results[gid] = str(e) or "failed"

@@ -281,6 +281,54 @@ def scaled_dot_product_attention(query, key, value, mask=None):
 ''')), SOFTMAX_POINTS, message="torch's own"),
         Case("percent_continuation_beside_a_magic", write_nb(notebook(softmax="%matplotlib inline\n" + SOFTMAX.replace(
             "    x_max = x.amax", "    dim = (dim\n           % x.dim())\n    x_max = x.amax", 1))), FULL),
+        # -- a part's bans hold at run time, whatever route reaches torch's softmax (the static scan misses these)
+        Case("forged_softmax_name_built_at_run_time", write_nb(notebook(softmax=
+            "def softmax(x, dim=-1):\n    return getattr(torch, ''.join(map(chr, [115, 111, 102, 116, 109, 97, 120])))(x, dim)"
+            ".nan_to_num(0.0)\n")), SDPA_POINTS, message="torch's own implementation"),
+        Case("forged_softmax_unpickled", write_nb(notebook(softmax=
+            "import pickle\n_f = pickle.loads(bytes.fromhex('63746f7263680a736f66746d61780a2e'))\n"
+            "def softmax(x, dim=-1):\n    return _f(x, dim).nan_to_num(0.0)\n")), SDPA_POINTS, message="torch's own implementation"),
+        Case("forged_softmax_torchscript_from_a_string", write_nb(notebook(softmax=
+            "import base64\n_cu = torch.jit.CompilationUnit(base64.b64decode("
+            "'ZGVmIGYoeDogVGVuc29yLCBkOiBpbnQpOgogICAgcmV0dXJuIHRvcmNoLnNvZnRtYXgoeCwgZCkK').decode())\n"
+            "def softmax(x, dim=-1):\n    return _cu.f(x, dim).nan_to_num(0.0)\n")), SDPA_POINTS,
+             message="torch's own implementation"),
+        Case("forged_softmax_distribution_from_logits", write_nb(notebook(softmax=
+            "_D = vars(torch.distributions)[bytes.fromhex('43617465676f726963616c').decode()]\n"
+            "def softmax(x, dim=-1):\n    return _D(logits=x.movedim(dim, -1), validate_args=False).probs.movedim(-1, dim).nan_to_num(0.0)\n")),
+             SDPA_POINTS, message="torch's own implementation"),
+        Case("forged_softmax_through_the_part_allowed_it", write_nb(notebook(
+            softmax="def softmax(x, dim=-1):\n    x = x.movedim(dim, -1)\n    eye = torch.eye(x.shape[-1], dtype=x.dtype)\n"
+                    "    w = scaled_dot_product_attention(x.unsqueeze(-2) * math.sqrt(x.shape[-1]), eye, eye)[1]\n"
+                    "    return w.squeeze(-2).movedim(-1, dim).nan_to_num(0.0)\n",
+            sdpa=SDPA.replace("weights = softmax(scores, dim=-1)", "weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)"))),
+             SDPA_POINTS, message="torch's own implementation"),
+        Case("guard_switched_off_through_gc", write_nb(notebook(sdpa='''
+import gc
+import torch.nn.functional as F
+def scaled_dot_product_attention(query, key, value, mask=None):
+    for o in gc.get_objects():
+        if isinstance(o, torch.library.Library):
+            o._destroy()
+    op = getattr(F, bytes.fromhex("7363616c65645f646f745f70726f647563745f617474656e74696f6e").decode())
+    out = op(query, key, value, attn_mask=mask).nan_to_num(0.0)
+    return out, softmax(query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1]))
+''')), SOFTMAX_POINTS, message="guard"),
+        # -- grader-side analysis is bounded: minutes unbounded, graded normally now ----------------------------
+        Case("pathological_magics_and_helper_chain", write_nb(notebook(extra=[
+            "\n".join(f"x{i} = {i}\n%time y = 1" for i in range(600)),
+            "".join(f"def h{i}(x):\n    return h{i + 1}(x)\n" for i in range(3000)) + "def h3000(x):\n    return x\n"])), FULL),
+        Case("too_large_to_scan", write_nb(notebook(extra=["x = 1\n" * 180_000])), 0.0,
+             reason="more than the grader reads"),
+        # -- honest code that works in Jupyter works here ----------------------------------------------------
+        Case("namedtuple_and_jit_script", write_nb(notebook(
+            softmax="@torch.jit.script\n" + SOFTMAX,
+            sdpa="import collections\nAttention = collections.namedtuple('Attention', 'output weights')\n" +
+                 SDPA.replace("return weights @ value, weights", "return Attention(weights @ value, weights)"))), FULL),
+        Case("writefile_helper_named_softmax", write_nb(notebook(
+            before=["%%writefile attention_helpers.py\nimport torch\n\n" + SOFTMAX.replace("def softmax(", "def stable_softmax(")],
+            softmax="import attention_helpers\nfrom attention_helpers import stable_softmax\n\n"
+                    "def softmax(x, dim=-1):\n    return attention_helpers.stable_softmax(x, dim)\n")), FULL),
     ]
     return cases
 

@@ -223,7 +223,7 @@ def test_the_harness_refuses_torchs_attention_at_the_dispatcher():
     probe = textwrap.dedent('''
         import torch
         from autograder import harness
-        harness._tripwires(torch)
+        guard = harness.Runner(torch, {}).guard
         q = torch.randn(1, 2, 3, 4)
         mha = torch.nn.MultiheadAttention(4, 2, batch_first=True).eval()
         routes = {
@@ -238,13 +238,15 @@ def test_the_harness_refuses_torchs_attention_at_the_dispatcher():
         refused = []
         for name, route in routes.items():
             try:
-                with torch.inference_mode():
+                with guard.judged(()), torch.inference_mode():
                     out = route()
                 if callable(out):
                     continue
             except harness.Delegated:
                 refused.append(name)
         print(sorted(refused))
+        # outside a judged call (a self-check cell), torch's attention runs as in Jupyter
+        assert torch.ops.aten._scaled_dot_product_attention_math(q, q, q)[0].shape == q.shape
         # everything else still runs
         assert torch.allclose(torch.softmax(q, -1).sum(-1), torch.ones(1, 2, 3))
     ''')
@@ -256,7 +258,7 @@ def test_the_harness_refuses_torchs_attention_at_the_dispatcher():
 # -- IPython syntax in the harness: only real magics are touched --------------------------------------
 
 def test_the_harness_transforms_only_real_magics():
-    from autograder.harness import _strip_magics
+    from autograder.magics import strip_magics as _strip_magics
 
     plain = ("def softmax(x, dim=-1):\n    dim = (dim\n           % x.dim())\n"
              '    """Docs.\n%notamagic\n!nor this\n    """\n    return x\n')
@@ -317,3 +319,168 @@ def test_self_attribute_is_exempt_only_when_the_class_defines_it():
                  "class MultiHeadAttention(Base):\n    def forward(self, x):\n"
                  "        return self.scaled_dot_product_attention(x, x, x)\n")
     assert scan(inherited) == {}
+
+
+# -- run-time bans: during a judged call, a part's banned operators refuse to run, by any route ----------
+
+FORGED_SOFTMAX = {
+    "star import alias": "from torch.nn.functional import *\n_f = softmax\n"
+                         "def softmax(x, dim=-1):\n    return _f(x, dim=dim)\n",
+    "name built at run time": "def softmax(x, dim=-1):\n"
+                              "    return getattr(torch, ''.join(map(chr, [115, 111, 102, 116, 109, 97, 120])))(x, dim)\n",
+    "unpickled": "import pickle\n_f = pickle.loads(b'ctorch\\nsoftmax\\n.')\n"
+                 "def softmax(x, dim=-1):\n    return _f(x, dim)\n",
+    "TorchScript from a string": "import base64\n_cu = torch.jit.CompilationUnit(base64.b64decode("
+                                 "'ZGVmIGYoeDogVGVuc29yLCBkOiBpbnQpOgogICAgcmV0dXJuIHRvcmNoLnNvZnRtYXgoeCwgZCkK').decode())\n"
+                                 "def softmax(x, dim=-1):\n    return _cu.f(x, dim)\n",
+    "evaluated encoded string": "import base64\n"
+                                "def softmax(x, dim=-1):\n    return eval(base64.b64decode('dG9yY2guc29mdG1heA==').decode())(x, dim)\n",
+    "distribution from logits": "def softmax(x, dim=-1):\n"
+                                "    return getattr(torch.distributions, 'Cat' + 'egorical')(logits=x.movedim(dim, -1))"
+                                ".probs.movedim(-1, dim)\n",
+    "another part allowed torch's softmax": "def scaled_dot_product_attention(q, k, v, mask=None):\n"
+                                            "    w = torch.softmax(q @ k.transpose(-2, -1), -1)\n    return w @ v, w\n"
+                                            "def softmax(x, dim=-1):\n    x = x.movedim(dim, -1)\n"
+                                            "    eye = torch.eye(x.shape[-1], dtype=x.dtype)\n"
+                                            "    return scaled_dot_product_attention(x.unsqueeze(-2), eye, eye)[1].squeeze(-2)"
+                                            ".movedim(-1, dim)\n",
+    "log_softmax then exp": "def softmax(x, dim=-1):\n    return torch.log_softmax(x, dim).exp()\n",
+    "torch's Python reference": "import torch._refs as R\ndef softmax(x, dim=-1):\n    return getattr(R, 'soft' + 'max')(x, dim)\n",
+    "a decomposition": "import torch._decomp as D\n"
+                       "def softmax(x, dim=-1):\n    return D.decomposition_table[torch.ops.aten._softmax.default](x, dim, False)\n",
+    "mkldnn layout": "def softmax(x, dim=-1):\n    return getattr(x.float().to_mkldnn(), 'soft' + 'max')(dim).to_dense().to(x.dtype)\n",
+    "refusal swallowed": "def softmax(x, dim=-1):\n    try:\n        return torch.softmax(x, dim)\n"
+                         "    except Exception:\n        e = (x - x.amax(dim, keepdim=True)).exp()\n"
+                         "        return e / e.sum(dim, keepdim=True)\n",
+}
+
+
+def _local(code: str, bans=("softmax", "log_softmax", "Categorical")):
+    from autograder.checks import LocalBackend
+
+    ns: dict = {"__name__": "__main__"}
+    exec(compile("import torch\n" + code, "<answer>", "exec"), ns)
+    return LocalBackend(ns, bans)
+
+
+@pytest.mark.parametrize("route", list(FORGED_SOFTMAX))
+def test_a_parts_ban_holds_at_run_time_by_any_route(route):
+    import numpy as np
+
+    from autograder.checks import StudentError
+
+    x = np.linspace(-3, 3, 8, dtype=np.float32).reshape(2, 4)
+    with pytest.raises(StudentError, match="earns no points: .*torch's own implementation"):
+        _local(FORGED_SOFTMAX[route]).call("softmax", [x], {"dim": -1})
+    # the same code runs when the part under check allows torch's softmax (another part's check) ...
+    if route not in ("mkldnn layout",):
+        out = _local(FORGED_SOFTMAX[route], bans=()).call("softmax", [x], {"dim": -1})
+        assert np.allclose(out, __import__("torch").softmax(__import__("torch").from_numpy(x), -1).numpy(), atol=1e-5)
+    # ... and outside a judged call, as in Jupyter (a self-check cell)
+    import torch
+    import torch._refs
+
+    assert not hasattr(torch._refs.softmax, "__wrapped__")  # the wrapper does not hand out torch's function
+
+    assert torch.allclose(torch.softmax(torch.from_numpy(x), -1).sum(-1), torch.ones(2))
+
+
+TAMPERING = {
+    "attention after destroying the guard (gc)": (
+        "import gc\nimport torch.nn.functional as F\n"
+        "def scaled_dot_product_attention(q, k, v, mask=None):\n"
+        "    for o in gc.get_objects():\n"
+        "        if isinstance(o, torch.library.Library):\n            o._destroy()\n"
+        "    return F.scaled_dot_product_attention(q, k, v), q\n", "scaled_dot_product_attention", ()),
+    "softmax after destroying the guard (gc)": (
+        "import gc\n"
+        "def softmax(x, dim=-1):\n"
+        "    for o in gc.get_objects():\n"
+        "        if isinstance(o, torch.library.Library):\n            o._destroy()\n"
+        "    return torch.softmax(x, dim)\n", "softmax", ("softmax",)),
+    "a kernel registered over the guard's": (
+        "_lib = torch.library.Library('aten', 'IMPL')\n"
+        "_lib.impl('_scaled_dot_product_attention_math', lambda q, k, v, *a, **kw: (q, q), 'AutogradCPU')\n"
+        "def scaled_dot_product_attention(q, k, v, mask=None):\n"
+        "    return torch.ops.aten._scaled_dot_product_attention_math(q, k, v)\n", "scaled_dot_product_attention", ()),
+}
+
+
+@pytest.mark.parametrize("attack", list(TAMPERING))
+def test_a_tampered_guard_is_found_and_earns_nothing(attack):
+    import numpy as np
+
+    from autograder.checks import StudentError
+
+    code, target, bans = TAMPERING[attack]
+    q = np.ones((1, 2, 4), np.float32)
+    args = [q, q, q] if target != "softmax" else [q]
+    backend = _local(code, bans)
+    try:
+        with pytest.raises(StudentError, match="earns no points: .*(guard|own implementation)"):
+            backend.call(target, args, {})
+    finally:
+        lib = backend.runner.ns.get("_lib")
+        if lib is not None:
+            lib._destroy()
+    # the next call has a fresh, working guard
+    x = __import__("torch").zeros(1, 1, 1)
+    with pytest.raises(Exception, match="own implementation"):
+        with backend.runner.guard.judged(()):
+            __import__("torch").ops.aten._scaled_dot_product_attention_math(x, x, x)
+
+
+# -- grader-side analysis of student code is bounded -------------------------------------------------
+
+def test_a_long_chain_of_helpers_is_scanned_in_linear_work_and_named_briefly():
+    """Taint flows once per name: the message does not grow with the chain (it did, quadratically)."""
+    n = 3000
+    cells = [f"def h{i}(x):\n    return h{i + 1}(x)\n" for i in range(n)]
+    cells += [f"def h{n}(x):\n    return torch.nn.functional.scaled_dot_product_attention(x, x, x)\n",
+              "def softmax(x, dim=-1):\n    return h0(x)\n"]
+    found = delegations(cells, ["softmax"], {})
+    assert found["softmax"].startswith("softmax calls h0, which calls h1, which calls h2, which calls ")
+    assert f"{n - 3} more helpers, then h{n}" in found["softmax"] and "scaled_dot_product_attention" in found["softmax"]
+    assert len(found["softmax"]) < 300
+
+
+def test_the_scan_has_a_size_cap_and_a_time_budget():
+    from autograder.authorship import MAX_SCAN_CHARS, ScanLimit
+
+    with pytest.raises(ScanLimit, match="more than the grader reads"):
+        delegations(["x = 1\n" * (MAX_SCAN_CHARS // 6 + 1)], ["softmax"], {})
+    with pytest.raises(ScanLimit, match="budget"):
+        delegations([f"def h{i}(x):\n    return h{i + 1}(x)\n" for i in range(200)], ["softmax"], {}, budget_s=0.0)
+
+
+def test_many_magics_are_rewritten_line_by_line_not_by_ipythons_transformer(monkeypatch):
+    """IPython's transformer re-tokenises the cell once per magic (minutes for hundreds): past a few
+    magics the cell is rewritten in one linear pass, and still runs as Jupyter would run it."""
+    import IPython.core.inputtransformer2 as it2
+
+    from autograder import magics
+
+    calls = []
+    monkeypatch.setattr(it2.TransformerManager, "transform_cell", lambda self, code: calls.append(code) or code)
+    cell = "\n".join(f"x{i} = {i}\n%time y = 1" for i in range(magics.MAX_TRANSFORMED_MAGICS * 30))
+    python = magics.strip_magics(cell)
+    assert not calls
+    ns: dict = {}
+    exec(compile(python, "<cell>", "exec"), ns)
+    assert ns["x599"] == 599
+    magics.strip_magics("%time y = 1\nz = 2\n")
+    assert calls  # a cell with a few magics still goes through IPython's own transformer
+
+
+def test_honest_helpers_named_softmax_are_the_students():
+    """A helper module written with %%writefile, whose function's name contains "softmax", is the student's."""
+    from autograder.checks import load_suite
+
+    forbidden = load_suite("01_single_head").forbidden
+    cells = ["%%writefile helpers.py\nimport torch\ndef stable_softmax(x, dim):\n"
+             "    e = (x - x.amax(dim, keepdim=True)).exp()\n    return e / e.sum(dim, keepdim=True)\n",
+             "import helpers\nfrom helpers import stable_softmax\n",
+             "def softmax(x, dim=-1):\n    return stable_softmax(x, dim) + 0 * helpers.stable_softmax(x, dim)\n"]
+    assert delegations(cells, ["softmax"], forbidden) == {}
+    # a module the notebook did not write is not the student's: its softmax-named function is suspect
+    assert "softmax" in delegations(cells[1:], ["softmax"], forbidden)

@@ -95,3 +95,120 @@ def test_conceptual_answer_helpers_name_wrong_answers_and_hide_the_right_one():
     with pytest.raises(CheckFailed, match="that is the causal one"):
         expect_choice("a", "b", "pattern", "abc", mistakes={"a": "that is the causal one"})
     del torch_scalar
+
+
+# -- one runner: the sandbox and a notebook kernel run student code the same way -----------------------
+
+RUNNER_CODE = '''
+import collections, torch
+Pair = collections.namedtuple("Pair", "output weights")
+
+def softmax(x, dim=-1):
+    e = (x - x.amax(dim, keepdim=True)).exp()
+    return e / e.sum(dim, keepdim=True)
+
+def cheat(x, dim=-1):
+    return torch.distributions.Categorical(logits=x.movedim(dim, -1)).probs.movedim(-1, dim)
+
+def swallow(x, dim=-1):
+    try:
+        return torch.softmax(x, dim)
+    except Exception:
+        return softmax(x, dim)
+
+def named(x):
+    return Pair(x * 2, softmax(x))
+
+def half(x):
+    return x.to(torch.bfloat16)
+
+def odd(x):
+    raise ValueError(f"odd input of shape {tuple(x.shape)}")
+
+class Lin(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.proj = torch.nn.Linear(n, n)
+
+    def forward(self, x):
+        return torch.nn.functional.scaled_dot_product_attention(x, x, x)
+'''
+
+
+def _runner_requests():
+    import numpy as np
+
+    x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
+    bans = ["softmax", "Categorical"]
+    return [
+        {"op": "call", "target": "softmax", "args": [x], "kwargs": {"dim": 0}, "bans": bans},
+        {"op": "call", "target": "softmax", "args": [x], "kwargs": {}, "grad": 0, "probe": x, "bans": bans},
+        {"op": "call", "target": "cheat", "args": [x], "kwargs": {}, "bans": bans},
+        {"op": "call", "target": "cheat", "args": [x], "kwargs": {}, "bans": []},
+        {"op": "call", "target": "swallow", "args": [x], "kwargs": {}, "bans": bans},
+        {"op": "call", "target": "named", "args": [x], "kwargs": {}},
+        {"op": "call", "target": "half", "args": [x], "kwargs": {}},
+        {"op": "call", "target": "odd", "args": [x], "kwargs": {}},
+        {"op": "call", "target": "missing", "args": [], "kwargs": {}},
+        {"op": "value", "target": "Pair"},
+    ]
+
+
+def test_the_sandbox_and_a_notebook_kernel_run_student_code_the_same_way():
+    """Same values and same errors for the same requests, through the sandbox and through LocalBackend."""
+    import numpy as np
+
+    from autograder.checks import LocalBackend, StudentError
+    from autograder.judge import SandboxBackend
+    from autograder.sandbox import Sandbox
+    from autograder.wire import Ref
+
+    ns: dict = {"__name__": "__main__"}
+    exec(compile(RUNNER_CODE, "<answers>", "exec"), ns)
+    local = LocalBackend(ns)
+    box = Sandbox(limits=Limits(cell_timeout=20, call_timeout=10, notebook_timeout=120)).__enter__()
+    try:
+        assert box.request({"op": "exec", "code": RUNNER_CODE, "label": "<answers>"}, timeout=20)["ok"]
+        remote = SandboxBackend(box, box.limits)
+
+        def outcome(backend, request):
+            try:
+                return "value", backend.ask(dict(request))
+            except StudentError as e:
+                return "error", str(e)
+
+        seen = []
+        for request in _runner_requests():
+            a, b = outcome(local, request), outcome(remote, request)
+            assert a[0] == b[0], (request["target"], a, b)
+            if a[0] == "error":
+                assert a[1] == b[1], (request["target"], a, b)
+            else:
+                assert type(a[1]) is type(b[1])
+                flat_a = a[1] if isinstance(a[1], tuple) else (a[1],)
+                flat_b = b[1] if isinstance(b[1], tuple) else (b[1],)
+                for u, v in zip(flat_a, flat_b, strict=True):
+                    assert u.dtype == v.dtype and np.allclose(u, v), request["target"]
+            seen.append((request["target"], a[0], a[1] if a[0] == "error" else ""))
+        kinds = {(t, k) for t, k, _ in seen}
+        # the answers in the table above cover every kind: values, gradients, bans, namedtuple, bf16, errors
+        assert ("softmax", "value") in kinds and ("named", "value") in kinds and ("half", "value") in kinds
+        assert [m for t, k, m in seen if t == "cheat"][0].startswith("earns no points")
+        assert [k for t, k, _ in seen if t == "cheat"][1] == "value"  # no ban: the same call runs
+        assert [m for t, k, m in seen if t == "swallow"][0].startswith("earns no points")
+        # parameters: same names, same shape errors, same refusal of torch's attention in a method
+        refs = [b.call("Lin", [3], {}, keep=True) for b in (local, remote)]
+        assert all(isinstance(r, Ref) for r in refs)
+        for backend, ref in zip((local, remote), refs):
+            assert sorted(backend.params(ref)) == ["proj.bias", "proj.weight"]
+        errors = []
+        for backend, ref in zip((local, remote), refs):
+            for request in ({"op": "load", "target": ref, "state": {"proj.weight": np.zeros((2, 2), np.float32)}},
+                            {"op": "call", "target": ref, "args": [np.zeros((1, 2, 3), np.float32)], "kwargs": {}}):
+                with pytest.raises(StudentError) as err:
+                    backend.ask(request)
+                errors.append(str(err.value))
+        assert errors[:2] == errors[2:], errors
+        assert "has shape (3, 3), expected (2, 2)" in errors[0] and "earns no points" in errors[1]
+    finally:
+        box.__exit__(None, None, None)

@@ -26,9 +26,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from autograder.harness import Runner
 from autograder.wire import Ref
 
-__all__ = ["CheckFailed", "Suite", "Trial", "load_suite", "run_local", "expect_number", "expect_tuple", "expect_choice"]
+__all__ = ["CheckFailed", "Suite", "Trial", "load_suite", "run_local", "suite_bans", "expect_number", "expect_tuple", "expect_choice"]
 
 
 class CheckFailed(AssertionError):
@@ -79,114 +80,66 @@ def load_suite(assignment: str) -> Suite:
 
 
 class Backend:
-    """Runs the student's code. Values in and out are numpy arrays, scalars, tuples, lists, dicts and refs."""
+    """Sends the judge's requests to a :class:`autograder.harness.Runner` that holds the student's code.
+
+    Values in and out are wire values (numpy arrays, scalars, tuples, lists, dicts, refs). ``bans``:
+    the names the parts under check may not use (``Suite.forbidden``); the runner refuses the matching
+    torch operators, and torch's attention, while each call runs.
+    """
+
+    bans: tuple[str, ...] = ()
+
+    def ask(self, request: dict[str, Any]) -> Any:
+        """Send one request; the reply's value, or :class:`StudentError` saying what went wrong."""
+        raise NotImplementedError
 
     def call(self, target: str | Ref, args: list, kwargs: dict, attr: str | None = None, keep: bool = False) -> Any:
-        raise NotImplementedError
+        value = self.ask({"op": "call", "target": target, "attr": attr, "args": args, "kwargs": kwargs,
+                          "keep": keep, "bans": list(self.bans)})
+        if keep and not isinstance(value, Ref):
+            raise StudentError("the object could not be created")
+        return value
 
     def grad(self, target: str | Ref, args: list, kwargs: dict, wrt: int, probe: np.ndarray, attr: str | None = None) -> Any:
-        raise NotImplementedError
+        return self.ask({"op": "call", "target": target, "attr": attr, "args": args, "kwargs": kwargs, "grad": wrt,
+                         "probe": probe, "bans": list(self.bans)})
 
     def value(self, name: str) -> Any:
         """The plain value (number, string, tuple, list, tensor as array) the student assigned to ``name``."""
-        raise NotImplementedError
+        return self.ask({"op": "value", "target": name})
 
     def params(self, target: Ref) -> dict:
-        raise NotImplementedError
+        value = self.ask({"op": "params", "target": target})
+        if not isinstance(value, dict):
+            raise StudentError("the module's parameters could not be read")
+        return value
 
     def load(self, target: Ref, state: dict) -> None:
-        raise NotImplementedError
+        self.ask({"op": "load", "target": target, "state": state})
+
+
+def reply_value(reply: Mapping[str, Any]) -> Any:
+    """The value of a runner's reply, or :class:`StudentError` with the student-facing sentence."""
+    if not reply.get("ok"):
+        raise StudentError(describe_error(str(reply.get("error", "an error"))))
+    return reply.get("value")
 
 
 class LocalBackend(Backend):
-    """Calls functions from a namespace in this process (a notebook's ``globals()``); for authoring only."""
+    """Runs the student's code in this process, from a namespace (a notebook's ``globals()``), with the
+    same :class:`~autograder.harness.Runner` the sandbox uses: same values, same errors, same bans."""
 
-    def __init__(self, namespace: Mapping[str, Any]) -> None:
-        self.ns, self.refs = namespace, {}
+    def __init__(self, namespace: dict[str, Any], bans: Iterable[str] = ()) -> None:
+        self.runner = Runner(torch, namespace)
+        self.bans = tuple(bans)
 
-    def _resolve(self, target: str | Ref) -> Any:
-        if isinstance(target, Ref):
-            return self.refs[target.id]
-        if target not in self.ns:
-            raise StudentError(f"nothing named {target!r} is defined in the notebook")
-        return self.ns[target]
+    def ask(self, request: dict[str, Any]) -> Any:
+        return reply_value(self.runner.handle(request))
 
-    def _in(self, v: Any) -> Any:
-        if isinstance(v, np.ndarray):
-            return torch.from_numpy(v.copy())
-        if isinstance(v, Ref):
-            return self.refs[v.id]
-        if isinstance(v, (list, tuple)):
-            return type(v)(self._in(x) for x in v)
-        if isinstance(v, dict):
-            return {k: self._in(x) for k, x in v.items()}
-        return v
 
-    def _out(self, v: Any) -> Any:
-        if isinstance(v, Tensor):
-            if type(v) not in (Tensor, torch.nn.Parameter):
-                raise StudentError(f"returned a subclass of torch.Tensor ({type(v).__name__}); return a plain tensor")
-            return v.detach().cpu().numpy().copy()
-        if isinstance(v, (list, tuple)):
-            return type(v)(self._out(x) for x in v)
-        return v
-
-    def _run(self, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except CheckFailed:
-            raise
-        except Exception as e:  # noqa: BLE001 - the student's error becomes a failure message
-            raise StudentError(describe_error(f"{type(e).__name__}: {e}")) from e
-
-    def call(self, target, args, kwargs, attr=None, keep=False):
-        fn = self._resolve(target)
-        if attr:
-            fn = getattr(fn, attr)
-        result = self._run(lambda: fn(*self._in(args), **self._in(kwargs)))
-        if keep:
-            self.refs[len(self.refs) + 1] = result
-            return Ref(len(self.refs))
-        return self._out(result)
-
-    def grad(self, target, args, kwargs, wrt, probe, attr=None):
-        fn = self._resolve(target)
-        if attr:
-            fn = getattr(fn, attr)
-        targs = list(self._in(args))
-        targs[wrt] = targs[wrt].requires_grad_(True)
-
-        def go():
-            out = fn(*targs, **self._in(kwargs))
-            out = out[0] if isinstance(out, tuple) else out
-            (g,) = torch.autograd.grad((out * torch.from_numpy(probe)).sum(), targs[wrt], allow_unused=True)
-            return torch.zeros_like(targs[wrt]) if g is None else g
-
-        return self._out(self._run(go))
-
-    def value(self, name):
-        if name not in self.ns:
-            raise StudentError(f"nothing named {name!r} is defined: assign your answer to {name}")
-        v = self.ns[name]
-        if isinstance(v, np.ndarray):
-            v = torch.from_numpy(v.copy())
-        if isinstance(v, np.generic):
-            v = v.item()
-        if isinstance(v, tuple) and type(v) is not tuple:  # torch.Size, a namedtuple
-            v = tuple(v)
-        return self._out(v)
-
-    def params(self, target):
-        return {k: self._out(v) for k, v in self._resolve(target).state_dict().items()}
-
-    def load(self, target, state):
-        obj = self._resolve(target)
-        own = obj.state_dict()
-        with torch.no_grad():
-            for k, v in state.items():
-                if k not in own:
-                    raise StudentError(f"your module has no parameter named {k!r} (it has: {', '.join(own)})")
-                own[k].copy_(torch.from_numpy(v))
+def suite_bans(suite: "Suite", parts: Iterable[str]) -> tuple[str, ...]:
+    """The names banned while a check of ``parts`` runs: every ban of every part it exercises."""
+    return tuple(sorted({name for p in parts for name in suite.forbidden.get(p, {})}))
 
 
 def describe_error(error: str) -> str:
@@ -194,7 +147,7 @@ def describe_error(error: str) -> str:
     name, _, detail = error.partition(":")
     if name.strip() == "NotImplementedError" and not detail.strip():  # the exercise's own placeholder
         return "not implemented yet: the cell still raises NotImplementedError"
-    if error.startswith("Delegated"):
+    if error.startswith(("Delegated", "Tampered")):
         return "earns no points: " + error.split(":", 1)[1].strip()
     return f"your code raised {error}"
 
@@ -221,23 +174,25 @@ class Obj:
         self.trial.backend.load(self.ref, {k: v.detach().cpu().numpy() for k, v in state.items()})
 
 
-def _to_wire(v: Any) -> Any:
+def _sendable(v: Any) -> Any:
+    """A check's argument as a wire value: tensors as arrays, the student's objects as refs."""
     if isinstance(v, Tensor):
         return v.detach().cpu().numpy().copy()
     if isinstance(v, Obj):
         return v.ref
     if isinstance(v, (list, tuple)):
-        return type(v)(_to_wire(x) for x in v)
+        return type(v)(_sendable(x) for x in v)
     if isinstance(v, dict):
-        return {k: _to_wire(x) for k, x in v.items()}
+        return {k: _sendable(x) for k, x in v.items()}
     return v
 
 
-def _from_wire(v: Any) -> Any:
+def _received(v: Any) -> Any:
+    """A reply's value as a check sees it: arrays as tensors."""
     if isinstance(v, np.ndarray):
         return torch.from_numpy(v)
     if isinstance(v, (list, tuple)):
-        return type(v)(_from_wire(x) for x in v)
+        return type(v)(_received(x) for x in v)
     return v
 
 
@@ -260,7 +215,7 @@ class Trial:
 
     # the student's code ----------------------------------------------------------------------
     def _call(self, target: str | Ref, args: tuple, kwargs: dict, attr: str | None = None) -> Any:
-        return _from_wire(self.backend.call(target, list(_to_wire(args)), _to_wire(kwargs), attr=attr))
+        return _received(self.backend.call(target, list(_sendable(args)), _sendable(kwargs), attr=attr))
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Call the student's function ``name`` on copies of ``args``; tensors come back as tensors."""
@@ -268,18 +223,18 @@ class Trial:
 
     def new(self, name: str, *args: Any, **kwargs: Any) -> Obj:
         """Construct the student's class ``name``; the object stays in the student's process."""
-        ref = self.backend.call(name, list(_to_wire(args)), _to_wire(kwargs), keep=True)
+        ref = self.backend.call(name, list(_sendable(args)), _sendable(kwargs), keep=True)
         return Obj(self, ref)
 
     def value(self, name: str) -> Any:
         """The value the student assigned to ``name`` (a conceptual question's answer): numbers, strings,
         bools, tuples and lists come back as themselves, tensors and arrays as tensors."""
-        return _from_wire(self.backend.value(name))
+        return _received(self.backend.value(name))
 
     def grad(self, target: str | Obj, *args: Any, wrt: int, probe: Tensor, **kwargs: Any) -> Tensor:
         """Gradient of ``sum(f(*args)[0] * probe)`` with respect to ``args[wrt]``, computed by the student's code."""
         t = target.ref if isinstance(target, Obj) else target
-        return _from_wire(self.backend.grad(t, list(_to_wire(args)), _to_wire(kwargs), wrt, probe.detach().numpy()))
+        return _received(self.backend.grad(t, list(_sendable(args)), _sendable(kwargs), wrt, probe.detach().numpy()))
 
 
 # -- comparisons (run in the judge) ---------------------------------------------------------------
@@ -395,5 +350,7 @@ def seed_for(secret: str, assignment: str, grade_id: str) -> int:
 
 def run_local(assignment: str, grade_id: str, namespace: Mapping[str, Any], secret: str = "local") -> None:
     """Run one check against the functions in ``namespace`` (a notebook's ``globals()``)."""
-    check = load_suite(assignment).checks[grade_id]
-    check.fn(Trial(LocalBackend(namespace), seed_for(secret, assignment, grade_id)))
+    suite = load_suite(assignment)
+    check = suite.checks[grade_id]
+    check.fn(Trial(LocalBackend(dict(namespace) if not isinstance(namespace, dict) else namespace,
+                                suite_bans(suite, check.parts)), seed_for(secret, assignment, grade_id)))

@@ -1,0 +1,87 @@
+"""The names of torch's own attention (and of any other operator an exercise bans), in one place.
+
+Both layers of the authorship defence read these lists: the static scan of the student's
+code (:mod:`autograder.authorship`, in the grading process) and the run-time guard of the
+harness (:mod:`autograder.harness`, in the sandbox), which makes the aten operators whose
+names match refuse to run during a judged call.
+
+This module is copied into the sandbox next to the harness, so it imports only the
+standard library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+# Python names of torch's attention, with what they are (the static scan's exact matches).
+TORCH_ATTENTION = {
+    "scaled_dot_product_attention": "torch's scaled_dot_product_attention",
+    "multi_head_attention_forward": "torch's multi_head_attention_forward",
+    "_native_multi_head_attention": "torch's native multi-head attention",
+    "MultiheadAttention": "torch.nn.MultiheadAttention",
+    "TransformerEncoderLayer": "torch.nn.TransformerEncoderLayer",
+    "TransformerDecoderLayer": "torch.nn.TransformerDecoderLayer",
+    "TransformerEncoder": "torch.nn.TransformerEncoder",
+    "TransformerDecoder": "torch.nn.TransformerDecoder",
+    "Transformer": "torch.nn.Transformer",
+}
+
+# Any name containing one of these is torch's attention too: the aten operators that compute it
+# (torch.ops.aten._scaled_dot_product_attention_math, _scaled_dot_product_flash_attention_for_cpu,
+# _native_multi_head_attention, ...). Reached through torch.ops.aten, the C bindings, fast paths and
+# decompositions alike, attention ends in one of them, whatever Python name led there.
+ATEN_ATTENTION = ("scaled_dot_product", "multi_head_attention", "_transformer_encoder_layer", "scaled_dot_attention",
+                  "_flash_attention", "_efficient_attention", "_cudnn_attention")
+
+# torch.nn modules whose forward computes attention without reaching an attention operator
+# (nn.MultiheadAttention with need_weights=True multiplies and softmaxes by hand).
+ATTENTION_MODULES = ("MultiheadAttention", "TransformerEncoderLayer", "TransformerDecoderLayer", "Transformer")
+
+# The dispatch keys whose kernels a guard replaces (only those an operator has: the others keep their
+# defaults). Backends with their own kernels (mkldnn, nested, sparse, quantized) are included, so a
+# tensor converted to another layout does not slip past.
+GUARD_KEYS = ("CompositeImplicitAutograd", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
+              "CPU", "CUDA", "MPS", "XPU", "MkldnnCPU", "NestedTensorCPU", "NestedTensorCUDA", "SparseCPU",
+              "SparseCUDA", "SparseCsrCPU", "SparseCsrCUDA", "QuantizedCPU", "QuantizedCUDA",
+              "AutocastCPU", "AutocastCUDA")
+
+# Lower-cased, underscore-free fragments that every banned name of an exercise maps to at run time:
+# a ban on "softmax" (or "Softmax", "log_softmax", "softmin") refuses every aten operator whose name
+# contains "softmax" (_softmax, _log_softmax, _safe_softmax, _masked_softmax, special_softmax, the
+# sparse ones and the backward kernels). Bans that are Python names only (Categorical,
+# logits_to_probs) reach these operators anyway.
+RUNTIME_FRAGMENTS = {"softmin": "softmax", "logsoftmax": "softmax", "logitstoprobs": "softmax",
+                     "categorical": "softmax"}
+
+
+def squash(name: str) -> str:
+    """``name`` lower-cased without underscores: the form in which names are compared."""
+    return name.lower().replace("_", "")
+
+
+def is_torch_attention(name: str) -> str | None:
+    """What torch attention ``name`` (an attribute or imported name) is, if it is one."""
+    if name in TORCH_ATTENTION:
+        return TORCH_ATTENTION[name]
+    if any(s in name for s in ATEN_ATTENTION):
+        return f"torch's {name}"
+    return None
+
+
+def runtime_fragments(banned: Iterable[str]) -> list[str]:
+    """The squashed fragments an operator's name must contain to be refused, for a part's banned names."""
+    return sorted({RUNTIME_FRAGMENTS.get(squash(b), squash(b)) for b in banned if squash(b)})
+
+
+def matching_ops(op_names: Iterable[str], fragments: Iterable[str]) -> list[str]:
+    """The aten operators (``aten::name.overload``, as the dispatcher lists them) a guard refuses:
+    those whose base name contains one of ``fragments`` (squashed) or an attention fragment (raw)."""
+    fragments = list(fragments)
+    found = []
+    for full in op_names:
+        if not full.startswith("aten::"):
+            continue
+        base = full[len("aten::"):].split(".")[0]
+        if any(f in squash(base) for f in fragments) or any(s in base for s in ATEN_ATTENTION):
+            found.append(full)
+    return sorted(found)
