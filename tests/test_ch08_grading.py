@@ -64,6 +64,19 @@ def tiled_attention(query, key, value, mask=None, causal=False, block=4):
         start += kb.shape[-2]
     m_, l, a = state
     return (a / l.clamp_min(1e-300)).to(query.dtype)
+
+def grouped_query_attention(query, key, value, mask=None):
+    # a group axis and einsum: (B, G, r, n, d) queries against (B, G, m, d) keys, no repeated copies
+    B, H, n, d = query.shape
+    G, m = key.shape[1], key.shape[2]
+    if G > H or H % G != 0:
+        raise ValueError(f"H={H} query heads cannot be split into G={G} equal groups")
+    q = query.reshape(B, G, H // G, n, d)
+    scores = torch.einsum("bgrnd,bgmd->bgrnm", q, key) / d ** 0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask.expand(B, H, n, m).reshape(B, G, H // G, n, m), -math.inf)
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a fully masked row: NaN -> 0
+    return torch.einsum("bgrnm,bgmv->bgrnv", weights, value).reshape(B, H, n, -1)
 ''' + ANSWERS
 
 
@@ -119,6 +132,47 @@ MISTAKES = {
 }
 
 
+GQA_CHECK = "    if G < 1 or H % G:"
+GQA_RAISE = ('        raise ValueError(f"the {G} key-value heads must divide the {H} query heads (H={H}, G={G}): each "\n'
+             '                         f"key-value head serves H / G query heads")')
+GQA_K = "key = key.repeat_interleave(H // G, dim=-3)"
+GQA_V = "value = value.repeat_interleave(H // G, dim=-3)"
+GQA_RET = "return attention(query, key, value, mask)  # (B, H, n, d_v)"
+NAN_SOFTMAX = ("s = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])\n"
+               "    s = s if mask is None else s.masked_fill(~mask, float('-inf'))\n"
+               "    return torch.softmax(s, dim=-1) @ value")
+GQA_MISTAKES = {
+    "K/V heads interleaved (repeat, not repeat_interleave)": (
+        mutate(mutate(REF, GQA_K, "key = key.repeat(1, H // G, 1, 1)"), GQA_V, "value = value.repeat(1, H // G, 1, 1)"),
+        ["test_grouped_query_attention", "test_grouped_query_attention_mask"], "interleaved instead of grouped"),
+    "query heads averaged instead of sharing K/V": (
+        mutate(mutate(mutate(REF, GQA_K, "query = query.unflatten(-3, (G, H // G)).mean(-3)"), GQA_V, "pass"),
+               GQA_RET, "return attention(query, key, value, mask).repeat_interleave(H // G, dim=-3)"),
+        ["test_grouped_query_attention"], "averaged"),
+    "query heads averaged, G outputs": (
+        mutate(mutate(REF, GQA_K, "query = query.unflatten(-3, (G, H // G)).mean(-3)"), GQA_V, "pass"),
+        ["test_grouped_query_attention"], "averaged"),
+    "divisibility check reversed (G % H)": (mutate(REF, GQA_CHECK, "    if G % H:"),
+                                             ["test_grouped_query_attention_heads"], "reversed"),
+    "divisibility check missing": (mutate(REF, GQA_CHECK, "    if False:"), ["test_grouped_query_attention_heads"],
+                                   "check is missing"),
+    "divisibility check only refuses G > H": (mutate(REF, GQA_CHECK, "    if G > H:"),
+                                              ["test_grouped_query_attention_heads"], "lets this G through"),
+    "assert instead of ValueError": (mutate(REF, GQA_CHECK + "\n" + GQA_RAISE, "    assert H % G == 0"),
+                                     ["test_grouped_query_attention_heads"], "raise a ValueError"),
+    "ValueError that names neither number": (
+        mutate(REF, GQA_RAISE, '        raise ValueError("the heads cannot be grouped")'),
+        ["test_grouped_query_attention_heads"], "name both numbers"),
+    "a head-by-head loop with no check (silent for G not dividing H)": (
+        mutate(mutate(mutate(mutate(REF, GQA_CHECK + "\n" + GQA_RAISE, ""), GQA_K + "  # (B, H, m, d_k): query head h gets key head h // (H // G)",
+                      "pass"), GQA_V, "pass"), GQA_RET, "return torch.stack([attention(query[:, h], key[:, h * G // H], value[:, h * G // H], "
+               "None if mask is None else mask.expand(*mask.shape[:-3], H, *mask.shape[-2:])[..., h, :, :]) "
+               "for h in range(H)], dim=1)"),
+        ["test_grouped_query_attention_heads"], "returned"),
+}
+MISTAKES.update(GQA_MISTAKES)
+
+
 @pytest.mark.parametrize("name", list(MISTAKES))
 def test_classic_mistake_loses_points_with_named_message(name):
     assert_mistake_named(A, name, *MISTAKES[name])
@@ -130,7 +184,11 @@ def test_classic_mistake_loses_points_with_named_message(name):
            "    keys, values = append_to_cache(cache, key, value)\n"
            "    return F.scaled_dot_product_attention(query, keys, values), (keys, values)\n", "cached_attention"),
     (REF + "\nfrom attnkit.efficient import online_softmax_update\n", "online_softmax_update"),
-], ids=["torch-sdpa", "import-attnkit"])
+    (REF + "\nimport torch.nn.functional as F\n"
+           "def grouped_query_attention(query, key, value, mask=None):\n"
+           "    return F.scaled_dot_product_attention(query, key, value, mask, enable_gqa=True)\n",
+     "grouped_query_attention"),
+], ids=["torch-sdpa", "import-attnkit", "torch-enable-gqa"])
 def test_delegation_earns_nothing_for_that_part(code, part):
     assert_delegation_named(A, code, part)
 
@@ -183,6 +241,27 @@ REQUIREMENTS = {
                                       ["test_tiled_attention_mask"], "polarity"),
     "tiled: no allowed key gives zeros, not NaN": (mutate(REF, DIVIDE, "return acc / total"),
                                                    ["test_tiled_attention_mask"], "0 / 0"),
+    "tiled: does not call the setup's attention (it refuses large inputs)": (
+        REF + "\ndef tiled_attention(query, key, value, mask=None, causal=False, block=4):\n"
+              "    n, m = query.shape[-2], key.shape[-2]\n"
+              "    if causal:\n"
+              "        tril = torch.ones(n, m, dtype=torch.bool).tril()\n"
+              "        mask = tril if mask is None else mask & tril\n"
+              "    return attention(query, key, value, mask)\n",
+        ["test_tiled_attention", "test_tiled_attention_causal", "test_tiled_attention_mask"], "setup's attention"),
+    "gqa: ValueError when G does not divide H": GQA_MISTAKES["divisibility check missing"],
+    "gqa: the ValueError names H and G": GQA_MISTAKES["ValueError that names neither number"],
+    "gqa: every G that divides H works": GQA_MISTAKES["divisibility check reversed (G % H)"],
+    "gqa: query head h uses key-value head h // (H / G)": GQA_MISTAKES["K/V heads interleaved (repeat, not repeat_interleave)"],
+    "gqa: every query head keeps its own query": GQA_MISTAKES["query heads averaged instead of sharing K/V"],
+    "gqa: mask hides keys": (mutate(REF, GQA_RET, "return attention(query, key, value)"),
+                             ["test_grouped_query_attention_mask"], "mask is ignored"),
+    "gqa: mask True = may attend": (mutate(REF, GQA_RET, "return attention(query, key, value, None if mask is None else ~mask)"),
+                                    ["test_grouped_query_attention_mask"], "polarity"),
+    "gqa: a query with no allowed key gives zeros": (mutate(REF, GQA_RET, NAN_SOFTMAX),
+                                                     ["test_grouped_query_attention_mask"], "NaN"),
+    "gqa: keeps the inputs' dtype": (mutate(REF, GQA_RET, "return attention(query, key, value, mask).float()"),
+                                     ["test_grouped_query_attention"], "keep the inputs' dtype"),
     "cache: time axis": MISTAKES["cache on the feature axis"],
     "cached: causal shifted by t": MISTAKES["mask aligned to the start"],
 }
@@ -208,12 +287,15 @@ def test_tiled_attention_that_keeps_a_stale_maximum_is_named():
 # -- conceptual questions (issue 14): the reference's answers pass; each named wrong answer gets its message --
 
 KV = 2 * 12 * 16 * 64 * 2 * 1000
+GQA = 2 * 32 * 8 * 128 * 2
 E = __import__("math").exp
 QUESTIONS = {
     "q_kv_cache_bytes": [(str(KV // 2), "is half"), (str(KV * 2), "float32"), (str(KV // 12), "one layer"),
                          (str(KV // 16), "one head"), (str(KV * 1000), "square"), ("12345", "not right")],
     "q_attention_flops": [(str(2 * 1024 ** 2 * 64), "half"), (str(4 * 1024 * 64 ** 2), "linear in n"),
                           (str(1024 ** 2), "entries of the score matrix"), (str(1024 ** 2 * 64), "multiply-add")],
+    "q_gqa_cache_bytes": [(str(GQA * 4), "query heads"), (str(GQA // 8), "multi-query"), (str(GQA // 2), "half"),
+                          (str(GQA * 2), "float32"), (str(GQA // 32), "one layer"), ("1000", "not right")],
     "q_online_state": [(f"(3.0, {E(-4) + E(-2) + E(-3) + 1})", "first block's maximum"),
                        (f"(5.0, {E(-2) + 1 + E(-3) + 1})", "not rescaled"),
                        (f"(5.0, {E(-2) + 1 + E(-1) + E(2)})", "stale"),
@@ -230,3 +312,23 @@ def test_question_wrong_answer_is_named(name, wrong, words):
     results = run_checks(mutate(REF, line, f"{name} = {wrong}"), [f"test_{q}" for q in QUESTIONS])
     assert words.lower() in results[f"test_{name}"].lower(), results[f"test_{name}"]
     assert all(msg == "" for gid, msg in results.items() if gid != f"test_{name}"), results
+
+
+def test_grouped_query_attention_by_expand_and_reshape_gets_full_marks():
+    """The other common correct form: a view that expands each key-value head over its group, with torch's softmax."""
+    code = REF + '''
+def grouped_query_attention(query, key, value, mask=None):
+    B, H, n, _ = query.shape
+    G, m = key.shape[1], key.shape[2]
+    if not (0 < G <= H and H % G == 0):
+        raise ValueError(f"expected a number of key-value heads dividing H={H}, got G={G}")
+    k = key[:, :, None].expand(B, G, H // G, m, key.shape[-1]).reshape(B, H, m, -1)
+    v = value[:, :, None].expand(B, G, H // G, m, value.shape[-1]).reshape(B, H, m, -1)
+    s = query @ k.transpose(-2, -1) / math.sqrt(query.shape[-1])
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    w = torch.softmax(s, dim=-1)
+    return torch.where(torch.isnan(w), torch.zeros_like(w), w) @ v
+'''
+    gids = ["test_grouped_query_attention", "test_grouped_query_attention_mask", "test_grouped_query_attention_heads"]
+    assert run_checks(code, gids) == {gid: "" for gid in gids}

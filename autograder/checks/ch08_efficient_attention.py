@@ -1,5 +1,5 @@
 """Graded checks for exercise 08_efficient_attention: ``online_softmax_update``, ``tiled_attention``,
-``append_to_cache``, ``cached_attention``, three conceptual questions.
+``append_to_cache``, ``cached_attention``, ``grouped_query_attention``, four conceptual questions.
 
 Stated requirements (exercise text and docstrings) and the check that exercises each:
 
@@ -18,12 +18,22 @@ tiled: causal, query i sees keys 0..i (itself included)                    test_
 tiled: mask (True = may attend, broadcastable) hides keys                  test_tiled_attention_mask
 tiled: a query with no allowed key gives zeros, never NaN                  test_tiled_attention_mask
 tiled: does not call torch's attention or attnkit                          the authorship scan (every part)
-tiled: does not call the setup's ``attention``                             NOT checked: same outputs, and the
-                                                                           scan bans attribute and imported
-                                                                           names only (left to the formgrader)
+tiled: does not call the setup's ``attention`` (which refuses more than    a large case in each test_tiled_*
+       MAX_SCORES = 2^16 scores)                                           (n * m > MAX_SCORES); inlining the
+                                                                           whole score matrix is left to the
+                                                                           formgrader
 append: None starts a cache; new positions last on the time axis           test_append_to_cache
 cached: output (B, H, s, d_v); causal shifted by t; cache of t + s         test_cached_attention_step, _prompt
-the three questions                                                        test_q_*
+gqa: output (B, H, n, d_v) equals torch's enable_gqa / attnkit; G == H     test_grouped_query_attention
+     is multi-head, G == 1 multi-query
+gqa: query head h uses key-value head h // (H / G) (grouped, not           test_grouped_query_attention, _mask
+     interleaved); every query head keeps its own query (not averaged)
+gqa: keeps the inputs' dtype                                               test_grouped_query_attention
+gqa: mask (True = may attend, broadcastable to (B, H, n, m)) hides keys;   test_grouped_query_attention_mask
+     a query with no allowed key gives zeros
+gqa: ValueError naming H and G when G does not divide H (G > H too);       test_grouped_query_attention_heads
+     no error for every G that divides H
+the four questions                                                         test_q_*
 =========================================================================  ======================================
 
 The online-softmax checks build a realistic state in the judge (the reference state after some
@@ -31,7 +41,11 @@ blocks), ask the student's update to fold in one more block whose maximum is lar
 smaller for others, and compare the three returned tensors; the classic mistakes (no rescaling of the
 sum or the accumulator, a stale or block-only maximum, the inverted factor, NaN for masked rows) are
 computed from the same inputs and named when the answer equals one. The cache checks compare with
-causal attention over the whole sequence computed here by :mod:`attnkit`.
+causal attention over the whole sequence computed here by :mod:`attnkit`. The grouped-query checks
+compare with torch's ``F.scaled_dot_product_attention(..., enable_gqa=True)`` where it exists (and
+attnkit on repeated key-value heads where it does not, or where a query is fully masked), and name the
+interleaved heads (``repeat`` for ``repeat_interleave``), averaged query heads, and divisibility checks
+that are reversed, missing or lenient.
 """
 
 from __future__ import annotations
@@ -347,6 +361,9 @@ BLOCK_LOCAL = ("the causal mask compares positions inside the block (0..b-1) wit
                "position in the whole sequence, block start + c")
 MASK_IGNORED = "the mask is ignored: give the masked keys of each block the score -inf"
 MASK_INVERTED = "the mask's polarity is inverted: True means may attend, so hide the keys where the mask is False"
+CALLS_SETUP = ("tiled_attention calls the setup's attention, which forms the whole (n, m) score matrix at once and "
+               "refuses one larger than MAX_SCORES: the exercise is the loop, one block of keys at a time through your "
+               "online_softmax_update")
 EMPTY_NAN = ("a query with no allowed key gives NaN (0 / 0): its running sum is 0, so return zeros there "
              "(divide by 1 where running_sum is 0)")
 
@@ -427,7 +444,12 @@ def _expect_tiled(t: Trial, q: Tensor, k: Tensor, v: Tensor, what: str, mask: Te
         kwargs["mask"] = mask
     if causal:
         kwargs["causal"] = True
-    got = t.call(TILED, q, k, v, **kwargs)
+    try:
+        got = t.call(TILED, q, k, v, **kwargs)
+    except StudentError as err:
+        if "MemoryError" in str(err) and "MAX_SCORES" in str(err):
+            raise CheckFailed(f"{what}: {CALLS_SETUP}") from None
+        raise
     shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), q.shape[-2], v.shape[-1])
     if isinstance(got, Tensor) and got.is_floating_point() and not torch.isfinite(got).all():
         raise CheckFailed(f"{what} contains NaN: {EMPTY_NAN}" if mask is not None or causal else
@@ -457,6 +479,9 @@ def tiled_check(t: Trial) -> None:
     k = torch.cat([t.randn(1, 4, 4, scale=0.1), torch.full((1, 4, 4), 50.0) + t.randn(1, 4, 4)], dim=1)
     _expect_tiled(t, q, k, t.randn(1, 8, 3), "tiled_attention where the second block's scores are ~300 above the "
                   "first's (float32)", block=4)
+    q, k, v = t.randn(1, 300, 4), t.randn(1, 260, 4, scale=1.5), t.randn(1, 260, 3)  # 78 000 scores > MAX_SCORES
+    _expect_tiled(t, q, k, v, "tiled_attention for query (1, 300, 4), key (1, 260, 4), block=64 (more scores than the "
+                  "setup's attention accepts)", block=64)
 
 
 @SUITE.check("test_tiled_attention_causal", parts=[TILED])
@@ -466,6 +491,9 @@ def tiled_causal(t: Trial) -> None:
         x, v = t.randn(b, n, d, scale=1.5), t.randn(b, n, 3)
         _expect_tiled(t, x, x, v, f"tiled_attention(causal=True) for a sequence of {n} positions, block={block}",
                       causal=True, block=block)
+    x, v = t.randn(1, 270, 4, scale=1.5), t.randn(1, 270, 3)  # 72 900 scores > MAX_SCORES
+    _expect_tiled(t, x, x, v, "tiled_attention(causal=True) for a sequence of 270 positions, block=32 (more scores "
+                  "than the setup's attention accepts)", causal=True, block=32)
 
 
 @SUITE.check("test_tiled_attention_mask", parts=[TILED])
@@ -479,6 +507,11 @@ def tiled_mask(t: Trial) -> None:
     full = t.rand_mask(3, 4, 7, p=0.5)
     full[:, 1] = False  # query 1 of every example may attend to nothing
     _expect_tiled(t, q, k, v, "tiled_attention with a (B, n, m) mask, query 1 fully masked", mask=full, block=4)
+    q, k, v = t.randn(2, 200, 4), t.randn(2, 180, 4, scale=1.5), t.randn(2, 180, 2)  # 72 000 scores > MAX_SCORES
+    keep = t.rand_mask(2, 1, 180, p=0.6)
+    keep[1] = False
+    _expect_tiled(t, q, k, v, "tiled_attention with a (B, 1, m) padding mask, query (2, 200, 4), key (2, 180, 4), "
+                  "block=50 (more scores than the setup's attention accepts)", mask=keep, block=50)
 
 
 # -- conceptual questions ------------------------------------------------------------------------------
@@ -539,3 +572,145 @@ def q_online_state(t: Trial) -> None:
         "the rescaling factor is inverted: the old sum is multiplied by e^(M - M') = e^(3-5), not e^(5-3)":
             (e(-2) + 1) * e(2) + e(-3) + 1,
     })
+
+
+# -- grouped-query attention -----------------------------------------------------------------------------
+
+GQA = "grouped_query_attention"
+INTERLEAVED = ("the key-value heads are interleaved instead of grouped: query head h uses key-value head h % G "
+               "(what tiling the heads, key.repeat(1, H // G, 1, 1), gives); the H / G consecutive query heads of a "
+               "group share one head, so head h must use h // (H / G) (repeat each key-value head H / G times in place, "
+               "repeat_interleave(H // G, dim=1))")
+AVERAGED = ("the query heads of each group are averaged into one query: grouped-query attention keeps all H query "
+            "heads, each with its own weights, and only the keys and values are shared (give each key-value head to "
+            "H / G query heads)")
+NOT_DIVISIBLE = ("G = {g} key-value heads do not divide H = {h} query heads (H % G = {r}), so the heads cannot be "
+                 "grouped: raise a ValueError that says so, before repeating anything (the check is missing, or lets "
+                 "this G through: test H % G != 0, which also refuses G > H)")
+REVERSED = ("the divisibility check is reversed: G = {g} divides H = {h} (H % G == 0), a valid input; refuse "
+            "H % G != 0, not G % H != 0")
+SILENT = ("G = {g} does not divide H = {h}, so the heads cannot be grouped: check H % G before repeating anything "
+          "and raise a ValueError")
+GQA_EMPTY = "a query with no allowed key gives NaN (0 / 0): its row of the output must be zeros"
+
+
+def _reference_gqa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    """The oracle: torch's ``enable_gqa`` where it exists and no query is fully masked, else attnkit on repeated heads."""
+    q, k, v = q.double(), k.double(), v.double()
+    if mask is None:
+        try:
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        except TypeError:  # torch < 2.5: no enable_gqa
+            pass
+    r = q.shape[-3] // k.shape[-3]
+    return ref_attention(q, k.repeat_interleave(r, dim=-3), v.repeat_interleave(r, dim=-3), mask)[0]
+
+
+def _gqa_mistakes(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> dict[str, Tensor]:
+    """Outputs of the classic grouped-query mistakes on the same inputs."""
+    q, k, v = q.double(), k.double(), v.double()
+    H, G = q.shape[-3], k.shape[-3]
+    r = H // G
+    out: dict[str, Tensor] = {}
+    if 1 < G < H:  # with G == H or G == 1, tiled and grouped heads are the same
+        reps = (1,) * (k.dim() - 3) + (r, 1, 1)
+        out[INTERLEAVED] = ref_attention(q, k.repeat(*reps), v.repeat(*reps), mask)[0]
+    if G < H and mask is None:
+        averaged = ref_attention(q.unflatten(-3, (G, r)).mean(-3), k, v)[0]  # (B, G, n, d_v)
+        out[AVERAGED] = averaged.repeat_interleave(r, dim=-3)  # (B, H, n, d_v)
+        out[AVERAGED + "; and the output has G heads, not H"] = averaged
+    if mask is not None:
+        out[MASK_IGNORED] = _reference_gqa(q, k, v)
+        out[MASK_INVERTED] = _reference_gqa(q, k, v, ~mask)
+    return out
+
+
+def _expect_gqa(t: Trial, q: Tensor, k: Tensor, v: Tensor, what: str, mask: Tensor | None = None) -> Tensor:
+    got = t.call(GQA, q, k, v, mask) if mask is not None else t.call(GQA, q, k, v)
+    if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], Tensor):
+        raise CheckFailed(f"{what} returned a pair; return the output tensor (B, H, n, d_v) only")
+    if isinstance(got, Tensor) and got.is_floating_point() and torch.isnan(got).any() and mask is not None:
+        raise CheckFailed(f"{what} contains NaN: {GQA_EMPTY}")
+    expected = _reference_gqa(q, k, v, mask)
+    mistakes = _gqa_mistakes(q, k, v, mask)
+    if isinstance(got, Tensor) and tuple(got.shape) != tuple(expected.shape):
+        for message, wrong in mistakes.items():
+            if close(got, wrong):
+                raise CheckFailed(f"{what} is wrong: {message}")
+    _expect_output(got, expected, what, mistakes, "attention with each query head given its group's key-value head")
+    if got.dtype != q.dtype:
+        raise CheckFailed(f"{what} has dtype {got.dtype} for {q.dtype} inputs: keep the inputs' dtype")
+    return got
+
+
+@SUITE.check("test_grouped_query_attention", parts=[GQA])
+def gqa_check(t: Trial) -> None:
+    """Equals torch's enable_gqa (attnkit without it): G == H is multi-head, 1 < G < H grouped, G == 1 multi-query."""
+    for b, h, g, n, m, d, d_v, dtype in [(2, 3, 3, 4, 5, 4, 3, torch.float32), (2, 4, 2, 3, 5, 4, 3, torch.float32),
+                                         (1, 6, 2, 4, 6, 2, 5, torch.float64), (2, 6, 3, 3, 4, 4, 2, torch.float32),
+                                         (2, 4, 1, 3, 6, 4, 4, torch.float32)]:
+        q, k, v = t.randn(b, h, n, d, dtype=dtype), t.randn(b, g, m, d, dtype=dtype, scale=1.5), \
+            t.randn(b, g, m, d_v, dtype=dtype)
+        _expect_gqa(t, q, k, v, f"grouped_query_attention with H={h} query heads, G={g} key-value heads ({dtype})")
+
+
+@SUITE.check("test_grouped_query_attention_mask", parts=[GQA])
+def gqa_mask(t: Trial) -> None:
+    """A (B, 1, 1, m) padding mask, an (n, m) mask and a per-head (B, H, n, m) one; no allowed key gives zeros."""
+    q, k, v = t.randn(2, 6, 4, 4), t.randn(2, 2, 5, 4, scale=1.5), t.randn(2, 2, 5, 3)
+    keep = t.rand_mask(2, 1, 1, 5, p=0.6)
+    keep[0, ..., 0] = True
+    keep[1] = False  # example 1 may attend to nothing
+    _expect_gqa(t, q, k, v, "grouped_query_attention (H=6, G=2) with a (B, 1, 1, m) padding mask, example 1 all "
+                "padding", keep)
+    tril = torch.ones(4, 5, dtype=torch.bool).tril(1)
+    _expect_gqa(t, q, k, v, "grouped_query_attention (H=6, G=2) with an (n, m) mask", tril)
+    full = t.rand_mask(2, 6, 4, 5, p=0.5)
+    full[:, :, 2] = False  # query 2 of every head may attend to nothing
+    _expect_gqa(t, q, k, v, "grouped_query_attention (H=6, G=2) with a (B, H, n, m) mask, query 2 fully masked", full)
+
+
+@SUITE.check("test_grouped_query_attention_heads", parts=[GQA])
+def gqa_heads(t: Trial) -> None:
+    """A ValueError naming H and G when G does not divide H (G < H and G > H); every G that divides H works."""
+    for h, g in [(8, 2), (6, 3), (4, 1), (4, 4)]:
+        q, k, v = t.randn(1, h, 2, 4), t.randn(1, g, 3, 4), t.randn(1, g, 3, 2)
+        try:
+            t.call(GQA, q, k, v)
+        except StudentError as err:
+            if str(err).startswith("your code raised ValueError") and g < h:
+                raise CheckFailed(f"grouped_query_attention with H={h}, G={g}: {REVERSED.format(h=h, g=g)}") from None
+            raise CheckFailed(f"grouped_query_attention with H={h}, G={g} (G divides H, a valid input): {err}") from None
+    for h, g in [(6, 4), (4, 8), (9, 6)]:
+        q, k, v = t.randn(1, h, 2, 4), t.randn(1, g, 3, 4), t.randn(1, g, 3, 2)
+        what = f"grouped_query_attention with H={h} query heads and G={g} key-value heads"
+        try:
+            got = t.call(GQA, q, k, v)
+        except StudentError as err:
+            msg = str(err)
+            if not msg.startswith("your code raised ValueError"):
+                raise CheckFailed(f"{what}: {NOT_DIVISIBLE.format(h=h, g=g, r=h % g)}; {msg}") from None
+            said = msg.split(":", 1)[1] if ":" in msg else ""
+            if str(h) not in said or str(g) not in said:
+                raise CheckFailed(f"{what}: the ValueError should name both numbers, H = {h} and G = {g} "
+                                  f"(it says{said[:120]!r})") from None
+            continue
+        shape = tuple(got.shape) if isinstance(got, Tensor) else type(got).__name__
+        raise CheckFailed(f"{what} returned {shape} instead of raising a ValueError: {SILENT.format(h=h, g=g)}")
+
+
+GQA_BYTES = 2 * 32 * 8 * 128 * 2  # keys and values x layers x key-value heads x head_dim x bytes
+
+
+@SUITE.check("test_q_gqa_cache_bytes", parts=["q_gqa_cache_bytes"])
+def q_gqa_cache_bytes(t: Trial) -> None:
+    """Bytes per token of a bfloat16 GQA cache: 32 layers, 32 query heads, 8 key-value heads of 128."""
+    expect_number(t.value("q_gqa_cache_bytes"), GQA_BYTES, "q_gqa_cache_bytes", {
+        "that counts the 32 query heads: the cache stores keys and values, and there are only 8 key-value heads "
+        "(the query heads are not cached)": GQA_BYTES * 4,
+        "that is multi-query attention (one key-value head): this model has 8": GQA_BYTES // 8,
+        "that is half: the cache holds both keys and values (a factor 2), and each bfloat16 number takes 2 bytes; "
+        "one of the two factors is missing": GQA_BYTES // 2,
+        "that is float32 (4 bytes a number); bfloat16 takes 2": GQA_BYTES * 2,
+        "that is one layer's cache: every one of the 32 layers keeps its own keys and values": GQA_BYTES // 32,
+    }, rel=1e-9)
