@@ -34,8 +34,8 @@ from torch import Tensor
 
 from attnkit import softmax as ref_softmax
 from autograder.checks import (CheckFailed, StudentError, Suite, Trial, expect_close, expect_number, expect_pair,
-                               expect_tensor, expect_tuple)
-from autograder.checks.ch02_multi_head import NAN_ROWS, _weights, expected, mistakes, reference
+                               expect_tensor, expect_tuple, mistakes)
+from autograder.checks.ch02_multi_head import NAN_ROWS, expected, mha_mistakes, random_weights, reference
 
 SUITE = Suite("03_self_attention")
 # requirement -> the check that exercises it (the list above, in the order of the notebook)
@@ -72,7 +72,7 @@ def _layer(t: Trial, e: int, h: int):
     if missing:
         raise CheckFailed(f"SelfAttention needs its MultiHeadAttention in an attribute named attn (parameters "
                           f"attn.q_proj.weight, ...); it has: {', '.join(sorted(names)) or 'no parameters'}")
-    p = _weights(t, e)
+    p = random_weights(t, e)
     obj.load({f"attn.{k}": v for k, v in p.items()})
     return obj, p
 
@@ -87,12 +87,12 @@ def _run(t: Trial, obj, p, x: Tensor, h: int, mask: Tensor | None = None, what: 
     expect_tensor(out, (b, n, e), f"the output of SelfAttention{what}")
     expect_tensor(w, (b, h, n, n), f"the weights of SelfAttention{what}")
     exp_out, exp_w = expected(p, x, x, x, h, mask)
-    wrong = mistakes(p, x, x, x, h, mask)
+    wrong = mha_mistakes(p, x, x, x, h, mask)
     if mask is not None and not bool(mask.any(-1).all()):
         wrong[UNMASKED_ROWS] = reference(p, x, x, x, h, mask | ~mask.any(-1, keepdim=True))
     wrong[RESIDUAL] = (exp_out + x.double(), exp_w)
-    expect_close(out, exp_out, f"the output of SelfAttention{what}", {msg: o for msg, (o, _) in wrong.items()})
-    expect_close(w, exp_w, f"the weights of SelfAttention{what}", {msg: ww for msg, (_, ww) in wrong.items()})
+    expect_close(out, exp_out, f"the output of SelfAttention{what}", mistakes.outputs(wrong))
+    expect_close(w, exp_w, f"the weights of SelfAttention{what}", mistakes.weights(wrong))
     return out, w
 
 
