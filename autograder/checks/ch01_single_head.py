@@ -212,7 +212,8 @@ def _pair(t: Trial, q, *args):
         raise _explained(t, q, e) from None
 
 
-def _attend(t: Trial, q, k, v, mask=None, what: str = "scaled_dot_product_attention"):
+def _against_reference(t: Trial, q, k, v, mask=None, what: str = "scaled_dot_product_attention"):
+    """(output, weights) of the student's attention, of the right shapes, then the reference's."""
     args = (q, k, v) if mask is None else (q, k, v, mask)
     exp_out, exp_w = ref_attention(q, k, v, mask)
     try:
@@ -229,7 +230,7 @@ def sdpa_shapes(t: Trial) -> None:
     """Returns (output, weights) with shapes (B, n, d_v) and (B, n, m), for n != m and d_v != d_k."""
     for b, n, m, dk, dv in [(2, 3, 5, 4, 6), (1, 7, 2, 3, 1)]:
         q, k, v = t.randn(b, n, dk), t.randn(b, m, dk), t.randn(b, m, dv)
-        _attend(t, q, k, v, what=f"attention for query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}")
+        _against_reference(t, q, k, v, what=f"attention for query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}")
 
 
 @SUITE.check("test_sdpa_values", parts=[SDPA])
@@ -237,7 +238,7 @@ def sdpa_values(t: Trial) -> None:
     """Output and weights equal torch.nn.functional.scaled_dot_product_attention on random inputs."""
     for b, n, m, dk, dv in [(2, 4, 6, 8, 8), (3, 5, 3, 4, 7)]:
         q, k, v = t.randn(b, n, dk, scale=1.5), t.randn(b, m, dk, scale=1.5), t.randn(b, m, dv)
-        out, w, _, exp_w = _attend(t, q, k, v)
+        out, w, _, exp_w = _against_reference(t, q, k, v)
         if not torch.allclose(w.sum(-1).double(), torch.ones(b, n, dtype=torch.float64), atol=1e-4):
             raise CheckFailed("the weights do not sum to 1 over the keys: did you apply the softmax over the right axis (dim=-1)?")
         wrong = _mistakes(q, k, v)
@@ -250,7 +251,7 @@ def sdpa_batch_dims(t: Trial) -> None:
     """Works for any number of leading dimensions: none (n, d), one (B, n, d) and two (B, H, n, d)."""
     for lead in [(), (2, 3), (2, 1, 2)]:
         q, k, v = t.randn(*lead, 4, 5), t.randn(*lead, 6, 5), t.randn(*lead, 6, 3)
-        out, w, exp_out, exp_w = _attend(t, q, k, v, what=f"attention on {len(lead) + 2}-D inputs")
+        out, w, exp_out, exp_w = _against_reference(t, q, k, v, what=f"attention on {len(lead) + 2}-D inputs")
         expect_close(out, exp_out, f"the output for inputs of shape {tuple(q.shape)}",
                      mistakes.outputs(_mistakes(q, k, v)))
         expect_close(w, exp_w, f"the weights for inputs of shape {tuple(q.shape)}")
@@ -263,7 +264,7 @@ def sdpa_mask(t: Trial) -> None:
     q, k, v = t.randn(b, n, d), t.randn(b, m, d), t.randn(b, m, d + 1)
     mask = t.rand_mask(n, m, p=0.6)
     mask[:, 0] = True  # every query may attend to at least one key
-    out, w, exp_out, exp_w = _attend(t, q, k, v, mask, what="masked attention")
+    out, w, exp_out, exp_w = _against_reference(t, q, k, v, mask, what="masked attention")
     if bool((w.masked_select(~mask.expand_as(w)).abs() > 1e-6).any()):
         if bool((w.masked_select(mask.expand_as(w)).abs() < 1e-9).all()):
             raise CheckFailed("the mask polarity is inverted: True means 'may attend', so the keys where the mask is "
@@ -276,7 +277,7 @@ def sdpa_mask(t: Trial) -> None:
     per_batch = t.rand_mask(b, n, m, p=0.5)
     per_batch[..., -1] = True
     q2 = t.randn(b, n, d)
-    _, w2, _, exp_w2 = _attend(t, q2, k, v, per_batch, what="attention with a (B, n, m) mask")
+    _, w2, _, exp_w2 = _against_reference(t, q2, k, v, per_batch, what="attention with a (B, n, m) mask")
     expect_close(w2, exp_w2, "the weights with a per-example (B, n, m) mask")
 
 
@@ -287,11 +288,9 @@ def sdpa_fully_masked(t: Trial) -> None:
     mask = torch.ones(3, 5, dtype=torch.bool)
     mask[1] = False
     out, w = _pair(t, q, k, v, mask)
-    for name, val in (("weights", w), ("output", out)):
-        if isinstance(val, torch.Tensor) and torch.isnan(val).any():
-            raise CheckFailed(f"the {name} contain NaN for a query whose keys are all masked: softmax over a row of "
-                              "-inf divides 0 by 0. The contract asks for a zero row instead (for example, replace "
-                              "the row's max by 0 when it is -inf and divide by the sum only where it is positive)")
+    mistakes.expect_no_nan({"weights": w, "output": out}, "", " for a query whose keys are all masked: softmax over a "
+                           "row of -inf divides 0 by 0. The contract asks for a zero row instead (for example, replace "
+                           "the row's max by 0 when it is -inf and divide by the sum only where it is positive)")
     exp_out, exp_w = ref_attention(q, k, v, mask)
     wrong = _mistakes(q, k, v, mask)
     expect_close(w, exp_w, "the weights with one fully masked query row", mistakes.weights(wrong))

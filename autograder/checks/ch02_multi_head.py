@@ -281,17 +281,23 @@ def _run(t: Trial, obj, p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask
     if isinstance(w, Tensor) and tuple(w.shape) == (b, n, m):
         raise CheckFailed(f"the weights have shape {(b, n, m)}: return the per-head weights (B, H, n, m) = "
                           f"{(b, h, n, m)}, not their average")
-    if mask is not None:
-        for name, val in (("per-head weights", w), ("output", out)):
-            if isinstance(val, Tensor) and val.is_floating_point() and torch.isnan(val).any():
-                raise CheckFailed(f"the {name} of MultiHeadAttention{what} contain NaN: {NAN_ROWS}")
-    expect_tensor(out, (b, n, e), f"the output of MultiHeadAttention{what}")
-    expect_tensor(w, (b, h, n, m), f"the per-head weights of MultiHeadAttention{what}")
-    exp_out, exp_w = expected(p, q, k, v, h, mask)
-    wrong = mha_mistakes(p, q, k, v, h, mask)
-    expect_close(out, exp_out, f"the output of MultiHeadAttention{what}", mistakes.outputs(wrong))
-    expect_close(w, exp_w, f"the per-head weights of MultiHeadAttention{what}", mistakes.weights(wrong))
+    expect_layer(out, w, p, q, k, v, h, mask, f"MultiHeadAttention{what}", "per-head weights")
     return out, w
+
+
+def expect_layer(out, w, p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None, layer: str,
+                 weights_name: str = "weights", also: mistakes.Pairs | None = None) -> None:
+    """A layer's ``(out, w)`` must be MultiHeadAttention's with weights ``p`` on (q, k, v, mask): no NaN, shapes
+    (B, n, E) and (B, H, n, m), then the values, naming the layer's classic mistakes and those in ``also``."""
+    (b, n, e), m = q.shape, k.shape[1]
+    if mask is not None:
+        mistakes.expect_no_nan({weights_name: w, "output": out}, f" of {layer}", f": {NAN_ROWS}")
+    expect_tensor(out, (b, n, e), f"the output of {layer}")
+    expect_tensor(w, (b, h, n, m), f"the {weights_name} of {layer}")
+    exp_out, exp_w = expected(p, q, k, v, h, mask)
+    wrong = mha_mistakes(p, q, k, v, h, mask) | (also or {})
+    expect_close(out, exp_out, f"the output of {layer}", mistakes.outputs(wrong))
+    expect_close(w, exp_w, f"the {weights_name} of {layer}", mistakes.weights(wrong))
 
 
 @SUITE.check("test_mha_shapes", parts=[MHA])

@@ -51,6 +51,7 @@ from autograder.checks import (CheckFailed, StudentError, Suite, Trial, expect_c
 from autograder.checks.ch01_single_head import MISTAKES as CH01_MISTAKES
 from autograder.checks.ch01_single_head import UNIFORM_ROWS
 from autograder.checks.ch02_multi_head import head_mistakes, random_weights, reference_module
+from autograder.checks.ch03_self_attention import row_set
 
 SUITE = Suite("04_masked_attention")
 # requirement -> the check that exercises it (the list above, in the order of the notebook)
@@ -168,12 +169,11 @@ def padding_mask_check(t: Trial) -> None:
 # -- masked attention ----------------------------------------------------------------------------
 
 
-def _attend(t: Trial, q, k, v, mask, what: str):
+def _against_reference(t: Trial, q, k, v, mask, what: str):
+    """(output, weights) of the student's masked attention, without NaN and of the right shapes, then the reference's."""
     out, w = expect_pair(t.call(MASKED, q, k, v, mask), MASKED)
     exp_out, exp_w = ref_attention(q, k, v, mask)
-    for name, val in (("weights", w), ("output", out)):
-        if isinstance(val, Tensor) and val.is_floating_point() and torch.isnan(val).any():
-            raise CheckFailed(f"the {name} of {what} contain NaN: {NAN_ROWS}")
+    mistakes.expect_no_nan({"weights": w, "output": out}, f" of {what}", f": {NAN_ROWS}")
     expect_tensor(w, tuple(exp_w.shape), f"the weights of {what}")
     expect_tensor(out, tuple(exp_out.shape), f"the output of {what}")
     return out, w, exp_out, exp_w
@@ -214,7 +214,7 @@ def masked_attention_check(t: Trial) -> None:
                              (q, random_mask, "attention with an (n, m) mask"),
                              (q, padding, "attention with a (B, 1, m) padding mask")]:
         try:
-            out, w, exp_out, exp_w = _attend(t, qq, k, v, mask, what)
+            out, w, exp_out, exp_w = _against_reference(t, qq, k, v, mask, what)
         except StudentError as err:
             if str(err).startswith("not implemented"):
                 raise
@@ -250,7 +250,7 @@ def fully_masked_check(t: Trial) -> None:
     mask = torch.ones(2, 4, 5, dtype=torch.bool)
     mask[0, 1] = False  # one fully masked row
     mask[1] = False  # a whole example masked (a sequence of length 0)
-    out, w, exp_out, exp_w = _attend(t, q, k, v, mask, "attention with fully masked rows")
+    out, w, exp_out, exp_w = _against_reference(t, q, k, v, mask, "attention with fully masked rows")
     wrong = _mistakes(q, k, v, mask)
     expect_close(w, exp_w, "the weights with fully masked rows (they should be all zero)", mistakes.weights(wrong))
     expect_close(out, exp_out, "the output with fully masked rows (they should be all zero)", mistakes.outputs(wrong))
@@ -278,10 +278,8 @@ def masked_mha_check(t: Trial) -> None:
         raise CheckFailed(f"{err}. The given MultiHeadAttention calls masked_attention with 4-D inputs "
                           "(B, H, n, Dh) and a (B, 1, n, m) mask: it must work for any number of leading "
                           "dimensions (use transpose(-2, -1) and @, not bmm or transpose(1, 2))") from None
-    for name, val in (("weights", w), ("output", out)):
-        if isinstance(val, Tensor) and val.is_floating_point() and torch.isnan(val).any():
-            raise CheckFailed(f"the {name} of MultiHeadAttention with a causal & padding mask contain NaN (the "
-                              f"example of length 0 has no key to attend to): {NAN_ROWS}")
+    mistakes.expect_no_nan({"weights": w, "output": out}, " of MultiHeadAttention with a causal & padding mask",
+                           f" (the example of length 0 has no key to attend to): {NAN_ROWS}")
     with torch.no_grad():
         exp_out, exp_w = ref(x.double(), x.double(), x.double(), mask)
     wrong = _mask_mistakes(p, x, h, mask)
@@ -414,10 +412,7 @@ def q_nan_step(t: Trial) -> None:
 @SUITE.check("test_q_causal_swap", parts=["q_causal_swap"])
 def q_causal_swap(t: Trial) -> None:
     """Which rows of causal self-attention's output are new values after positions 2 and 3 of the input swap."""
-    value = t.value("q_causal_swap")
-    if isinstance(value, (tuple, list)) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        value = tuple(sorted(value))  # the order of the listed rows does not matter
-    expect_tuple(value, (2, 3), "q_causal_swap", {
+    expect_tuple(row_set(t.value("q_causal_swap")), (2, 3), "q_causal_swap", {
         "() is the answer without a mask (the outputs are only reordered): the causal mask breaks that "
         "symmetry, because output i sees only positions 0..i": (),
         "(0, 1, 2, 3) says every row changes, but outputs 0 and 1 see only positions 0 and 1, which did not "

@@ -7,17 +7,23 @@ the messages are tried), and hands ``outputs`` / ``weights`` of the result to ``
 Chapter 01 uses it on the student's attention, chapter 04 on the student's masked attention,
 chapter 02 head by head inside a multi-head layer (``(B, H, n, Dh)`` inputs and a 4-D mask).
 
-Imports ``attnkit.softmax`` (zero weights for a row with no allowed key) and nothing else of the grader.
+``expect_no_nan`` names the mistake that shows before any value is compared: NaN where a query has no
+allowed key (a softmax over a row of -inf is 0/0).
+
+Imports ``attnkit.softmax`` (zero weights for a row with no allowed key) and ``CheckFailed``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
+import torch
 from torch import Tensor
 
 from attnkit import softmax as ref_softmax
+from autograder.checks import CheckFailed
 
 # the variants, by key (a chapter's message table maps these to its words)
 NOT_SCALED = "not scaled"  # softmax(Q K^T) V
@@ -86,3 +92,10 @@ def outputs(pairs: Pairs) -> dict[str, Tensor]:
 def weights(pairs: Pairs) -> dict[str, Tensor]:
     """message -> weights, for ``expect_close`` on the attention weights."""
     return {message: w for message, (_, w) in pairs.items()}
+
+
+def expect_no_nan(tensors: Mapping[str, Any], what: str, why: str) -> None:
+    """Fails with "the {name}{what} contain NaN{why}" for the first floating-point tensor that holds NaN."""
+    for name, value in tensors.items():
+        if isinstance(value, Tensor) and value.is_floating_point() and bool(torch.isnan(value).any()):
+            raise CheckFailed(f"the {name}{what} contain NaN{why}")
