@@ -158,8 +158,6 @@ MISTAKES = {
     mistakes.MASK_INVERTED: "the mask polarity is inverted: True means 'may attend', so fill where the mask is False",
     mistakes.MASK_AFTER: "the mask is applied after the softmax: masked weights are zero but the rest no longer sum "
                          "to 1. Fill the scores with -inf before the softmax",
-    mistakes.MASK_AFTER_RENORMALISED: "the mask is applied after the softmax and renormalised; mask the scores before "
-                                      "the softmax",
     mistakes.FINITE_FILL: UNIFORM_ROWS,
 }
 

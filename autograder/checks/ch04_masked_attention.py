@@ -183,14 +183,12 @@ def _against_reference(t: Trial, q, k, v, mask, what: str):
 MISTAKES = {
     mistakes.MASK_AFTER: "the mask is applied after the softmax, so the remaining weights no longer sum to 1: fill "
                          "the masked scores with -inf before the softmax",
-    mistakes.MASK_AFTER_RENORMALISED: "the mask is applied after the softmax and the weights renormalised; fill the "
-                                      "masked scores with -inf before the softmax",
     mistakes.MASK_INVERTED: INVERTED + ", so fill the scores where the mask is False",
     mistakes.MASK_IGNORED: "the mask is ignored: fill the scores where the mask is False with -inf",
     mistakes.NOT_SCALED: NOT_SCALED,
     mistakes.FINITE_FILL: UNIFORM_ROWS,
     **{key: message for key, message in CH01_MISTAKES.items() if key not in (
-        mistakes.MASK_AFTER, mistakes.MASK_AFTER_RENORMALISED, mistakes.MASK_INVERTED, mistakes.NOT_SCALED,
+        mistakes.MASK_AFTER, mistakes.MASK_INVERTED, mistakes.NOT_SCALED,
         mistakes.FINITE_FILL)},
 }
 

@@ -35,7 +35,6 @@ WEIGHTS_ON_KEYS = "weights times the keys"  # softmax(S) K (only when d_v == d_k
 MASK_IGNORED = "mask ignored"
 MASK_INVERTED = "mask inverted"  # -inf where the mask is True
 MASK_AFTER = "mask after the softmax"  # softmax(S) * mask: the kept weights no longer sum to 1
-MASK_AFTER_RENORMALISED = "mask after the softmax, renormalised"
 FINITE_FILL = "finite fill"  # a large negative number instead of -inf: a row with no allowed key is uniform
 
 Pairs = dict[str, tuple[Tensor, Tensor]]
@@ -63,12 +62,12 @@ def wrong_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None)
         OVER_QUERIES: ref_softmax(masked(scaled), dim=-2),
     }
     if mask is not None:
-        after = ref_softmax(scaled) * mask
+        # (masking after the softmax and renormalising is no mistake where a query has an allowed key: the
+        # ratios of the kept weights are the softmax's; and where none has, it is NaN, which expect_no_nan names)
         found |= {
             MASK_IGNORED: ref_softmax(scaled),
             MASK_INVERTED: ref_softmax(scaled.masked_fill(mask, float("-inf"))),
-            MASK_AFTER: after,
-            MASK_AFTER_RENORMALISED: after / after.sum(-1, keepdim=True).clamp_min(1e-30),
+            MASK_AFTER: ref_softmax(scaled) * mask,
         }
         if not bool(mask.expand_as(raw).any(-1).all()):  # some query has no allowed key
             found[FINITE_FILL] = ref_softmax(scaled.double().masked_fill(~mask, -1e30))
