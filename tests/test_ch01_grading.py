@@ -5,18 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autograder.checks import CheckFailed, load_suite, run_local
 from autograder.checks.ch01_single_head import STATED_REQUIREMENTS
-from autograder.course import SOURCE
-from checking import (assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, namespace,
-                      reference_answers, run_suite, source_code)
+from chapter_checking import (assert_answer_named, assert_questions_pass, assert_requirement_broken_alone, grade_answer,
+                              question_answers)
+from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 A = "01_single_head"
 REF = source_code(A)
-ALL_CHECKS = list(load_suite(A).checks)
 # the reference answers to the conceptual questions, appended to the unusual (otherwise complete) answers below
-QUESTIONS = "".join(code for gid, code in reference_answers(SOURCE / A / "single_head.ipynb").items()
-                    if gid.startswith("q_"))
+QUESTIONS = question_answers(A, "single_head.ipynb")
 
 SETUP = "import math\nimport torch\n"
 
@@ -158,37 +155,16 @@ REQUIREMENTS = {
 }
 
 
-def test_every_stated_requirement_is_walked():
-    """The requirement list of the check module and this walk name the same requirements."""
-    assert set(REQUIREMENTS) == set(STATED_REQUIREMENTS)
-
-
 @pytest.mark.parametrize("name", list(REQUIREMENTS))
 def test_stated_requirement_broken_alone_loses_points_on_its_check(name):
-    code, words = REQUIREMENTS[name]
-    assert_mistake_named(A, name, code, STATED_REQUIREMENTS[name], words)
+    assert_requirement_broken_alone(A, STATED_REQUIREMENTS, REQUIREMENTS, name)
 
 
 # -- conceptual questions (issue 14) ------------------------------------------------------------------
 
 
-def grade_answer(gid: str, **values) -> str:
-    """The message of question check ``gid`` for a namespace holding ``values`` ("" when it passes)."""
-    try:
-        run_local(A, gid, {"__name__": "__main__", **values})
-    except CheckFailed as e:
-        return str(e)
-    return ""
-
-
-QUESTION_CHECKS = [gid for gid in ALL_CHECKS if gid.startswith("test_q_")]
-
-
 def test_reference_answers_to_questions_get_full_marks():
-    ns = namespace(SETUP + QUESTIONS)
-    for gid in QUESTION_CHECKS:
-        var = gid.removeprefix("test_")
-        assert grade_answer(gid, **{var: ns[var]}) == "", gid
+    assert_questions_pass(A, SETUP + QUESTIONS)
 
 
 @pytest.mark.parametrize("gid, value", [
@@ -196,7 +172,7 @@ def test_reference_answers_to_questions_get_full_marks():
     ("test_q_output_shape", [8, 3, 5, 32]), ("test_q_output_shape", torch.Size([8, 3, 5, 32])),
 ])
 def test_right_answers_in_other_forms_get_the_point(gid, value):
-    assert grade_answer(gid, **{gid.removeprefix("test_"): value}) == ""
+    assert grade_answer(A, gid, **{gid.removeprefix("test_"): value}) == ""
 
 
 QUESTION_MISTAKES = [
@@ -223,17 +199,16 @@ QUESTION_MISTAKES = [
 
 @pytest.mark.parametrize("gid, value, words", QUESTION_MISTAKES)
 def test_usual_wrong_answer_is_named(gid, value, words):
-    message = grade_answer(gid, **{gid.removeprefix("test_"): value})
-    assert words in message, message
+    assert_answer_named(A, gid, value, words)
 
 
 @pytest.mark.parametrize("gid, value", [("test_q_score_variance", 17.0), ("test_q_weight", 0.3),
                                         ("test_q_output_shape", (1, 2)), ("test_q_score_variance", "64"),
                                         ("test_q_output_shape", 64)])
 def test_other_wrong_answers_fail_without_giving_the_answer_away(gid, value):
-    message = grade_answer(gid, **{gid.removeprefix("test_"): value})
+    message = grade_answer(A, gid, **{gid.removeprefix("test_"): value})
     assert message and "64.0" not in message and "0.731" not in message and "(8, 3, 5, 32)" not in message, message
 
 
 def test_unanswered_question_says_so():
-    assert "assign your answer to q_weight" in grade_answer("test_q_weight")
+    assert "assign your answer to q_weight" in grade_answer(A, "test_q_weight")

@@ -5,19 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autograder.checks import CheckFailed, load_suite, run_local
 from autograder.checks.ch02_multi_head import STATED_REQUIREMENTS
-from autograder.course import SOURCE
-from checking import (assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, namespace,
-                      reference_answers, source_code)
+from chapter_checking import (assert_answer_named, assert_questions_pass, assert_requirement_broken_alone, grade_answer,
+                              question_answers)
+from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, source_code
 
 A = "02_multi_head"
 REF = source_code(A)
 SETUP = REF.split("def split_heads")[0]  # the given setup cell (softmax, scaled_dot_product_attention)
-ALL_CHECKS = list(load_suite(A).checks)
 # the reference answers to the conceptual questions, appended to the unusual (otherwise complete) answers below
-QUESTIONS = "".join(code for gid, code in reference_answers(SOURCE / A / "multi_head.ipynb").items()
-                    if gid.startswith("q_"))
+QUESTIONS = question_answers(A, "multi_head.ipynb")
 
 LOOP_EINSUM = SETUP + '''
 def split_heads(x, num_heads):
@@ -189,15 +186,9 @@ REQUIREMENTS = {
 }
 
 
-def test_every_stated_requirement_is_walked():
-    """The requirement list of the check module and this walk name the same requirements."""
-    assert set(REQUIREMENTS) == set(STATED_REQUIREMENTS)
-
-
 @pytest.mark.parametrize("name", list(REQUIREMENTS))
 def test_stated_requirement_broken_alone_loses_points_on_its_check(name):
-    code, words = REQUIREMENTS[name]
-    assert_mistake_named(A, name, code, STATED_REQUIREMENTS[name], words)
+    assert_requirement_broken_alone(A, STATED_REQUIREMENTS, REQUIREMENTS, name)
 
 
 def test_large_negative_fill_is_named_for_a_fully_masked_row():
@@ -208,22 +199,8 @@ def test_large_negative_fill_is_named_for_a_fully_masked_row():
 # -- conceptual questions (issue 14) ------------------------------------------------------------------
 
 
-def grade_answer(gid: str, **values) -> str:
-    """The message of question check ``gid`` for a namespace holding ``values`` ("" when it passes)."""
-    try:
-        run_local(A, gid, {"__name__": "__main__", **values})
-    except CheckFailed as e:
-        return str(e)
-    return ""
-
-
 def test_reference_answers_to_questions_get_full_marks():
-    ns = namespace(SETUP + QUESTIONS)
-    questions = [gid for gid in ALL_CHECKS if gid.startswith("test_q_")]
-    assert len(questions) >= 3
-    for gid in questions:
-        var = gid.removeprefix("test_")
-        assert grade_answer(gid, **{var: ns[var]}) == "", gid
+    assert_questions_pass(A, SETUP + QUESTIONS)
 
 
 @pytest.mark.parametrize("gid, value", [
@@ -231,7 +208,7 @@ def test_reference_answers_to_questions_get_full_marks():
     ("test_q_weights_shape", torch.Size([2, 4, 5, 7])),
 ])
 def test_right_answers_in_other_forms_get_the_point(gid, value):
-    assert grade_answer(gid, **{gid.removeprefix("test_"): value}) == ""
+    assert grade_answer(A, gid, **{gid.removeprefix("test_"): value}) == ""
 
 
 QUESTION_MISTAKES = [
@@ -259,12 +236,11 @@ QUESTION_MISTAKES = [
 
 @pytest.mark.parametrize("gid, value, words", QUESTION_MISTAKES)
 def test_usual_wrong_answer_is_named(gid, value, words):
-    message = grade_answer(gid, **{gid.removeprefix("test_"): value})
-    assert words in message, message
+    assert_answer_named(A, gid, value, words)
 
 
 @pytest.mark.parametrize("gid, value", [("test_q_split_shape", (4, 8, 12, 10)), ("test_q_head_scale", 7.9),
                                         ("test_q_mha_params", 1050625), ("test_q_weights_shape", "(2, 4, 5, 7)")])
 def test_other_wrong_answers_fail_without_giving_the_answer_away(gid, value):
-    message = grade_answer(gid, **{gid.removeprefix("test_"): value})
+    message = grade_answer(A, gid, **{gid.removeprefix("test_"): value})
     assert message and "(4, 8, 10, 12)" not in message and "1050624" not in message and "(2, 4, 5, 7)" not in message, message

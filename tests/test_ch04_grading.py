@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from autograder.checks import CheckFailed, load_suite, run_local
 from autograder.checks.ch04_masked_attention import STATED_REQUIREMENTS
-from autograder.course import SOURCE
-from checking import (assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, namespace,
-                      reference_answers, run_suite, source_code)
+from chapter_checking import (assert_answer_named, assert_questions_pass, assert_requirement_broken_alone, grade_answer,
+                              question_answers)
+from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 A = "04_masked_attention"
 REF = source_code(A)
 SETUP = REF.split("def causal_mask")[0]  # the given setup cell
-ALL_CHECKS = list(load_suite(A).checks)
 # the reference answers to the conceptual questions, appended to the unusual (otherwise complete) answer below
-QUESTIONS = "".join(code for gid, code in reference_answers(SOURCE / A / "masked_attention.ipynb").items()
-                    if gid.startswith("q_"))
+QUESTIONS = question_answers(A, "masked_attention.ipynb")
 
 UNUSUAL = SETUP + '''
 def causal_mask(n, device=None):
@@ -133,15 +130,9 @@ REQUIREMENTS = {
 }
 
 
-def test_every_stated_requirement_is_walked():
-    """The requirement list of the check module and this walk name the same requirements."""
-    assert set(REQUIREMENTS) == set(STATED_REQUIREMENTS)
-
-
 @pytest.mark.parametrize("name", list(REQUIREMENTS))
 def test_stated_requirement_broken_alone_loses_points_on_its_check(name):
-    code, words = REQUIREMENTS[name]
-    assert_mistake_named(A, name, code, STATED_REQUIREMENTS[name], words)
+    assert_requirement_broken_alone(A, STATED_REQUIREMENTS, REQUIREMENTS, name)
 
 
 def test_a_causal_mask_that_cannot_be_built_on_meta_is_not_marked_down():
@@ -157,22 +148,8 @@ def test_a_causal_mask_that_cannot_be_built_on_meta_is_not_marked_down():
 # -- conceptual questions (issue 14) ------------------------------------------------------------------
 
 
-def grade_answer(gid: str, **values) -> str:
-    """The message of question check ``gid`` for a namespace holding ``values`` ("" when it passes)."""
-    try:
-        run_local(A, gid, {"__name__": "__main__", **values})
-    except CheckFailed as e:
-        return str(e)
-    return ""
-
-
 def test_reference_answers_to_questions_get_full_marks():
-    ns = namespace(SETUP + QUESTIONS)
-    questions = [gid for gid in ALL_CHECKS if gid.startswith("test_q_")]
-    assert len(questions) >= 3
-    for gid in questions:
-        var = gid.removeprefix("test_")
-        assert grade_answer(gid, **{var: ns[var]}) == "", gid
+    assert_questions_pass(A, SETUP + QUESTIONS)
 
 
 @pytest.mark.parametrize("gid, value", [
@@ -180,7 +157,7 @@ def test_reference_answers_to_questions_get_full_marks():
     ("test_q_nan_step", "B"), ("test_q_causal_swap", (3, 2)),
 ])
 def test_right_answers_in_other_forms_get_the_point(gid, value):
-    assert grade_answer(gid, **{gid.removeprefix("test_"): value}) == ""
+    assert grade_answer(A, gid, **{gid.removeprefix("test_"): value}) == ""
 
 
 QUESTION_MISTAKES = [
@@ -206,14 +183,13 @@ QUESTION_MISTAKES = [
 
 @pytest.mark.parametrize("gid, value, words", QUESTION_MISTAKES)
 def test_usual_wrong_answer_is_named(gid, value, words):
-    message = grade_answer(gid, **{gid.removeprefix("test_"): value})
-    assert words in message, message
+    assert_answer_named(A, gid, value, words)
 
 
 @pytest.mark.parametrize("gid, value", [("test_q_keys_seen", (1, 2, 3, 4, 4, 5)), ("test_q_mask_pattern", "e"),
                                         ("test_q_mask_pattern", 2), ("test_q_finite_fill_weight", 0.5),
                                         ("test_q_nan_step", "d"), ("test_q_causal_swap", (1, 3))])
 def test_other_wrong_answers_fail_without_giving_the_answer_away(gid, value):
-    message = grade_answer(gid, **{gid.removeprefix("test_"): value})
+    message = grade_answer(A, gid, **{gid.removeprefix("test_"): value})
     assert message and "(1, 2, 3, 4, 4, 4)" not in message and "0.25" not in message \
         and "(2, 3)" not in message and "'b'" not in message.split("should be one of")[0], message

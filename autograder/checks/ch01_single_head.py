@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
 from autograder.checks import (CheckFailed, Suite, Trial, close, expect_close, expect_number, expect_pair, expect_tensor,
-                               expect_tuple)
+                               expect_tuple, mistakes)
 
 SUITE = Suite("01_single_head")
 # requirement -> the check that exercises it (the list above, in the order of the notebook)
@@ -146,52 +146,25 @@ def softmax_stable(t: Trial) -> None:
 # -- scaled dot-product attention --------------------------------------------------------------
 
 
-def _attention_mistakes(q, k, v, mask=None) -> dict[str, torch.Tensor]:
-    d_k, d_v = q.shape[-1], v.shape[-1]
-    s = q @ k.transpose(-2, -1)
-    if mask is not None:
-        s_masked = s.masked_fill(~mask, float("-inf"))
-    out: dict[str, torch.Tensor] = {}
-
-    def add(msg: str, scores: torch.Tensor, axis: int = -1, values: torch.Tensor = v) -> None:
-        if values.shape[-2] != scores.shape[-1]:
-            return
-        w = ref_softmax(scores, dim=axis)
-        out[msg] = w @ values
-
-    sm = s_masked if mask is not None else s
-    add("the scores are not scaled: divide Q K^T by sqrt(d_k)", sm)
-    add("the scores are divided by d_k; the scale is 1/sqrt(d_k)", sm / d_k)
-    add(TIMES_SQRT, sm * math.sqrt(d_k))
-    if d_v != d_k:
-        add("the scores are scaled by sqrt(d_v); the scale uses the key width d_k", sm / math.sqrt(d_v))
-    add("the softmax runs over the queries (dim=-2); it must run over the keys (dim=-1)", sm / math.sqrt(d_k), axis=-2)
-    if d_v == d_k:
-        out["the weights multiply the keys; they must multiply the values"] = ref_softmax(sm / math.sqrt(d_k)) @ k
-    if mask is not None:
-        add("the mask polarity is inverted: True means 'may attend', so fill where the mask is False",
-            s.masked_fill(mask, float("-inf")) / math.sqrt(d_k))
-        w_after = ref_softmax(s / math.sqrt(d_k)) * mask
-        out["the mask is applied after the softmax, so the remaining weights no longer sum to 1: mask the scores "
-            "(fill with -inf) before the softmax"] = w_after @ v
-        out["the mask is applied after the softmax and renormalised; mask the scores before the softmax"] = (
-            w_after / w_after.sum(-1, keepdim=True).clamp_min(1e-30)) @ v
-    return out
+# the classic mistakes of attention (computed in checks/mistakes.py), in the words of this chapter; chapter 04
+# reuses them. Tried in this order: the first one the answer equals is named.
+MISTAKES = {
+    mistakes.NOT_SCALED: "the scores are not scaled: divide Q K^T by sqrt(d_k)",
+    mistakes.BY_D_K: "the scores are divided by d_k; the scale is 1/sqrt(d_k)",
+    mistakes.TIMES_SQRT_D_K: TIMES_SQRT,
+    mistakes.BY_SQRT_D_V: "the scores are scaled by sqrt(d_v); the scale uses the key width d_k",
+    mistakes.OVER_QUERIES: "the softmax runs over the queries (dim=-2); it must run over the keys (dim=-1)",
+    mistakes.WEIGHTS_ON_KEYS: "the weights multiply the keys; they must multiply the values",
+    mistakes.MASK_INVERTED: "the mask polarity is inverted: True means 'may attend', so fill where the mask is False",
+    mistakes.MASK_AFTER: "the mask is applied after the softmax: masked weights are zero but the rest no longer sum "
+                         "to 1. Fill the scores with -inf before the softmax",
+    mistakes.FINITE_FILL: UNIFORM_ROWS,
+}
 
 
-def _weights_mistakes(q, k, d_v: int, mask=None) -> dict[str, torch.Tensor]:
-    d_k = q.shape[-1]
-    s = q @ k.transpose(-2, -1)
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))
-    return {
-        **({"the scores are scaled by sqrt(d_v); the scale uses the key width d_k": ref_softmax(s / math.sqrt(d_v))}
-           if d_v != d_k else {}),
-        "the scores are not scaled: divide Q K^T by sqrt(d_k)": ref_softmax(s),
-        "the scores are divided by d_k; the scale is 1/sqrt(d_k)": ref_softmax(s / d_k),
-        TIMES_SQRT: ref_softmax(s * math.sqrt(d_k)),
-        "the softmax runs over the queries (dim=-2); it must run over the keys (dim=-1)": ref_softmax(s / math.sqrt(d_k), dim=-2),
-    }
+def _mistakes(q, k, v, mask=None) -> mistakes.Pairs:
+    """message -> (output, weights) of each classic mistake on these inputs."""
+    return mistakes.named(mistakes.wrong_attention(q, k, v, mask), MISTAKES)
 
 
 def _runs(t: Trial, q, k, v) -> tuple | None:
@@ -237,7 +210,8 @@ def _pair(t: Trial, q, *args):
         raise _explained(t, q, e) from None
 
 
-def _attend(t: Trial, q, k, v, mask=None, what: str = "scaled_dot_product_attention"):
+def _against_reference(t: Trial, q, k, v, mask=None, what: str = "scaled_dot_product_attention"):
+    """(output, weights) of the student's attention, of the right shapes, then the reference's."""
     args = (q, k, v) if mask is None else (q, k, v, mask)
     exp_out, exp_w = ref_attention(q, k, v, mask)
     try:
@@ -254,7 +228,7 @@ def sdpa_shapes(t: Trial) -> None:
     """Returns (output, weights) with shapes (B, n, d_v) and (B, n, m), for n != m and d_v != d_k."""
     for b, n, m, dk, dv in [(2, 3, 5, 4, 6), (1, 7, 2, 3, 1)]:
         q, k, v = t.randn(b, n, dk), t.randn(b, m, dk), t.randn(b, m, dv)
-        _attend(t, q, k, v, what=f"attention for query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}")
+        _against_reference(t, q, k, v, what=f"attention for query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}")
 
 
 @SUITE.check("test_sdpa_values", parts=[SDPA])
@@ -262,11 +236,12 @@ def sdpa_values(t: Trial) -> None:
     """Output and weights equal torch.nn.functional.scaled_dot_product_attention on random inputs."""
     for b, n, m, dk, dv in [(2, 4, 6, 8, 8), (3, 5, 3, 4, 7)]:
         q, k, v = t.randn(b, n, dk, scale=1.5), t.randn(b, m, dk, scale=1.5), t.randn(b, m, dv)
-        out, w, _, exp_w = _attend(t, q, k, v)
+        out, w, _, exp_w = _against_reference(t, q, k, v)
         if not torch.allclose(w.sum(-1).double(), torch.ones(b, n, dtype=torch.float64), atol=1e-4):
             raise CheckFailed("the weights do not sum to 1 over the keys: did you apply the softmax over the right axis (dim=-1)?")
-        expect_close(w, exp_w, "the attention weights", _weights_mistakes(q, k, v.shape[-1]))
-        expect_close(out, F.scaled_dot_product_attention(q, k, v), "the attention output", _attention_mistakes(q, k, v))
+        wrong = _mistakes(q, k, v)
+        expect_close(w, exp_w, "the attention weights", mistakes.weights(wrong))
+        expect_close(out, F.scaled_dot_product_attention(q, k, v), "the attention output", mistakes.outputs(wrong))
 
 
 @SUITE.check("test_sdpa_batch_dims", parts=[SDPA])
@@ -274,8 +249,9 @@ def sdpa_batch_dims(t: Trial) -> None:
     """Works for any number of leading dimensions: none (n, d), one (B, n, d) and two (B, H, n, d)."""
     for lead in [(), (2, 3), (2, 1, 2)]:
         q, k, v = t.randn(*lead, 4, 5), t.randn(*lead, 6, 5), t.randn(*lead, 6, 3)
-        out, w, exp_out, exp_w = _attend(t, q, k, v, what=f"attention on {len(lead) + 2}-D inputs")
-        expect_close(out, exp_out, f"the output for inputs of shape {tuple(q.shape)}", _attention_mistakes(q, k, v))
+        out, w, exp_out, exp_w = _against_reference(t, q, k, v, what=f"attention on {len(lead) + 2}-D inputs")
+        expect_close(out, exp_out, f"the output for inputs of shape {tuple(q.shape)}",
+                     mistakes.outputs(_mistakes(q, k, v)))
         expect_close(w, exp_w, f"the weights for inputs of shape {tuple(q.shape)}")
 
 
@@ -286,22 +262,20 @@ def sdpa_mask(t: Trial) -> None:
     q, k, v = t.randn(b, n, d), t.randn(b, m, d), t.randn(b, m, d + 1)
     mask = t.rand_mask(n, m, p=0.6)
     mask[:, 0] = True  # every query may attend to at least one key
-    out, w, exp_out, exp_w = _attend(t, q, k, v, mask, what="masked attention")
+    out, w, exp_out, exp_w = _against_reference(t, q, k, v, mask, what="masked attention")
     if bool((w.masked_select(~mask.expand_as(w)).abs() > 1e-6).any()):
         if bool((w.masked_select(mask.expand_as(w)).abs() < 1e-9).all()):
             raise CheckFailed("the mask polarity is inverted: True means 'may attend', so the keys where the mask is "
                               "False must get weight 0")
         raise CheckFailed("masked keys (mask False) get non-zero weight: fill their scores with -inf before the softmax")
-    expect_close(w, exp_w, "the masked attention weights",
-                 {"the mask is applied after the softmax: masked weights are zero but the rest no longer sum to 1. "
-                  "Fill the scores with -inf before the softmax": ref_softmax(q @ k.transpose(-2, -1) / math.sqrt(d)) * mask,
-                  **_weights_mistakes(q, k, v.shape[-1], mask)})
+    wrong = _mistakes(q, k, v, mask)
+    expect_close(w, exp_w, "the masked attention weights", mistakes.weights(wrong))
     expect_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), "the masked attention output",
-                 _attention_mistakes(q, k, v, mask))
+                 mistakes.outputs(wrong))
     per_batch = t.rand_mask(b, n, m, p=0.5)
     per_batch[..., -1] = True
     q2 = t.randn(b, n, d)
-    _, w2, _, exp_w2 = _attend(t, q2, k, v, per_batch, what="attention with a (B, n, m) mask")
+    _, w2, _, exp_w2 = _against_reference(t, q2, k, v, per_batch, what="attention with a (B, n, m) mask")
     expect_close(w2, exp_w2, "the weights with a per-example (B, n, m) mask")
 
 
@@ -312,16 +286,13 @@ def sdpa_fully_masked(t: Trial) -> None:
     mask = torch.ones(3, 5, dtype=torch.bool)
     mask[1] = False
     out, w = _pair(t, q, k, v, mask)
-    for name, val in (("weights", w), ("output", out)):
-        if isinstance(val, torch.Tensor) and torch.isnan(val).any():
-            raise CheckFailed(f"the {name} contain NaN for a query whose keys are all masked: softmax over a row of "
-                              "-inf divides 0 by 0. The contract asks for a zero row instead (for example, replace "
-                              "the row's max by 0 when it is -inf and divide by the sum only where it is positive)")
+    mistakes.expect_no_nan({"weights": w, "output": out}, "", " for a query whose keys are all masked: softmax over a "
+                           "row of -inf divides 0 by 0. The contract asks for a zero row instead (for example, replace "
+                           "the row's max by 0 when it is -inf and divide by the sum only where it is positive)")
     exp_out, exp_w = ref_attention(q, k, v, mask)
-    uniform = ref_softmax((q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).double().masked_fill(~mask, -1e30))
-    expect_close(w, exp_w, "the weights with one fully masked query row",
-                 {UNIFORM_ROWS: uniform, **_weights_mistakes(q, k, v.shape[-1], mask)})
-    expect_close(out, exp_out, "the output with one fully masked query row", {UNIFORM_ROWS: uniform @ v.double()})
+    wrong = _mistakes(q, k, v, mask)
+    expect_close(w, exp_w, "the weights with one fully masked query row", mistakes.weights(wrong))
+    expect_close(out, exp_out, "the output with one fully masked query row", mistakes.outputs(wrong))
 
 
 @SUITE.check("test_sdpa_dtype_stability", parts=[SDPA])
@@ -333,7 +304,8 @@ def sdpa_dtype_stability(t: Trial) -> None:
     exp_out, exp_w = ref_attention(q, k, v)
     expect_tensor(out, tuple(exp_out.shape), "the output for float64 inputs", dtype=torch.float64)
     expect_tensor(w, tuple(exp_w.shape), "the weights for float64 inputs", dtype=torch.float64)
-    expect_close(out, exp_out, "the output for float64 inputs", _attention_mistakes(q, k, v), atol=1e-8, rtol=1e-8)
+    expect_close(out, exp_out, "the output for float64 inputs", mistakes.outputs(_mistakes(q, k, v)), atol=1e-8,
+                 rtol=1e-8)
     q, k, v = t.randn(2, 3, 4, scale=100.0), t.randn(2, 6, 4, scale=100.0), t.randn(2, 6, 3)
     out, w = _pair(t, q, k, v)
     if isinstance(w, torch.Tensor) and not torch.isfinite(w).all():

@@ -35,7 +35,7 @@ from torch import Tensor
 from attnkit import softmax as ref_softmax
 from autograder.checks import (CheckFailed, StudentError, Suite, Trial, expect_close, expect_number, expect_pair,
                                expect_tensor, expect_tuple)
-from autograder.checks.ch02_multi_head import NAN_ROWS, _weights, expected, mistakes, reference
+from autograder.checks.ch02_multi_head import expect_layer, random_weights, reference
 
 SUITE = Suite("03_self_attention")
 # requirement -> the check that exercises it (the list above, in the order of the notebook)
@@ -72,27 +72,19 @@ def _layer(t: Trial, e: int, h: int):
     if missing:
         raise CheckFailed(f"SelfAttention needs its MultiHeadAttention in an attribute named attn (parameters "
                           f"attn.q_proj.weight, ...); it has: {', '.join(sorted(names)) or 'no parameters'}")
-    p = _weights(t, e)
+    p = random_weights(t, e)
     obj.load({f"attn.{k}": v for k, v in p.items()})
     return obj, p
 
 
 def _run(t: Trial, obj, p, x: Tensor, h: int, mask: Tensor | None = None, what: str = ""):
-    b, n, e = x.shape
     out, w = expect_pair(obj(x) if mask is None else obj(x, mask), SELF)
-    if mask is not None:
-        for name, val in (("weights", w), ("output", out)):
-            if isinstance(val, Tensor) and val.is_floating_point() and torch.isnan(val).any():
-                raise CheckFailed(f"the {name} of SelfAttention{what} contain NaN: {NAN_ROWS}")
-    expect_tensor(out, (b, n, e), f"the output of SelfAttention{what}")
-    expect_tensor(w, (b, h, n, n), f"the weights of SelfAttention{what}")
-    exp_out, exp_w = expected(p, x, x, x, h, mask)
-    wrong = mistakes(p, x, x, x, h, mask)
+    also = {}
     if mask is not None and not bool(mask.any(-1).all()):
-        wrong[UNMASKED_ROWS] = reference(p, x, x, x, h, mask | ~mask.any(-1, keepdim=True))
-    wrong[RESIDUAL] = (exp_out + x.double(), exp_w)
-    expect_close(out, exp_out, f"the output of SelfAttention{what}", {msg: o for msg, (o, _) in wrong.items()})
-    expect_close(w, exp_w, f"the weights of SelfAttention{what}", {msg: ww for msg, (_, ww) in wrong.items()})
+        also[UNMASKED_ROWS] = reference(p, x, x, x, h, mask | ~mask.any(-1, keepdim=True))
+    right_out, right_w = reference(p, x, x, x, h, mask)
+    also[RESIDUAL] = (right_out + x.double(), right_w)
+    expect_layer(out, w, p, x, x, x, h, mask, f"SelfAttention{what}", also=also)
     return out, w
 
 
@@ -213,13 +205,18 @@ def design_weights_check(t: Trial) -> None:
 # -- conceptual questions (the inputs are in the question; the answer is a value) ----------------------
 
 
+def row_set(value):
+    """A listed set of row numbers in increasing order (the order a student lists them in does not matter);
+    any other value unchanged, for ``expect_tuple`` to judge."""
+    if isinstance(value, (tuple, list)) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        return tuple(sorted(value))
+    return value
+
+
 @SUITE.check("test_q_changed_rows", parts=["q_changed_rows"])
 def q_changed_rows(t: Trial) -> None:
     """Which output rows of self-attention (no positions, no mask) change when inputs 0 and 2 swap."""
-    value = t.value("q_changed_rows")
-    if isinstance(value, (tuple, list)) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        value = tuple(sorted(value))  # the order of the listed rows does not matter
-    expect_tuple(value, (0, 2), "q_changed_rows", {
+    expect_tuple(row_set(t.value("q_changed_rows")), (0, 2), "q_changed_rows", {
         "() says the output does not change at all: self-attention is equivariant, not invariant: each output "
         "row follows its own input row, so the rows whose inputs moved move too": (),
         "(0, 1, 2, 3) says every row changes, but output i depends on x_i and on the *set* of all inputs, and "

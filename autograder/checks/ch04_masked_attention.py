@@ -42,15 +42,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnkit import MultiHeadAttention as RefMHA
 from attnkit import causal_mask as ref_causal
 from attnkit import padding_mask as ref_padding
 from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
 from autograder.checks import (CheckFailed, StudentError, Suite, Trial, expect_choice, expect_close, expect_number,
-                               expect_pair, expect_tensor, expect_tuple)
-from autograder.checks.ch01_single_head import UNIFORM_ROWS, _attention_mistakes
-from autograder.checks.ch02_multi_head import _weights, mistakes
+                               expect_pair, expect_tensor, expect_tuple, mistakes)
+from autograder.checks.ch01_single_head import MISTAKES as CH01_MISTAKES
+from autograder.checks.ch01_single_head import UNIFORM_ROWS
+from autograder.checks.ch02_multi_head import head_mistakes, random_weights, reference_module
+from autograder.checks.ch03_self_attention import row_set
 
 SUITE = Suite("04_masked_attention")
 # requirement -> the check that exercises it (the list above, in the order of the notebook)
@@ -91,10 +92,10 @@ def expect_bool_mask(value, shape: tuple[int, ...], what: str) -> Tensor:
     return value
 
 
-def expect_equal_mask(actual: Tensor, expected: Tensor, what: str, mistakes: dict[str, Tensor]) -> None:
+def expect_equal_mask(actual: Tensor, expected: Tensor, what: str, known: dict[str, Tensor]) -> None:
     if torch.equal(actual, expected):
         return
-    for message, wrong in mistakes.items():
+    for message, wrong in known.items():
         if wrong.shape == actual.shape and torch.equal(actual, wrong):
             raise CheckFailed(f"{what} is wrong: {message}")
     bad = (actual != expected).nonzero()[0].tolist()
@@ -168,37 +169,33 @@ def padding_mask_check(t: Trial) -> None:
 # -- masked attention ----------------------------------------------------------------------------
 
 
-def _attend(t: Trial, q, k, v, mask, what: str):
+def _against_reference(t: Trial, q, k, v, mask, what: str):
+    """(output, weights) of the student's masked attention, without NaN and of the right shapes, then the reference's."""
     out, w = expect_pair(t.call(MASKED, q, k, v, mask), MASKED)
     exp_out, exp_w = ref_attention(q, k, v, mask)
-    for name, val in (("weights", w), ("output", out)):
-        if isinstance(val, Tensor) and val.is_floating_point() and torch.isnan(val).any():
-            raise CheckFailed(f"the {name} of {what} contain NaN: {NAN_ROWS}")
+    mistakes.expect_no_nan({"weights": w, "output": out}, f" of {what}", f": {NAN_ROWS}")
     expect_tensor(w, tuple(exp_w.shape), f"the weights of {what}")
     expect_tensor(out, tuple(exp_out.shape), f"the output of {what}")
     return out, w, exp_out, exp_w
 
 
-def _weight_mistakes(q, k, mask) -> dict[str, Tensor]:
-    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    after = ref_softmax(s) * mask
-    return {
-        "the mask is applied after the softmax, so the remaining weights no longer sum to 1: fill the masked "
-        "scores with -inf before the softmax": after,
-        "the mask is applied after the softmax and the weights renormalised; fill the masked scores with -inf "
-        "before the softmax": after / after.sum(-1, keepdim=True).clamp_min(1e-30),
-        INVERTED + ", so fill the scores where the mask is False": ref_softmax(s.masked_fill(mask, float("-inf"))),
-        "the mask is ignored: fill the scores where the mask is False with -inf": ref_softmax(s),
-        NOT_SCALED: ref_softmax((q @ k.transpose(-2, -1)).masked_fill(~mask, float("-inf"))),
-        **_uniform_rows(s, mask),
-    }
+# the classic mistakes of attention (checks/mistakes.py) in this chapter's words, then chapter 01's for the rest
+MISTAKES = {
+    mistakes.MASK_AFTER: "the mask is applied after the softmax, so the remaining weights no longer sum to 1: fill "
+                         "the masked scores with -inf before the softmax",
+    mistakes.MASK_INVERTED: INVERTED + ", so fill the scores where the mask is False",
+    mistakes.MASK_IGNORED: "the mask is ignored: fill the scores where the mask is False with -inf",
+    mistakes.NOT_SCALED: NOT_SCALED,
+    mistakes.FINITE_FILL: UNIFORM_ROWS,
+    **{key: message for key, message in CH01_MISTAKES.items() if key not in (
+        mistakes.MASK_AFTER, mistakes.MASK_INVERTED, mistakes.NOT_SCALED,
+        mistakes.FINITE_FILL)},
+}
 
 
-def _uniform_rows(s: Tensor, mask: Tensor) -> dict[str, Tensor]:
-    """The weights when masked scores are filled with a large finite negative number: fully masked rows uniform."""
-    if bool(mask.expand_as(s).any(-1).all()):
-        return {}  # every row has an allowed key: same as the reference
-    return {UNIFORM_ROWS: ref_softmax(s.double().masked_fill(~mask, -1e30))}
+def _mistakes(q, k, v, mask) -> mistakes.Pairs:
+    """message -> (output, weights) of each classic mistake on these inputs."""
+    return mistakes.named(mistakes.wrong_attention(q, k, v, mask), MISTAKES)
 
 
 @SUITE.check("test_masked_attention", parts=[MASKED])
@@ -215,7 +212,7 @@ def masked_attention_check(t: Trial) -> None:
                              (q, random_mask, "attention with an (n, m) mask"),
                              (q, padding, "attention with a (B, 1, m) padding mask")]:
         try:
-            out, w, exp_out, exp_w = _attend(t, qq, k, v, mask, what)
+            out, w, exp_out, exp_w = _against_reference(t, qq, k, v, mask, what)
         except StudentError as err:
             if str(err).startswith("not implemented"):
                 raise
@@ -238,9 +235,10 @@ def masked_attention_check(t: Trial) -> None:
                                       "(row) may see key j (column), the same layout as the scores")
             raise CheckFailed(f"{what}: masked keys (mask False) get non-zero weight: fill their scores with -inf "
                               "before the softmax")
-        expect_close(w, exp_w, f"the weights of {what}", _weight_mistakes(qq, k, mask))
+        wrong = _mistakes(qq, k, v, mask)
+        expect_close(w, exp_w, f"the weights of {what}", mistakes.weights(wrong))
         expect_close(out, F.scaled_dot_product_attention(qq, k, v, attn_mask=mask), f"the output of {what}",
-                     _attention_mistakes(qq, k, v, mask))
+                     mistakes.outputs(wrong))
 
 
 @SUITE.check("test_masked_attention_fully_masked", parts=[MASKED])
@@ -250,15 +248,10 @@ def fully_masked_check(t: Trial) -> None:
     mask = torch.ones(2, 4, 5, dtype=torch.bool)
     mask[0, 1] = False  # one fully masked row
     mask[1] = False  # a whole example masked (a sequence of length 0)
-    out, w, exp_out, exp_w = _attend(t, q, k, v, mask, "attention with fully masked rows")
-    expect_close(w, exp_w, "the weights with fully masked rows (they should be all zero)", _weight_mistakes(q, k, mask))
-    expect_close(out, exp_out, "the output with fully masked rows (they should be all zero)")
-
-
-def _ref_module(p: dict[str, Tensor], e: int, h: int) -> RefMHA:
-    ref = RefMHA(e, h).double()
-    ref.load_state_dict({k: v.double() for k, v in p.items()})
-    return ref
+    out, w, exp_out, exp_w = _against_reference(t, q, k, v, mask, "attention with fully masked rows")
+    wrong = _mistakes(q, k, v, mask)
+    expect_close(w, exp_w, "the weights with fully masked rows (they should be all zero)", mistakes.weights(wrong))
+    expect_close(out, exp_out, "the output with fully masked rows (they should be all zero)", mistakes.outputs(wrong))
 
 
 @SUITE.check("test_masked_mha", parts=[MASKED])
@@ -269,9 +262,9 @@ def masked_mha_check(t: Trial) -> None:
         obj = t.new("MultiHeadAttention", e, h)
     except StudentError as err:
         raise CheckFailed(f"the given MultiHeadAttention could not be created (was the setup cell changed?): {err}") from None
-    p = _weights(t, e)
+    p = random_weights(t, e)
     obj.load(p)
-    ref = _ref_module(p, e, h)
+    ref = reference_module(p, h)
     x = t.randn(b, n, e)
     lengths = torch.tensor([5, 2, 0])
     mask = ref_causal(n) & ref_padding(lengths, n)  # (B, n, n)
@@ -283,23 +276,20 @@ def masked_mha_check(t: Trial) -> None:
         raise CheckFailed(f"{err}. The given MultiHeadAttention calls masked_attention with 4-D inputs "
                           "(B, H, n, Dh) and a (B, 1, n, m) mask: it must work for any number of leading "
                           "dimensions (use transpose(-2, -1) and @, not bmm or transpose(1, 2))") from None
-    for name, val in (("weights", w), ("output", out)):
-        if isinstance(val, Tensor) and val.is_floating_point() and torch.isnan(val).any():
-            raise CheckFailed(f"the {name} of MultiHeadAttention with a causal & padding mask contain NaN (the "
-                              f"example of length 0 has no key to attend to): {NAN_ROWS}")
+    mistakes.expect_no_nan({"weights": w, "output": out}, " of MultiHeadAttention with a causal & padding mask",
+                           f" (the example of length 0 has no key to attend to): {NAN_ROWS}")
     with torch.no_grad():
         exp_out, exp_w = ref(x.double(), x.double(), x.double(), mask)
     wrong = _mask_mistakes(p, x, h, mask)
     expect_close(w, exp_w, "the per-head weights of MultiHeadAttention with a causal & padding mask",
-                 {msg: ww for msg, (_, ww) in wrong.items()})
-    expect_close(out, exp_out, "the output of MultiHeadAttention with a causal & padding mask",
-                 {msg: o for msg, (o, _) in wrong.items()})
+                 mistakes.weights(wrong))
+    expect_close(out, exp_out, "the output of MultiHeadAttention with a causal & padding mask", mistakes.outputs(wrong))
 
 
-def _mask_mistakes(p: dict[str, Tensor], x: Tensor, h: int, mask: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
-    """The masking mistakes of chapter 02's list (ignored, inverted, after the softmax), for self-attention of x."""
-    return {f"masked_attention: {msg}": pair for msg, pair in mistakes(p, x, x, x, h, mask).items()
-            if "mask" in msg or "not scaled" in msg}
+def _mask_mistakes(p: dict[str, Tensor], x: Tensor, h: int, mask: Tensor) -> mistakes.Pairs:
+    """Chapter 02's layer with attention's classic mistakes in every head (mask ignored, inverted, after the
+    softmax, finite fill, unscaled scores), for self-attention of x."""
+    return {f"masked_attention: {msg}": pair for msg, pair in head_mistakes(p, x, x, x, h, mask).items()}
 
 
 @SUITE.check("test_causality", parts=[CAUSAL, MASKED])
@@ -308,7 +298,7 @@ def causality_check(t: Trial) -> None:
     n, e, h = 6, 8, 2
     mask = expect_bool_mask(t.call(CAUSAL, n), (n, n), f"causal_mask({n})")
     obj = t.new("SelfAttention", e, h)
-    p = _weights(t, e)
+    p = random_weights(t, e)
     obj.load({f"attn.{k}": v for k, v in p.items()})
     x = t.randn(1, n, e)
     out, _ = expect_pair(obj(x, mask), "SelfAttention")
@@ -336,10 +326,10 @@ def causality_check(t: Trial) -> None:
         if bool((g[0, i + 1:].abs() > 1e-7).any()):
             raise CheckFailed(f"the gradient of output {i} with respect to a later input is not zero: output {i} "
                               "depends on the future")
-    ref = _ref_module(p, e, h)
+    ref = reference_module(p, h)
     with torch.no_grad():
         exp_out, _ = ref(x.double(), x.double(), x.double(), ref_causal(n))
-    wrong = {msg: o for msg, (o, _) in _mask_mistakes(p, x, h, ref_causal(n)).items()}
+    wrong = mistakes.outputs(_mask_mistakes(p, x, h, ref_causal(n)))
     with torch.no_grad():
         wrong[STRICT] = ref(x.double(), x.double(), x.double(), ref_causal(n).tril(-1))[0]
     expect_close(out, exp_out, "the output of causal self-attention", wrong)
@@ -420,10 +410,7 @@ def q_nan_step(t: Trial) -> None:
 @SUITE.check("test_q_causal_swap", parts=["q_causal_swap"])
 def q_causal_swap(t: Trial) -> None:
     """Which rows of causal self-attention's output are new values after positions 2 and 3 of the input swap."""
-    value = t.value("q_causal_swap")
-    if isinstance(value, (tuple, list)) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        value = tuple(sorted(value))  # the order of the listed rows does not matter
-    expect_tuple(value, (2, 3), "q_causal_swap", {
+    expect_tuple(row_set(t.value("q_causal_swap")), (2, 3), "q_causal_swap", {
         "() is the answer without a mask (the outputs are only reordered): the causal mask breaks that "
         "symmetry, because output i sees only positions 0..i": (),
         "(0, 1, 2, 3) says every row changes, but outputs 0 and 1 see only positions 0 and 1, which did not "
