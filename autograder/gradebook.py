@@ -43,6 +43,8 @@ class Records:
             feedback_directory=str(self.workdir / "feedback"),
             db_url=f"sqlite:///{self.db}",
         )
+        self.config.Exchange.root = str(self.workdir / "exchange")
+        (self.workdir / "exchange").mkdir(exist_ok=True)
 
     # -- files ---------------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ c.CourseDirectory.submitted_directory = "grading/submitted"
 c.CourseDirectory.autograded_directory = "grading/autograded"
 c.CourseDirectory.feedback_directory = "grading/feedback"
 c.CourseDirectory.db_url = f"sqlite:///{ROOT / 'grading' / 'gradebook.db'}"
-(ROOT / "grading").mkdir(exist_ok=True)  # so nbgrader and formgrader can create the gradebook there
+(ROOT / "grading" / "exchange").mkdir(parents=True, exist_ok=True)  # the gradebook's and the exchange's folders
 c.Exchange.root = str(ROOT / "grading" / "exchange")  # an exchange for release_feedback; no JupyterHub needed
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", ".*"]
 c.ExecutePreprocessor.timeout = 120
