@@ -1,4 +1,4 @@
-"""Command line: ``python -m autograder {release,grade,feedback} ...``, every option in one place.
+"""Command line: ``python -m autograder {release,grade,feedback,extension} ...``, every option in one place.
 
 Imports: course, batch, gradebook, feedback, sandbox (``Limits``, ``can_isolate``).
 """
@@ -66,6 +66,29 @@ def _feedback(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _extension(args: argparse.Namespace) -> int:
+    """Grant (or, with zero, remove) a student's extension in the gradebook; late penalties follow it."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    from autograder.gradebook import Records
+
+    records = Records(args.workdir, args.assignment)
+    records.prepare_gradebook()
+    with Gradebook(f"sqlite:///{records.db}") as gb:
+        try:
+            gb.find_student(args.student)
+        except MissingEntry:
+            gb.add_student(args.student)
+        try:
+            gb.find_submission(args.assignment, args.student)
+        except MissingEntry:
+            gb.add_submission(args.assignment, args.student)
+        gb.grant_extension(args.assignment, args.student, days=args.days, hours=args.hours)
+    print(f"{args.student}: extension of {args.days:g} days {args.hours:g} hours on {args.assignment}; "
+          "run `grade` again to reassign the late penalty")
+    return 0
+
+
 def add_grade_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("grade", help="grade every SUBMISSIONS/<student>/<assignment>/*.ipynb")
     p.add_argument("submissions", type=Path, help="folder of student folders (nbgrader's layout)")
@@ -107,6 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
     fb.add_argument("--assignment", required=True, help="assignment name, e.g. 01_single_head")
     fb.add_argument("--workdir", type=Path, default=course.ROOT / "grading", help="the grading folder (default: grading/)")
     fb.set_defaults(func=_feedback)
+    ext = sub.add_parser("extension", help="grant a student an extension (stored in nbgrader's gradebook)")
+    ext.add_argument("--assignment", required=True, help="assignment name, e.g. 01_single_head")
+    ext.add_argument("--student", required=True, help="the student's id")
+    ext.add_argument("--days", type=float, default=0.0, help="days added to the due date")
+    ext.add_argument("--hours", type=float, default=0.0, help="hours added to the due date")
+    ext.add_argument("--workdir", type=Path, default=course.ROOT / "grading", help="the grading folder (default: grading/)")
+    ext.set_defaults(func=_extension)
     return parser
 
 

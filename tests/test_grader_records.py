@@ -160,7 +160,10 @@ def test_late_penalty_and_extension(graded):
     assert float(read_csv(graded["out"])["alice"]["late_penalty"]) == 0
     with gradebook(graded["work"]) as gb:
         assert str(gb.find_assignment(A).duedate).startswith("2026-10-02 23:59")
-        gb.grant_extension(A, "late", days=2)
+    proc = subprocess.run([sys.executable, "-m", "autograder", "extension", "--assignment", A, "--student", "late",
+                           "--days", "2", "--workdir", str(graded["work"])], cwd=course.ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     graded["grade"]()
     row = read_csv(graded["out"])["late"]
     assert float(row["late_penalty"]) == 0 and float(row["score"]) == 11
