@@ -274,3 +274,16 @@ def test_zip_collect_reads_a_canvas_and_a_moodle_download(tmp_path):
     got = sorted(p.relative_to(tmp_path / "grading" / "submitted").as_posix()
                  for p in (tmp_path / "grading" / "submitted").rglob("*.ipynb"))
     assert got == [f"4242/{A}/{NB}", f"4343/{A}/{NB}", f"5151/{A}/{NB}"]
+
+
+def test_require_isolation_refuses_before_grading(tmp_path):
+    submit_dir = tmp_path / "submitted" / "bob" / A
+    submit_dir.mkdir(parents=True)
+    (submit_dir / NB).write_text("{}")
+    env = {**ENV, "AUTOGRADER_NO_NAMESPACES": "1"}  # as on a machine without namespaces
+    proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(tmp_path / "submitted"), "--assignment", A,
+                           "--out", str(tmp_path / "grades.csv"), "--require-isolation"], cwd=course.ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "cannot isolate student code" in proc.stderr and "nothing was graded" in proc.stderr
+    assert not (tmp_path / "grades.csv").exists() and not (tmp_path / "grading").exists()
