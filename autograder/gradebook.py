@@ -129,6 +129,7 @@ class Records:
                 submission = gb.add_submission(self.assignment, student)
             submission.timestamp = timestamp
             auto = {(nb.notebook, t.grade_id): t for nb in result.notebooks for t in nb.tests}
+            blank = {(name, gid) for name, cells in result.cells.items() for gid in cells.unanswered}
             for notebook in submission.notebooks:
                 for grade in notebook.grades:
                     t = auto.get((notebook.name, grade.name))
@@ -136,6 +137,9 @@ class Records:
                         grade.auto_score = float(min(t.points, t.max_points))
                         grade.needs_manual_grade = bool(resubmitted and grade.manual_score is not None) or \
                             (grade.needs_manual_grade and grade.manual_score is not None)
+                    elif (notebook.name, grade.name) in blank and grade.manual_score is None:
+                        grade.auto_score = 0.0  # left as released: nothing to grade (as nbgrader's autograde)
+                        grade.needs_manual_grade = False
                     else:  # graded by hand (a written answer or a task)
                         grade.auto_score = None
                         grade.needs_manual_grade = grade.manual_score is None or resubmitted or \

@@ -64,11 +64,13 @@ class StudentCells:
     """What the student wrote that the judge does not grade, for the autograded notebook and formgrader.
 
     ``written``: the student's text of each manually graded answer cell (``grade_id -> source``);
-    ``added``: cells the student added, as ``(grade_id of the cell they follow, cell_type, source)``.
+    ``added``: cells the student added, as ``(grade_id of the cell they follow, cell_type, source)``;
+    ``unanswered``: manual cells missing or left as released (nbgrader gives those 0 without a manual grade).
     """
 
     written: dict[str, str] = field(default_factory=dict)
     added: list[tuple[str, str, str]] = field(default_factory=list)
+    unanswered: list[str] = field(default_factory=list)  # manual cells left as released: 0 points, nothing to grade
 
 
 @dataclass
@@ -94,7 +96,8 @@ class Result:
             "student": self.student, "assignment": self.assignment, "fingerprint": self.fingerprint,
             "version": self.version, "reason": self.reason, "seconds": self.seconds, "timestamp": self.timestamp,
             "notebooks": [nb.to_json() for nb in self.notebooks],
-            "cells": {name: {"written": c.written, "added": [list(a) for a in c.added]} for name, c in self.cells.items()},
+            "cells": {name: {"written": c.written, "added": [list(a) for a in c.added], "unanswered": c.unanswered}
+                      for name, c in self.cells.items()},
         })
 
     def __getitem__(self, key: str) -> Any:
@@ -106,7 +109,8 @@ class Result:
         """The result stored in ``data``; raises ``KeyError``, ``TypeError`` or ``ValueError`` when malformed."""
         notebooks = [NotebookResult(nb["notebook"], [TestResult(**t) for t in nb["tests"]], nb.get("reason", ""),
                                     list(nb.get("log", [])), dict(nb.get("answers", {}))) for nb in data["notebooks"]]
-        cells = {name: StudentCells(dict(c.get("written", {})), [tuple(a) for a in c.get("added", [])])
+        cells = {name: StudentCells(dict(c.get("written", {})), [tuple(a) for a in c.get("added", [])],
+                                    list(c.get("unanswered", [])))
                  for name, c in dict(data.get("cells", {})).items()}
         return cls(str(data["student"]), str(data["assignment"]), str(data["fingerprint"]), str(data.get("version", "")),
                    str(data.get("reason", "")), float(data.get("seconds", 0.0)), notebooks, cells,

@@ -72,4 +72,9 @@ def student_cells(path: Path | None, release: dict[str, Any]) -> StudentCells:
             continue
         if len(out.added) < MAX_ADDED_CELLS:
             out.added.append((after, cell["cell_type"], source))
+    released = {nbgrader_meta(c)["grade_id"]: _norm(_text(c.get("source"))) for c in cells
+                if nbgrader_meta(c).get("grade_id") in manual}
+    answers = {g for g in manual if not any(nbgrader_meta(c).get("grade_id") == g and nbgrader_meta(c).get("task")
+                                            for c in cells)}  # a task is answered elsewhere
+    out.unanswered = sorted(g for g in answers if g not in out.written or _norm(out.written[g]) == released[g])
     return out

@@ -29,6 +29,7 @@ WRITTEN = "written_why_scale"
 DUE = "2026-10-02 23:59:00 UTC"
 ON_TIME = "2026-10-01 10:00:00.000000 UTC"
 A_DAY_LATE = "2026-10-04 12:00:00.000000 UTC"  # 1 day 12 h late: two started days
+COURSE_SOURCE = course.SOURCE  # the real one (the graded fixture points course.SOURCE at its copy)
 ENV = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
 
 
@@ -131,6 +132,8 @@ def test_written_answers_and_added_cells_reach_formgrader(graded):
         grade = gb.find_grade(WRITTEN, "single_head", A, "alice")
         assert grade.needs_manual_grade and grade.auto_score is None and grade.max_score == 2
         assert not gb.find_grade("test_softmax_basic", "single_head", A, "alice").needs_manual_grade
+        left_blank = gb.find_grade(WRITTEN, "single_head", A, "blank")  # "YOUR ANSWER HERE": 0, nothing to grade
+        assert left_blank.auto_score == 0 and not left_blank.needs_manual_grade
     assert set((graded["work"] / "feedback" / "alice" / A).iterdir()) >= {
         graded["work"] / "feedback" / "alice" / A / f for f in ("single_head.html", "timestamp.txt", "submission_secret.txt")}
 
@@ -250,6 +253,7 @@ def test_changed_grader_keeps_recorded_grades_until_regrade(graded, monkeypatch)
 def test_fingerprint_follows_the_checks_import_closure(tmp_path, monkeypatch):
     closure = {p.name for p in batch.import_closure([batch.HERE / "checks" / "ch03_self_attention.py"])}
     assert {"ch01_single_head.py", "ch02_multi_head.py", "__init__.py", "wire.py"} <= closure
+    monkeypatch.setattr(course, "SOURCE", COURSE_SOURCE)
     copy = tmp_path / "autograder"
     shutil.copytree(batch.HERE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(batch, "HERE", copy)
