@@ -21,7 +21,6 @@ import datetime
 import html
 import io
 import secrets
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -131,10 +130,6 @@ def generate_feedback(config: Any, assignment: str, student: str) -> str:
         if path.is_file():
             path.chmod(0o644)
     return ""
-
-
-def remove_feedback(config: Any, assignment: str, student: str) -> None:
-    shutil.rmtree(Path(config.CourseDirectory.feedback_directory) / student / assignment, ignore_errors=True)
 
 
 __all__ = ["TIMESTAMP_FORMAT", "autograded_notebook", "generate_feedback", "write_autograded"]

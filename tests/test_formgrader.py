@@ -4,7 +4,6 @@ formgrader (served on loopback with a token, Chromium through Playwright), the g
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shutil
