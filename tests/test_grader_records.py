@@ -108,6 +108,11 @@ def graded(tmp_path_factory):
         yield {"base": base, "subs": subs, "work": work, "out": out, "logs": logs, "grade": grade, "mp": mp}
 
 
+def read_csv_by(path: Path, key: str) -> dict[str, dict[str, str]]:
+    with open(path, newline="") as f:
+        return {r[key]: r for r in csv.DictReader(f)}
+
+
 def summary(logs: list[str]) -> str:
     return next(line for line in logs if "to grade" in line)
 
@@ -208,7 +213,17 @@ def test_manual_grades_and_comments_survive_rerun_regrade_and_resubmission(grade
         assert gb.find_submission(A, "alice").needs_manual_grade
 
 
-def test_canvas_export_columns(graded):
+def test_roster_and_exports_carry_names_timestamps_and_canvas_columns(graded):
+    db = f"--db=sqlite:///{graded['work'] / 'gradebook.db'}"
+    roster = graded["base"] / "roster.csv"
+    roster.write_text("id,first_name,last_name,email,lms_user_id\nalice,Alice,Liddell,alice@example.edu,98765\n")
+    nbgrader("db", "student", "import", str(roster), db)
+    graded["grade"]()  # a re-run keeps the roster's names
+    plain = graded["base"] / "plain.csv"
+    nbgrader("export", f"--to={plain}", db)
+    row = read_csv_by(plain, "student_id")["alice"]
+    assert (row["first_name"], row["last_name"]) == ("Alice", "Liddell")
+    assert row["timestamp"].startswith("2026-10-01 10:00:00")
     dest = graded["base"] / "canvas.csv"
     nbgrader("export", "--exporter=autograder.plugins.CanvasExportPlugin", f"--to={dest}",
              f"--db=sqlite:///{graded['work'] / 'gradebook.db'}")
@@ -218,6 +233,7 @@ def test_canvas_export_columns(graded):
     assert rows[1][0] == "Points Possible" and float(rows[1][5]) == 13  # 11 auto + 2 written
     by_login = {r[3]: r for r in rows[2:]}
     assert sorted(by_login) == ["alice", "blank", "late"]
+    assert by_login["alice"][:2] == ["Liddell, Alice", "98765"]
     assert float(by_login["blank"][5]) == 0
     csv_rows = read_csv(graded["out"])
     assert float(by_login["late"][5]) == float(csv_rows["late"]["score"])
