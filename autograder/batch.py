@@ -1,107 +1,150 @@
-"""Grade a whole class: ``python -m autograder grade SUBMISSIONS --assignment NN_topic --out grades.csv``.
+"""Grade a whole class: discover the submissions, fingerprint them, schedule the grading.
 
 ``SUBMISSIONS/<student>/<assignment>/*.ipynb`` is nbgrader's layout. For every
-student the batch
+student :func:`run`
 
-1. fingerprints the submission (its notebooks, the source notebooks, the checks
-   and the harness); a result with the same fingerprint is reused, so an
-   interrupted batch resumes where it stopped and a re-run changes nothing,
-   while a re-submission (new fingerprint) is graded again;
-2. grades each notebook with :func:`autograder.judge.grade_notebook` (student
-   code in a sandbox, verdicts here);
-3. writes the result atomically to ``WORKDIR/results/<assignment>/<student>.json``;
-4. records the scores in nbgrader's gradebook and writes the feedback notebook
-   that nbgrader's ``generate_feedback`` renders to HTML;
-5. rewrites the CSV (atomically) from the gradebook, with a ``reason`` column for
-   submissions that could not be graded normally.
+1. fingerprints the submission (its notebooks and ``timestamp.txt``); a result
+   with the same fingerprint is reused, so an interrupted batch resumes where
+   it stopped and a re-run changes nothing, while a re-submission is graded again;
+2. grades it with :func:`grade_job` (student code in a sandbox, verdicts here),
+   in worker processes or as Dask tasks;
+3. in this process only: saves the :class:`~autograder.results.Result`, records
+   it in the gradebook and writes the autograded notebooks and the feedback
+   (:mod:`autograder.gradebook`, :mod:`autograder.feedback`);
+4. rewrites the CSV from the gradebook.
 
-A failure while grading one student is recorded as that student's reason and
-the batch goes on.
+Grades are stable: the grader's version (:func:`grader_version`) is pinned per
+assignment when it is first graded. After a change to the grader, its checks or
+``attnkit``, recorded grades are kept; the batch grades those students again on
+the side (kept under ``results/<assignment>/candidates/``) and reports whose grade
+would change, and ``regrade=True`` grades everyone again with the new grader.
+
+Nothing one submission contains may stop the batch: every per-submission step
+runs inside that submission's error handling, and each result is saved as soon
+as it is computed.
+
+Imports: course, judge, notebook, sandbox (``Limits``), results, written, gradebook, feedback.
 """
 
 from __future__ import annotations
 
-import argparse
+import ast
 import concurrent.futures as cf
-import csv
 import hashlib
-import html
-import io
-import json
 import multiprocessing as mp
 import os
 import re
-import secrets
-import sys
-import tempfile
 import time
 import traceback
-import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from autograder import course
+from autograder.feedback import generate_feedback, write_autograded
+from autograder.gradebook import Records, write_csv
 from autograder.judge import NotebookResult, TestResult, grade_notebook
-from autograder.notebook import SourceNotebook, nbgrader_meta
+from autograder.notebook import MAX_NOTEBOOK_BYTES, BadNotebook, SourceNotebook
+from autograder.results import Result, StudentCells, clean_text, load_result, save_result
 from autograder.sandbox import IsolationUnavailable, Limits, isolation_summary, require_isolation
+from autograder.written import student_cells
 
 HERE = Path(__file__).resolve().parent
 STUDENT_ID = re.compile(r"^[A-Za-z0-9_.@+-]{1,128}$")
+GRADING_ROOTS = ("judge.py", "harness.py", "zygote.py")  # what grading runs; their imports are followed
 
 
-# -- small utilities ------------------------------------------------------------------------------
-
-
-def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8", "backslashreplace") if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+# -- fingerprints ---------------------------------------------------------------------------------------
 
 
 def _hash_files(h: "hashlib._Hash", paths: list[Path]) -> None:
+    """Feed names and contents to ``h``; a file over the notebook size cap is hashed by size and time only."""
     for p in paths:
-        h.update(p.name.encode() + b"\0")
+        h.update(os.fsencode(p.name) + b"\0")  # a name need not be UTF-8
         try:
-            h.update(p.read_bytes())
+            st = p.stat()
+            if st.st_size > MAX_NOTEBOOK_BYTES:
+                h.update(f"large:{st.st_size}:{st.st_mtime_ns}".encode())
+            else:
+                with open(p, "rb") as f:
+                    h.update(f.read(MAX_NOTEBOOK_BYTES + 1))
         except OSError as e:
             h.update(f"unreadable:{e.errno}".encode())
         h.update(b"\0")
 
 
+def _module_file(name: str) -> Path | None:
+    """The file of module ``autograder.x.y`` in this tree (``None`` for other packages)."""
+    parts = name.split(".")
+    if parts[0] != "autograder":
+        return None
+    base = HERE.joinpath(*parts[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(HERE.parent).with_suffix("")
+    parts = list(rel.parts[:-1]) if rel.name == "__init__" else list(rel.parts)
+    return ".".join(parts)
+
+
+def import_closure(roots: list[Path]) -> list[Path]:
+    """Every module of this package that ``roots`` import, directly or not (read with ``ast``, not run).
+
+    ``checks/ch03_self_attention.py`` imports ``checks/ch02_multi_head.py``, which
+    imports ``checks/ch01_single_head.py``: all three decide chapter 03's grades.
+    """
+    seen: set[Path] = set()
+    todo = [p.resolve() for p in roots]
+    while todo:
+        path = todo.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        name = _module_name(path)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        names: list[str] = [package.rpartition(".")[0]] if "." in package else []  # parent packages run first
+        names.append(package)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[: len(base) - node.level + 1]
+                    module = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    module = node.module or ""
+                names.append(module)
+                names += [f"{module}.{a.name}" for a in node.names]  # ``from pkg import submodule``
+        for n in names:
+            while n:
+                found = _module_file(n)
+                if found is not None and found not in seen:
+                    todo.append(found)
+                n = n.rpartition(".")[0]
+    return sorted(seen)
+
+
 def grader_version(assignment: str, limits: Limits | None = None) -> str:
     """A hash of everything that decides a grade besides the submission itself: the source notebooks,
-    the grader and its checks, the reference package the checks compare with, and the limits."""
+    the grader and every module the assignment's checks import, the reference package the checks
+    compare with, and the limits."""
     import attnkit
 
     h = hashlib.sha256(repr(limits or Limits()).encode())
     _hash_files(h, course.source_notebooks(assignment))
-    _hash_files(h, sorted(HERE.glob("*.py")) + [HERE / "checks" / "__init__.py", HERE / "checks" / f"ch{assignment}.py"])
+    roots = [HERE / name for name in GRADING_ROOTS] + [HERE / "checks" / f"ch{assignment}.py"]
+    for path in import_closure(roots):
+        h.update(str(path.relative_to(HERE)).encode() + b"\0" + path.read_bytes() + b"\0")
     _hash_files(h, sorted(Path(attnkit.__file__).parent.glob("*.py")))
     return h.hexdigest()
 
 
-def clean_text(value: Any) -> Any:
-    """``value`` with every string made safe to encode as UTF-8 (lone surrogates from student text escaped)."""
-    if isinstance(value, str):
-        return value.encode("utf-8", "backslashreplace").decode("utf-8")
-    if isinstance(value, dict):
-        return {clean_text(k): clean_text(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [clean_text(v) for v in value]
-    return value
+# -- one submission -------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -123,15 +166,29 @@ class Context:
 
 
 def submission_files(folder: Path) -> list[Path]:
-    if not folder.is_dir():
+    """The notebooks of a submission folder (no links, no folders)."""
+    if folder.is_symlink() or not folder.is_dir():
         return []
     return sorted(p for p in folder.iterdir() if p.suffix == ".ipynb" and p.is_file() and not p.is_symlink())
 
 
 def fingerprint(job: Job, ctx: Context) -> str:
-    h = hashlib.sha256(ctx.version.encode() + ctx.secret.encode())
-    _hash_files(h, submission_files(job.folder))
+    """A hash of the submission (notebooks and ``timestamp.txt``) and the secret: new means re-submitted."""
+    h = hashlib.sha256(ctx.secret.encode())
+    stamp = job.folder / "timestamp.txt"
+    _hash_files(h, submission_files(job.folder) + ([stamp] if stamp.is_file() and not stamp.is_symlink() else []))
     return h.hexdigest()
+
+
+def read_timestamp(folder: Path) -> str:
+    """The submission's ``timestamp.txt`` (nbgrader's format), or "" when missing or unreadable."""
+    path = folder / "timestamp.txt"
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > 200:
+            return ""
+        return path.read_text("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def pick_notebooks(job: Job, ctx: Context) -> tuple[dict[str, Path | None], list[str]]:
@@ -154,13 +211,18 @@ def pick_notebooks(job: Job, ctx: Context) -> tuple[dict[str, Path | None], list
     return chosen, notes
 
 
-def grade_job(job: Job, ctx: Context) -> dict[str, Any]:
-    """Grade one student (runs in a worker process); always returns a result, never raises but for
+def grade_job(job: Job, ctx: Context) -> Result:
+    """Grade one student (runs in a worker process or a Dask task); always returns a result, never raises but for
     :class:`IsolationUnavailable` (isolation required and a Dask worker cannot give it: nothing is recorded)."""
     if ctx.limits.require_isolation:
         require_isolation()
+    import json
+
     started = time.monotonic()
+    cells: dict[str, StudentCells] = {}
+    stamp = ""
     try:
+        stamp = read_timestamp(job.folder)
         linked = job.folder.is_symlink() or job.folder.parent.is_symlink()
         if linked or not job.folder.is_dir():
             results = [grade_notebook(None, src, ctx.assignment, secret=ctx.secret) for src in ctx.sources]
@@ -172,6 +234,12 @@ def grade_job(job: Job, ctx: Context) -> dict[str, Any]:
             results = [grade_notebook(chosen[src.name], src, ctx.assignment, files=ctx.release, hide=ctx.hide,
                                       limits=ctx.limits, secret=ctx.secret) for src in ctx.sources]
             reason = ""
+            for src in ctx.sources:
+                try:
+                    release = json.loads((ctx.release / f"{src.name}.ipynb").read_text())
+                    cells[src.name] = student_cells(chosen[src.name], release)
+                except BadNotebook:
+                    pass  # the judge's result already says why
         reasons = [r.reason for r in results if r.reason]
         reason = "; ".join(([reason] if reason else []) + notes + reasons)
     except Exception:  # noqa: BLE001 - a grader bug must not stop the class
@@ -181,192 +249,15 @@ def grade_job(job: Job, ctx: Context) -> dict[str, Any]:
         reason = "internal grader error (see the log): " + tb.strip().splitlines()[-1][:200]
         for r in results:
             r.log.append(tb)
-    # Nothing is written here: on Dask this runs on a worker, and the coordinating process writes the
-    # result, the gradebook and the feedback (see run's finish).
-    return clean_text({"student": job.student, "assignment": ctx.assignment, "fingerprint": fingerprint(job, ctx),
-                       "reason": reason[:1000], "seconds": round(time.monotonic() - started, 2),
-                       "notebooks": [r.to_json() for r in results]})
+    try:
+        fp = fingerprint(job, ctx)
+    except Exception as e:  # noqa: BLE001 - an unreadable submission still gets its result
+        fp = f"unreadable:{type(e).__name__}"
+    return Result(job.student, ctx.assignment, fp, ctx.version, clean_text(reason[:1000]),
+                  round(time.monotonic() - started, 2), results, cells, clean_text(stamp))
 
 
-# -- gradebook and feedback -------------------------------------------------------------------------
-
-
-class Records:
-    """The grading folder: results, nbgrader gradebook, autograded notebooks and feedback."""
-
-    def __init__(self, workdir: Path, assignment: str) -> None:
-        self.workdir = workdir.resolve()
-        self.assignment = assignment
-        self.results = self.workdir / "results" / assignment
-        self.results.mkdir(parents=True, exist_ok=True)
-        self.db = self.workdir / "gradebook.db"
-        self.config = course.nbgrader_config(
-            submitted_directory=str(self.workdir / "submitted"),
-            autograded_directory=str(self.workdir / "autograded"),
-            feedback_directory=str(self.workdir / "feedback"),
-            db_url=f"sqlite:///{self.db}",
-        )
-
-    def secret(self) -> str:
-        """The seed of the private test inputs: random once per grading folder, then fixed (re-runs agree)."""
-        path = self.workdir / "secret"
-        if not path.exists():
-            atomic_write(path, secrets.token_hex(16))
-            os.chmod(path, 0o600)
-        return path.read_text().strip()
-
-    def load(self, student: str) -> dict[str, Any] | None:
-        path = self.results / f"{student}.json"
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
-        return clean_text(data) if isinstance(data, dict) and data.get("student") == student else None
-
-    def save(self, result: dict[str, Any]) -> None:
-        atomic_write(self.results / f"{result['student']}.json", json.dumps(result, indent=1))
-
-    def prepare_gradebook(self) -> None:
-        """Record the assignment's cells and points in the gradebook (nbgrader generate_assignment does it)."""
-        from nbgrader.api import Gradebook
-
-        with Gradebook(f"sqlite:///{self.db}") as gb:
-            try:
-                gb.find_assignment(self.assignment)
-                known = True
-            except Exception:  # noqa: BLE001 - MissingEntry
-                known = False
-        if not known:
-            with tempfile.TemporaryDirectory() as tmp:
-                course.generate_release(self.assignment, Path(tmp), db_path=self.db)
-
-    def record(self, result: dict[str, Any]) -> None:
-        """Store the scores in the gradebook (idempotent: the same result gives the same rows)."""
-        from nbgrader.api import Gradebook
-
-        student = result["student"]
-        with Gradebook(f"sqlite:///{self.db}") as gb, warnings.catch_warnings():
-            # nbgrader's add_submission trips SQLAlchemy's autoflush warnings; they are harmless here.
-            warnings.simplefilter("ignore")
-            gb.update_or_create_student(student)
-            try:
-                gb.find_submission(self.assignment, student)
-            except Exception:  # noqa: BLE001 - MissingEntry
-                gb.add_submission(self.assignment, student)
-            for nb in result["notebooks"]:
-                for t in nb["tests"]:
-                    grade = gb.find_grade(t["grade_id"], nb["notebook"], self.assignment, student)
-                    grade.auto_score = float(min(t["points"], t["max_points"]))
-                    grade.manual_score = None
-                    grade.needs_manual_grade = False
-            gb.db.commit()
-
-    def scores(self) -> dict[str, tuple[float, float]]:
-        from nbgrader.api import Gradebook
-
-        with Gradebook(f"sqlite:///{self.db}") as gb:
-            out = {}
-            for sub in gb.find_assignment(self.assignment).submissions:
-                out[sub.student.id] = (float(sub.score), float(sub.max_score))
-            return out
-
-def feedback_notebook(assignment: str, nb: dict[str, Any], result: dict[str, Any]) -> str:
-    """The released notebook with the student's answers and, under each test cell, the judge's verdict."""
-    import nbformat
-
-    release = course.RELEASE / assignment / f"{nb['notebook']}.ipynb"
-    book = nbformat.read(str(release), as_version=4)
-    tests = {t["grade_id"]: t for t in nb["tests"]}
-    answers = nb.get("answers", {})
-    for cell in book.cells:
-        meta = nbgrader_meta(cell)
-        gid = meta.get("grade_id")
-        if meta.get("solution") and gid in answers:
-            cell.source = answers[gid]
-        if cell.cell_type == "code":
-            cell.outputs = []
-            cell.execution_count = None
-        if gid in tests:
-            t = tests[gid]
-            head = f"{t['description']}\n{t['points']:g} / {t['max_points']:g} points"
-            if t["message"]:
-                cell.outputs = [nbformat.v4.new_output("error", ename="Failed", evalue=t["message"],
-                                                       traceback=[head, "Failed: " + t["message"]])]
-            else:
-                cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=head + "\npassed\n")]
-    summary = [f"**Autograded**: {sum(t['points'] for t in nb['tests']):g} / {sum(t['max_points'] for t in nb['tests']):g} points."]
-    if result.get("reason"):
-        summary.append(f"\n\n**Note**: {html.escape(result['reason'])}")  # student text: never markup
-    book.cells.insert(0, nbformat.v4.new_markdown_cell("".join(summary)))
-    buf = io.StringIO()
-    nbformat.write(book, buf)
-    return buf.getvalue()
-
-
-def render_feedback(workdir: Path, assignment: str, result: dict[str, Any]) -> Path:
-    """Write the autograded notebooks and their HTML feedback for one student.
-
-    The HTML is rendered with nbgrader's own feedback template; the scores are
-    put into the cells the way nbgrader's GetGrades preprocessor does, but from
-    the judge's result rather than a database query, so workers can render in
-    parallel. Hidden tests never appear: the cells come from the released notebook.
-    """
-    import nbformat
-    from nbconvert.exporters import HTMLExporter
-    from traitlets.config import Config
-
-    import nbgrader
-
-    formgrader = Path(nbgrader.__file__).parent / "server_extensions" / "formgrader"
-    config = Config()  # the same template settings as nbgrader's GenerateFeedback
-    config.HTMLExporter.template_name = "feedback"
-    config.HTMLExporter.extra_template_basedirs = [str(formgrader / "templates")]
-    config.HTMLExporter.extra_template_paths = [str(formgrader / "static" / "node_modules" / "bootstrap" / "dist" / "css")]
-    exporter = HTMLExporter(config=config)
-    student = result["student"]
-    graded_dir = workdir / "autograded" / student / assignment
-    feedback_dir = workdir / "feedback" / student / assignment
-    for nb in result["notebooks"]:
-        text = feedback_notebook(assignment, nb, result)
-        atomic_write(graded_dir / f"{nb['notebook']}.ipynb", text)
-        book = nbformat.reads(text, as_version=4)
-        tests = {t["grade_id"]: t for t in nb["tests"]}
-        for cell in book.cells:
-            meta = nbgrader_meta(cell)
-            if meta.get("grade_id") in tests:
-                t = tests[meta["grade_id"]]
-                cell.metadata.nbgrader["score"] = min(t["points"], t["max_points"])
-                cell.metadata.nbgrader["points"] = t["max_points"]
-            elif meta.get("solution"):
-                cell.metadata.nbgrader["comment"] = None
-        score = sum(min(t["points"], t["max_points"]) for t in nb["tests"])
-        resources = {"nbgrader": {"notebook": nb["notebook"], "assignment": assignment, "student": student,
-                                  "score": score, "max_score": sum(t["max_points"] for t in nb["tests"]),
-                                  "late_penalty": 0}}
-        html, _ = exporter.from_notebook_node(book, resources=resources)
-        atomic_write(feedback_dir / f"{nb['notebook']}.html", html)
-    return feedback_dir
-
-
-def total(result: dict[str, Any]) -> tuple[float, float]:
-    tests = [t for nb in result["notebooks"] for t in nb["tests"]]
-    return sum(min(t["points"], t["max_points"]) for t in tests), sum(t["max_points"] for t in tests)
-
-
-def write_csv(path: Path, records: Records, results: dict[str, dict[str, Any]], final: bool = True) -> None:
-    """One row per student. The final CSV takes its scores from the gradebook, so the two agree;
-    the progress CSVs written during a batch take them from the results."""
-    scores = records.scores() if final else {s: total(r) for s, r in results.items()}
-    buf = io.StringIO()
-    writer = csv.writer(buf)
-    writer.writerow(["student", "assignment", "score", "max_score", "reason"])
-    for student in sorted(results):
-        score, max_score = scores.get(student, (0.0, 0.0))
-        writer.writerow([student, records.assignment, f"{score:g}", f"{max_score:g}", results[student].get("reason", "")])
-    atomic_write(path, buf.getvalue())
-
-
-# -- the command -----------------------------------------------------------------------------------------
+# -- the class ------------------------------------------------------------------------------------------
 
 
 def discover(submissions: Path, assignment: str, own: list[Path] = ()) -> tuple[list[Job], list[str]]:
@@ -374,12 +265,16 @@ def discover(submissions: Path, assignment: str, own: list[Path] = ()) -> tuple[
     jobs, skipped = [], []
     own = [p.resolve() for p in own]
     for entry in sorted(submissions.iterdir()):
-        if entry.name.startswith(".") and entry.is_dir():
+        try:
+            if entry.name.startswith(".") and entry.is_dir():
+                skipped.append(entry.name)
+                continue
+            if not entry.is_dir():
+                continue
+            if any(entry.resolve() == p or entry.resolve() in p.parents for p in own):
+                continue
+        except OSError:  # a folder that vanished or cannot be read: not a student
             skipped.append(entry.name)
-            continue
-        if not entry.is_dir():
-            continue
-        if any(entry.resolve() == p or entry.resolve() in p.parents for p in own):
             continue
         if not STUDENT_ID.match(entry.name):
             skipped.append(entry.name)
@@ -388,15 +283,24 @@ def discover(submissions: Path, assignment: str, own: list[Path] = ()) -> tuple[
     return jobs, skipped
 
 
+def _changed(old: Result, new: Result) -> bool:
+    points = lambda r: {(nb.notebook, t.grade_id): t.points for nb in r.notebooks for t in nb.tests}  # noqa: E731
+    return points(old) != points(new)
+
+
 def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = None, limits: Limits | None = None,
-        workers: int = 1, force: bool = False, log=print, scheduler: str | None = None,
-        students: list[str] | None = None) -> dict[str, dict[str, Any]]:
+        workers: int = 1, force: bool = False, log: Callable[[str], object] = print, scheduler: str | None = None,
+        students: list[str] | None = None, regrade: bool = False) -> dict[str, Result]:
     """Grade every student under ``submissions`` (or only ``students``); returns ``student -> result``.
 
     ``workers`` processes grade at once on this machine; with ``scheduler`` (a Dask
     distributed address) each submission is a Dask task instead. Either way the
     student's code runs in a sandbox process that the worker starts, never in the
-    worker itself, and the results, gradebook and CSV are written here.
+    worker itself, and the results, gradebook, feedback and CSV are written here.
+    ``force`` or ``regrade`` grade everyone again with the current grader and pin its
+    version; without them, grades recorded by an earlier grader are kept and the
+    students whose grade the current one would change are reported. Either way
+    manual grades and comments stay (see :mod:`autograder.gradebook`).
     """
     if assignment not in course.assignments():
         raise SystemExit(f"unknown assignment {assignment!r}; known: {', '.join(course.assignments())}")
@@ -412,8 +316,10 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
     records.prepare_gradebook()
     release = course.RELEASE / assignment
     sources = [SourceNotebook.load(p, release / p.name) for p in course.source_notebooks(assignment)]
+    version = grader_version(assignment, limits)
     ctx = Context(assignment, sources, release, sorted({course.ROOT, submissions.resolve(), workdir}),
-                  limits or Limits(), records.secret(), grader_version(assignment, limits), workdir)
+                  limits or Limits(), records.secret(), version, workdir)
+    pinned = records.pinned_version(version, replace=regrade or force)
     jobs, skipped = discover(submissions, assignment, own=[workdir, out])
     if students is not None:
         unknown = sorted(set(students) - {j.student for j in jobs})
@@ -421,56 +327,64 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
             raise SystemExit(f"no submission folder for: {', '.join(unknown)}")
         jobs = [j for j in jobs if j.student in set(students)]
     for name in skipped:
-        log(f"skipped folder {clean_text(name)!r}: not a valid student id")
-    results: dict[str, dict[str, Any]] = {}
+        log(f"skipped folder {clean_text(os.fsdecode(name))!r}: not a valid student id")
+
+    results: dict[str, Result] = {}
+    previous: dict[str, Result] = {}  # the recorded result a job replaces (a re-submission)
     todo: list[Job] = []
+    trial: list[Job] = []  # recorded with another grader version: graded on the side, to report differences
+    candidates = records.results / "candidates"
     for job in jobs:
-        old = None if force else records.load(job.student)
-        if old is not None and old.get("fingerprint") == fingerprint(job, ctx):
-            results[job.student] = old
-        else:
-            todo.append(job)
+        try:
+            fp = fingerprint(job, ctx)
+        except Exception:  # noqa: BLE001 - grade_job reports it
+            fp = None
+        old = records.load(job.student)
+        if old is not None and fp is not None and old.fingerprint == fp and not (force or regrade):
+            results[job.student] = old  # recorded: kept, whichever grader produced it
+            if old.version != version and records_candidate(candidates, job.student, fp, version) is None:
+                trial.append(job)
+            continue
+        if old is not None and old.fingerprint != fp:
+            previous[job.student] = old
+        todo.append(job)
     log(f"{assignment}: {len(jobs)} students, {len(jobs) - len(todo)} already graded, {len(todo)} to grade")
     log(isolation_summary())  # before any student code runs
+    if pinned != version and not (regrade or force):
+        log(f"{assignment}: the grader changed since this assignment was first graded; recorded grades are kept "
+            "(pass --regrade to apply the new grader)")
 
-    def finish(result: dict[str, Any]) -> None:
+    def finish(result: Result) -> None:
+        records.save(result)  # first: a result on disk is never lost
         try:
-            render_feedback(workdir, assignment, result)
-        except Exception as e:  # noqa: BLE001 - feedback failing must not lose the grade
-            result["reason"] = (result["reason"] + f"; feedback could not be rendered: {e}").strip("; ")
-        records.save(result)  # a result on disk is never lost
-        records.record(result)
-        results[result["student"]] = result
+            records.record(result, resubmitted=result.student in previous)
+            write_autograded(records.workdir, result, submissions / result.student / assignment)
+        except Exception:  # noqa: BLE001 - the result is saved; the next run records it again
+            log(f"  {result.student}: could not be recorded: {traceback.format_exc()}")
+        results[result.student] = result
         if len(results) % 10 == 0:
             write_csv(out, records, results, final=False)
-        score, max_score = total(result)
-        log(f"  {result['student']}: {score:g}/{max_score:g} in {result['seconds']:.1f} s" +
-            (f" ({result['reason'][:120]})" if result["reason"] else ""))
+        score, max_score = result.total
+        log(f"  {result.student}: {score:g}/{max_score:g} in {result.seconds:.1f} s" +
+            (f" ({result.reason[:120]})" if result.reason else ""))
 
-    # Results reused from an earlier run still go through the gradebook and feedback (idempotent),
-    # so a batch killed between saving a result and recording it heals itself.
+    def keep_candidate(result: Result) -> None:
+        save_result(candidates / f"{result.student}.json", result)
+
+    # Results reused from an earlier run still go through the gradebook (idempotent: it also reassigns late
+    # penalties after a new due date or extension), so a batch killed between saving and recording heals itself.
     for student in sorted(results):
-        records.record(results[student])
-        if not (workdir / "feedback" / student / assignment).is_dir():
-            render_feedback(workdir, assignment, results[student])
-    if scheduler:
-        from distributed import Client, as_completed
+        try:
+            records.record(results[student])
+        except Exception:  # noqa: BLE001 - one student's records must not stop the class
+            log(f"  {student}: could not be recorded again: {traceback.format_exc()}")
+    _schedule(todo, ctx, finish, workers, scheduler)
+    if trial:
+        _schedule(trial, ctx, keep_candidate, workers, scheduler)
+    report_stale(records, results, version, log)
+    for student in sorted(results):  # feedback where the gradebook changed since it was rendered
+        publish(records, results[student], submissions / student / assignment, log)
 
-        with Client(scheduler) as client:
-            futures = [client.submit(grade_job, job, ctx, pure=False, key=f"grade-{assignment}-{job.student}")
-                       for job in todo]
-            for fut in as_completed(futures):
-                finish(fut.result())
-    elif workers <= 1:
-        for job in todo:
-            finish(grade_job(job, ctx))
-    else:
-        # Workers start from a fresh interpreter ("forkserver"), not a fork of this process: forking a process
-        # whose torch or browser threads are running can crash the child.
-        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("forkserver")) as pool:
-            futures = [pool.submit(grade_job, job, ctx) for job in todo]
-            for fut in cf.as_completed(futures):
-                finish(fut.result())
     everyone = dict(results)
     for path in records.results.glob("*.json"):  # students graded in earlier runs (for example with --student)
         if path.stem not in everyone and (old := records.load(path.stem)) is not None:
@@ -479,38 +393,74 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
     return results
 
 
-def add_grade_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("grade", help="grade every SUBMISSIONS/<student>/<assignment>/*.ipynb")
-    p.add_argument("submissions", type=Path, help="folder of student folders (nbgrader's layout)")
-    p.add_argument("--assignment", required=True, help="assignment name, e.g. 01_single_head")
-    p.add_argument("--out", type=Path, required=True, help="CSV file to write")
-    p.add_argument("--workdir", type=Path, help="grading state: gradebook, results, feedback (default: OUT's folder/grading)")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                   help="submissions graded at once on this machine (default: the number of cores)")
-    p.add_argument("--scheduler", help="Dask distributed scheduler address: grade each submission as a Dask task")
-    p.add_argument("--student", action="append", dest="students", metavar="ID",
-                   help="grade only this student (repeatable); the CSV still lists every graded student")
-    p.add_argument("--force", action="store_true", help="grade again even when a result with the same fingerprint exists")
-    d = Limits()
-    p.add_argument("--cell-timeout", type=float, default=d.cell_timeout, help="seconds per notebook cell")
-    p.add_argument("--call-timeout", type=float, default=d.call_timeout, help="seconds per call into student code")
-    p.add_argument("--notebook-timeout", type=float, default=d.notebook_timeout, help="seconds per notebook in all")
-    p.add_argument("--memory-mb", type=int, default=d.memory_bytes >> 20, help="address-space limit of student code")
-    p.add_argument("--max-processes", type=int, default=d.max_processes, help="process/thread limit of student code")
-    p.add_argument("--scratch-mb", type=int, default=d.scratch_bytes >> 20,
-                   help="size of the student's scratch folder (a tmpfs of its own where namespaces are available)")
-    p.add_argument("--require-isolation", action="store_true",
-                   help="refuse to grade where student code cannot be isolated (no root and no bubblewrap)")
-    p.set_defaults(func=_grade)
+def records_candidate(folder: Path, student: str, fp: str, version: str) -> Result | None:
+    """A result graded on the side with grader ``version`` for this very submission, if there is one."""
+    cand = load_result(folder / f"{student}.json", student)
+    return cand if cand is not None and cand.fingerprint == fp and cand.version == version else None
 
 
-def _grade(args: argparse.Namespace) -> int:
-    limits = Limits(cell_timeout=args.cell_timeout, call_timeout=args.call_timeout,
-                    notebook_timeout=args.notebook_timeout, memory_bytes=args.memory_mb << 20,
-                    max_processes=args.max_processes, scratch_bytes=args.scratch_mb << 20,
-                    require_isolation=args.require_isolation)
-    results = run(args.submissions, args.assignment, args.out, args.workdir, limits, args.workers, args.force,
-                  log=lambda s: print(s, file=sys.stderr, flush=True), scheduler=args.scheduler,
-                  students=args.students)
-    print(f"wrote {args.out} ({len(results)} students)")
-    return 0
+def report_stale(records: Records, results: dict[str, Result], version: str, log: Callable[[str], object]) -> None:
+    """Say which recorded grades come from an earlier grader, and which of them the current one would change."""
+    stale = sorted(s for s, r in results.items() if r.version != version)
+    if not stale:
+        return
+    would = []
+    for student in stale:
+        old = results[student]
+        cand = records_candidate(records.results / "candidates", student, old.fingerprint, version)
+        if cand is not None and _changed(old, cand):
+            would.append(f"{student} ({old.total[0]:g} -> {cand.total[0]:g})")
+    log(f"{records.assignment}: {len(stale)} recorded grades come from an earlier grader and are kept; "
+        f"{len(would)} would change with --regrade" + (": " + ", ".join(would) if would else ""))
+
+
+def publish(records: Records, result: Result, folder: Path, log: Callable[[str], object] = print) -> None:
+    """Render the student's feedback with nbgrader when the gradebook changed since it was last rendered
+    (a new grade, a manual grade or comment, a late penalty) or when it is missing.
+
+    A failure is added to the result's reason and logged; it never stops the batch.
+    """
+    feedback = records.workdir / "feedback" / result.student / records.assignment
+    try:
+        state = records.grades_state(result.student)
+        if feedback.is_dir() and records.feedback_state(result.student) == state:
+            return
+        if not (records.workdir / "autograded" / result.student / records.assignment).is_dir():
+            write_autograded(records.workdir, result, folder)
+        error = generate_feedback(records.config, records.assignment, result.student)
+        if not error:
+            records.set_feedback_state(result.student, state)
+    except Exception as e:  # noqa: BLE001 - the grade is recorded; the next run renders it again
+        log(f"  {result.student}: {traceback.format_exc()}")
+        error = f"{type(e).__name__}: {e}"
+    if error:
+        note = "feedback could not be rendered: " + error.splitlines()[-1][:200]
+        log(f"  {result.student}: {note}")
+        if note not in result.reason:
+            result.reason = (result.reason + "; " + note).strip("; ")
+            records.save(result)
+
+
+def _schedule(jobs: list[Job], ctx: Context, done: Callable[[Result], None], workers: int,
+              scheduler: str | None) -> None:
+    """Grade ``jobs`` here, in worker processes, or as Dask tasks; ``done`` gets each result in this process."""
+    if not jobs:
+        return
+    if scheduler:
+        from distributed import Client, as_completed
+
+        with Client(scheduler) as client:
+            futures = [client.submit(grade_job, job, ctx, pure=False, key=f"grade-{ctx.assignment}-{job.student}")
+                       for job in jobs]
+            for fut in as_completed(futures):
+                done(fut.result())
+    elif workers <= 1:
+        for job in jobs:
+            done(grade_job(job, ctx))
+    else:
+        # Workers start from a fresh interpreter ("forkserver"), not a fork of this process: forking a process
+        # whose torch or browser threads are running can crash the child.
+        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("forkserver")) as pool:
+            futures = [pool.submit(grade_job, job, ctx) for job in jobs]
+            for fut in cf.as_completed(futures):
+                done(fut.result())

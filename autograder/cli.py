@@ -1,13 +1,18 @@
-"""Command line: ``python -m autograder {release,grade} ...``."""
+"""Command line: ``python -m autograder {release,grade,feedback,extension} ...``, every option in one place.
+
+Imports: course, batch, gradebook, feedback, sandbox (``Limits``, ``require_isolation``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
 from pathlib import Path
 
 from autograder import course
-from autograder.batch import add_grade_parser
+from autograder.sandbox import Limits
 
 
 def _release(args: argparse.Namespace) -> int:
@@ -21,6 +26,97 @@ def _release(args: argparse.Namespace) -> int:
     return 0
 
 
+def limits_from(args: argparse.Namespace) -> Limits:
+    """The sandbox limits the options ask for."""
+    return Limits(cell_timeout=args.cell_timeout, call_timeout=args.call_timeout,
+                  notebook_timeout=args.notebook_timeout, memory_bytes=args.memory_mb << 20,
+                  max_processes=args.max_processes, scratch_bytes=args.scratch_mb << 20,
+                  require_isolation=args.require_isolation)
+
+
+def _grade(args: argparse.Namespace) -> int:
+    from autograder import batch
+    from autograder.sandbox import IsolationUnavailable, require_isolation
+
+    if args.require_isolation:
+        try:
+            require_isolation()
+        except IsolationUnavailable as e:
+            print(f"--require-isolation: nothing was graded. {e}", file=sys.stderr)
+            return 3
+    results = batch.run(args.submissions, args.assignment, args.out, args.workdir, limits_from(args), args.workers,
+                        args.force, log=lambda s: print(s, file=sys.stderr, flush=True), scheduler=args.scheduler,
+                        students=args.students, regrade=args.regrade)
+    print(f"wrote {args.out} ({len(results)} students)")
+    return 0
+
+
+def _feedback(args: argparse.Namespace) -> int:
+    """Render the feedback again from the gradebook (after manual grading), for every graded student."""
+    from autograder.feedback import generate_feedback
+    from autograder.gradebook import Records
+
+    records = Records(args.workdir, args.assignment)
+    failed = 0
+    for path in sorted(records.results.glob("*.json")):
+        if (records.workdir / "autograded" / path.stem / args.assignment).is_dir():
+            error = generate_feedback(records.config, args.assignment, path.stem)
+            print(f"{path.stem}: {error or 'feedback written'}", file=sys.stderr)
+            failed += bool(error)
+    return 1 if failed else 0
+
+
+def _extension(args: argparse.Namespace) -> int:
+    """Grant (or, with zero, remove) a student's extension in the gradebook; late penalties follow it."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    from autograder.gradebook import Records
+
+    records = Records(args.workdir, args.assignment)
+    records.prepare_gradebook()
+    with Gradebook(f"sqlite:///{records.db}") as gb:
+        try:
+            gb.find_student(args.student)
+        except MissingEntry:
+            gb.add_student(args.student)
+        try:
+            gb.find_submission(args.assignment, args.student)
+        except MissingEntry:
+            gb.add_submission(args.assignment, args.student)
+        gb.grant_extension(args.assignment, args.student, days=args.days, hours=args.hours)
+    print(f"{args.student}: extension of {args.days:g} days {args.hours:g} hours on {args.assignment}; "
+          "run `grade` again to reassign the late penalty")
+    return 0
+
+
+def add_grade_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("grade", help="grade every SUBMISSIONS/<student>/<assignment>/*.ipynb")
+    p.add_argument("submissions", type=Path, help="folder of student folders (nbgrader's layout)")
+    p.add_argument("--assignment", required=True, help="assignment name, e.g. 01_single_head")
+    p.add_argument("--out", type=Path, required=True, help="CSV file to write")
+    p.add_argument("--workdir", type=Path, help="grading state: gradebook, results, feedback (default: OUT's folder/grading)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="submissions graded at once on this machine (default: the number of cores)")
+    p.add_argument("--scheduler", help="Dask distributed scheduler address: grade each submission as a Dask task")
+    p.add_argument("--student", action="append", dest="students", metavar="ID",
+                   help="grade only this student (repeatable); the CSV still lists every graded student")
+    p.add_argument("--force", action="store_true", help="grade again even when a result with the same fingerprint exists")
+    p.add_argument("--regrade", action="store_true",
+                   help="apply a changed grader to grades already recorded (without it they are kept and the "
+                        "students whose grade would change are listed)")
+    p.add_argument("--require-isolation", action="store_true",
+                   help="refuse to grade where student code cannot be isolated (no network, course hidden)")
+    d = Limits()
+    p.add_argument("--cell-timeout", type=float, default=d.cell_timeout, help="seconds per notebook cell")
+    p.add_argument("--call-timeout", type=float, default=d.call_timeout, help="seconds per call into student code")
+    p.add_argument("--notebook-timeout", type=float, default=d.notebook_timeout, help="seconds per notebook in all")
+    p.add_argument("--memory-mb", type=int, default=d.memory_bytes >> 20, help="address-space limit of student code")
+    p.add_argument("--max-processes", type=int, default=d.max_processes, help="process/thread limit of student code")
+    p.add_argument("--scratch-mb", type=int, default=d.scratch_bytes >> 20,
+                   help="size of the student's scratch folder (a tmpfs of its own where namespaces are available)")
+    p.set_defaults(func=_grade)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -30,6 +126,17 @@ def build_parser() -> argparse.ArgumentParser:
     rel.add_argument("--out", default=str(course.RELEASE), help="release folder (default: exercises/)")
     rel.set_defaults(func=_release)
     add_grade_parser(sub)
+    fb = sub.add_parser("feedback", help="render the feedback again from the gradebook (after manual grading)")
+    fb.add_argument("--assignment", required=True, help="assignment name, e.g. 01_single_head")
+    fb.add_argument("--workdir", type=Path, default=course.ROOT / "grading", help="the grading folder (default: grading/)")
+    fb.set_defaults(func=_feedback)
+    ext = sub.add_parser("extension", help="grant a student an extension (stored in nbgrader's gradebook)")
+    ext.add_argument("--assignment", required=True, help="assignment name, e.g. 01_single_head")
+    ext.add_argument("--student", required=True, help="the student's id")
+    ext.add_argument("--days", type=float, default=0.0, help="days added to the due date")
+    ext.add_argument("--hours", type=float, default=0.0, help="hours added to the due date")
+    ext.add_argument("--workdir", type=Path, default=course.ROOT / "grading", help="the grading folder (default: grading/)")
+    ext.set_defaults(func=_extension)
     return parser
 
 

@@ -56,7 +56,7 @@ def generate_release(assignment: str, out_dir: Path, db_path: Path | None = None
     try:
         db = db_path or tmp / "gradebook.db"
         db.parent.mkdir(parents=True, exist_ok=True)
-        config = nbgrader_config(release_directory=str(tmp / "release"), db_url=f"sqlite:///{db}")
+        config = nbgrader_config(source_directory=str(SOURCE), release_directory=str(tmp / "release"), db_url=f"sqlite:///{db}")
         api = NbGraderAPI(config=config)
         res = api.generate_assignment(assignment, force=True, create=True)
         if not res["success"]:

@@ -45,14 +45,6 @@ class NotebookResult:
     log: list[str] = field(default_factory=list)
     answers: dict[str, str] = field(default_factory=dict)  # part -> the student's code, for the feedback
 
-    @property
-    def score(self) -> float:
-        return sum(t.points for t in self.tests)
-
-    @property
-    def max_score(self) -> float:
-        return sum(t.max_points for t in self.tests)
-
     def to_json(self) -> dict[str, Any]:
         return {"notebook": self.notebook, "reason": self.reason, "log": self.log, "answers": self.answers,
                 "tests": [asdict(t) for t in self.tests]}

@@ -1,10 +1,13 @@
 """nbgrader configuration of the course (also used by ``python -m autograder``).
 
-Run nbgrader's own commands from the repository root with
-``nbgrader <command> --config autograder/nbgrader_config.py``. The folders follow
+``../nbgrader_config.py`` loads this file, so nbgrader's own commands and
+formgrader find it from the course root (``nbgrader formgrader``,
+``nbgrader db student import roster.csv``, ``nbgrader zip_collect 01_single_head``,
+``nbgrader generate_feedback``, ``nbgrader export --exporter ...``). The folders follow
 the course layout: sources in ``solutions/assignments``, releases in
 ``exercises``; grading state (submissions, autograded copies, feedback and the
-gradebook) lives under ``grading/``, which git ignores.
+gradebook) lives under ``grading/``, which git ignores, where
+``python -m autograder grade grading/submitted --out grading/grades.csv`` writes it.
 """
 
 from pathlib import Path
@@ -21,7 +24,26 @@ c.CourseDirectory.submitted_directory = "grading/submitted"
 c.CourseDirectory.autograded_directory = "grading/autograded"
 c.CourseDirectory.feedback_directory = "grading/feedback"
 c.CourseDirectory.db_url = f"sqlite:///{ROOT / 'grading' / 'gradebook.db'}"
-c.Exchange.root = str(ROOT / "grading" / "exchange")  # unused (no JupyterHub exchange); keeps nbgrader quiet
+(ROOT / "grading" / "exchange").mkdir(parents=True, exist_ok=True)  # the gradebook's and the exchange's folders
+c.Exchange.root = str(ROOT / "grading" / "exchange")  # an exchange for release_feedback; no JupyterHub needed
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", ".*"]
 c.ExecutePreprocessor.timeout = 120
 c.Execute.timeout = 120
+
+# Late work: 10% of a notebook's score per day (or part of one) past the due date, at most 100%.
+# Due dates: `nbgrader db assignment add 01_single_head --duedate "2026-10-02 23:59:00 UTC"`; an extension
+# is granted in the gradebook (see autograder/README.md). `c.PercentPerDayLatePenalty.percent_per_day = 0`
+# turns penalties off; nbgrader's own plugin is `nbgrader.plugins.LateSubmissionPlugin`.
+c.AssignLatePenalties.plugin_class = "autograder.plugins.PercentPerDayLatePenalty"
+c.PercentPerDayLatePenalty.percent_per_day = 10.0
+c.PercentPerDayLatePenalty.max_percent = 100.0
+c.PercentPerDayLatePenalty.grace_minutes = 0.0
+
+# `nbgrader zip_collect NN_topic`: put the LMS's bulk download in downloaded/NN_topic/archive/.
+c.ZipCollectApp.collector_plugin = "autograder.plugins.LmsFileNameCollector"
+c.ZipCollectApp.downloaded_directory = "grading/downloaded"
+c.LmsFileNameCollector.lms = ["canvas", "moodle"]
+
+# `nbgrader export --exporter autograder.plugins.CanvasExportPlugin --to canvas.csv`; map assignments to
+# existing Canvas columns with c.CanvasExportPlugin.assignment_columns = {"01_single_head": "Attention 1 (4321)"}.
+c.CanvasExportPlugin.section = ""

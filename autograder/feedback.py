@@ -1,0 +1,135 @@
+"""The autograded notebooks and the students' feedback, in nbgrader's own layout.
+
+For each student the grader writes ``WORKDIR/autograded/<student>/<assignment>/``
+as nbgrader's ``autograde`` would: each notebook (the released one with the
+student's answers, written answers and added cells put back, and the judge's
+verdict as the output of each test cell), ``timestamp.txt`` and
+``submission_secret.txt``. The feedback is then rendered by nbgrader's own
+``generate_feedback`` from that folder and the gradebook, so it shows manual
+grades, comments and late penalties, and ``nbgrader release_feedback`` finds
+every file it expects (files 0644).
+
+Hidden tests never appear: the cells come from the released notebook.
+
+Imports: :mod:`autograder.course`, :mod:`autograder.notebook`, :mod:`autograder.results`,
+:mod:`autograder.written`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import io
+import secrets
+from pathlib import Path
+from typing import Any
+
+from autograder import course
+from autograder.notebook import nbgrader_meta
+from autograder.results import Result, atomic_write, total
+from autograder.written import is_manual
+
+TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S.%f %Z"  # nbgrader's timestamp.txt
+
+
+def autograded_notebook(result: Result, notebook: int) -> str:
+    """The released notebook with the student's answers and, under each test cell, the judge's verdict."""
+    import nbformat
+
+    nb = result.notebooks[notebook]
+    book = nbformat.read(str(course.RELEASE / result.assignment / f"{nb.notebook}.ipynb"), as_version=4)
+    tests = {t.grade_id: t for t in nb.tests}
+    cells = result.cells.get(nb.notebook)
+    written = cells.written if cells else {}
+    added: dict[str, list[Any]] = {}
+    for after, kind, source in (cells.added if cells else []):
+        new = nbformat.v4.new_code_cell(source) if kind == "code" else nbformat.v4.new_markdown_cell(source)
+        added.setdefault(after, []).append(new)
+    out = list(added.get("", []))
+    for cell in book.cells:
+        meta = nbgrader_meta(cell)
+        gid = meta.get("grade_id")
+        if gid in written and is_manual(cell):
+            cell.source = written[gid]
+        elif meta.get("solution") and gid in nb.answers:
+            cell.source = nb.answers[gid]
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+        if gid in tests:
+            t = tests[gid]
+            head = f"{t.description}\n{min(t.points, t.max_points):g} / {t.max_points:g} points"
+            if t.message:
+                cell.outputs = [nbformat.v4.new_output("error", ename="Failed", evalue=t.message,
+                                                       traceback=[head, "Failed: " + t.message])]
+            else:
+                cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=head + "\npassed\n")]
+        out.append(cell)
+        out.extend(added.get(gid, []) if gid else [])
+    book.cells = out
+    score, max_score = total(nb.tests)
+    summary = [f"**Autograded**: {score:g} / {max_score:g} points."]
+    if result.reason:
+        summary.append(f"\n\n**Note**: {html.escape(result.reason)}")  # student text: never markup
+    book.cells.insert(0, nbformat.v4.new_markdown_cell("".join(summary)))
+    buf = io.StringIO()
+    nbformat.write(book, buf)
+    return buf.getvalue()
+
+
+def write_autograded(workdir: Path, result: Result, submission: Path) -> Path:
+    """Write the student's autograded folder (notebooks, ``timestamp.txt``, ``submission_secret.txt``).
+
+    ``timestamp.txt`` is the submission's own; without one, the time its newest
+    notebook was written. ``submission_secret.txt`` is the submission's own
+    (nbgrader's ``collect`` copies it) or a fresh random one.
+    """
+    folder = workdir / "autograded" / result.student / result.assignment
+    for i, nb in enumerate(result.notebooks):
+        atomic_write(folder / f"{nb.notebook}.ipynb", autograded_notebook(result, i))
+    stamp = result.timestamp
+    if not stamp:
+        times = [p.stat().st_mtime for p in _notebooks(submission)]
+        moment = datetime.datetime.fromtimestamp(max(times), datetime.timezone.utc) if times else \
+            datetime.datetime.now(datetime.timezone.utc)
+        stamp = moment.strftime(TIMESTAMP_FORMAT)
+    atomic_write(folder / "timestamp.txt", stamp)
+    secret = _read_small(submission / "submission_secret.txt") if not submission.is_symlink() else ""
+    if not (folder / "submission_secret.txt").exists() or secret:
+        atomic_write(folder / "submission_secret.txt", secret or secrets.token_hex(16))
+    return folder
+
+
+def _notebooks(folder: Path) -> list[Path]:
+    try:
+        return [p for p in folder.iterdir() if p.suffix == ".ipynb" and p.is_file() and not p.is_symlink()]
+    except OSError:
+        return []
+
+
+def _read_small(path: Path, limit: int = 4096) -> str:
+    """The text of a small file the student's folder may hold, or "" (missing, a link, too big, not text)."""
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > limit:
+            return ""
+        return path.read_text("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def generate_feedback(config: Any, assignment: str, student: str) -> str:
+    """Render one student's feedback with ``nbgrader generate_feedback``; returns "" or the error."""
+    from nbgrader.apps import NbGraderAPI
+
+    feedback = Path(config.CourseDirectory.feedback_directory) / student / assignment
+    api = NbGraderAPI(config=config)
+    result = api.generate_feedback(assignment, student, force=True)
+    if not result["success"]:
+        return (result.get("error") or result.get("log") or "nbgrader generate_feedback failed").strip()[-500:]
+    for path in feedback.rglob("*"):  # nbgrader sets 0644 on what it converted; the copied files too
+        if path.is_file():
+            path.chmod(0o644)
+    return ""
+
+
+__all__ = ["TIMESTAMP_FORMAT", "autograded_notebook", "generate_feedback", "write_autograded"]

@@ -1,0 +1,200 @@
+"""The grading folder as the record of grades: results, nbgrader's gradebook and the CSV.
+
+nbgrader is the system of record. The grader writes auto scores only: manual
+scores, extra credit and comments that an instructor set in formgrader are never
+touched, whatever is re-run. A re-submission keeps its earlier manual grades and
+flags them for review (``needs_manual_grade``), and written answers stay flagged
+until an instructor grades them. The submission's timestamp goes into the
+gradebook, and late penalties are assigned by nbgrader's own
+``AssignLatePenalties`` with the plugin configured in ``nbgrader_config.py``
+(extensions granted in the gradebook count).
+
+Imports: :mod:`autograder.course`, :mod:`autograder.results`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import secrets
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+from autograder import course
+from autograder.results import Result, atomic_write, load_result, save_result
+
+
+class Records:
+    """The grading folder of one assignment: results, nbgrader gradebook, autograded notebooks and feedback."""
+
+    def __init__(self, workdir: Path, assignment: str) -> None:
+        self.workdir = workdir.resolve()
+        self.assignment = assignment
+        self.results = self.workdir / "results" / assignment
+        self.results.mkdir(parents=True, exist_ok=True)
+        self.db = self.workdir / "gradebook.db"
+        self.config = course.nbgrader_config(
+            submitted_directory=str(self.workdir / "submitted"),
+            autograded_directory=str(self.workdir / "autograded"),
+            feedback_directory=str(self.workdir / "feedback"),
+            db_url=f"sqlite:///{self.db}",
+        )
+        self.config.Exchange.root = str(self.workdir / "exchange")
+        (self.workdir / "exchange").mkdir(exist_ok=True)
+
+    # -- files ---------------------------------------------------------------------------------------
+
+    def secret(self) -> str:
+        """The seed of the private test inputs: random once per grading folder, then fixed (re-runs agree)."""
+        path = self.workdir / "secret"
+        if not path.exists():
+            atomic_write(path, secrets.token_hex(16), mode=0o600)
+        return path.read_text().strip()
+
+    def load(self, student: str) -> Result | None:
+        return load_result(self.results / f"{student}.json", student)
+
+    def save(self, result: Result) -> None:
+        save_result(self.results / f"{result.student}.json", result)
+
+    def pinned_version(self, version: str, replace: bool = False) -> str:
+        """The grader version this assignment is graded with: the first one used, unless ``replace``."""
+        path = self.results / "grader_version.txt"
+        try:
+            pinned = json.loads(path.read_text())["version"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pinned = None
+        if pinned is None or (replace and pinned != version):
+            atomic_write(path, json.dumps({"version": version}), mode=0o600)
+            pinned = version
+        return pinned
+
+    def feedback_state(self, student: str) -> str:
+        """The :meth:`grades_state` the student's feedback was last rendered from ("" if never)."""
+        try:
+            return (self.results / "feedback_state" / f"{student}.txt").read_text().strip()
+        except OSError:
+            return ""
+
+    def set_feedback_state(self, student: str, state: str) -> None:
+        atomic_write(self.results / "feedback_state" / f"{student}.txt", state, mode=0o600)
+
+    # -- the gradebook --------------------------------------------------------------------------------
+
+    def prepare_gradebook(self) -> None:
+        """Record the assignment's cells and points in the gradebook (nbgrader generate_assignment does it)."""
+        from nbgrader.api import Gradebook, MissingEntry
+
+        with Gradebook(f"sqlite:///{self.db}") as gb:
+            try:  # known with its notebooks (`nbgrader db assignment add --duedate` makes an empty one)
+                known = bool(gb.find_assignment(self.assignment).notebooks)
+            except MissingEntry:
+                known = False
+        if not known:
+            with tempfile.TemporaryDirectory() as tmp:
+                course.generate_release(self.assignment, Path(tmp), db_path=self.db)
+
+    def record(self, result: Result, resubmitted: bool = False) -> None:
+        """Store the auto scores and the timestamp in the gradebook, then assign the late penalty.
+
+        Idempotent: the same result gives the same rows. Only ``auto_score`` is
+        written; a grade's ``manual_score``, ``extra_credit`` and comments are the
+        instructor's. ``resubmitted``: the submission differs from the one graded
+        before, so grades set by hand are flagged for review.
+        """
+        from nbgrader.api import Gradebook, MissingEntry
+        from nbgrader.utils import parse_utc
+
+        student = result.student
+        timestamp = None
+        if result.timestamp:
+            try:
+                timestamp = parse_utc(result.timestamp)
+            except Exception:  # noqa: BLE001 - a student's file: unreadable means no timestamp
+                timestamp = None
+        with Gradebook(f"sqlite:///{self.db}") as gb, warnings.catch_warnings():
+            # nbgrader's add_submission trips SQLAlchemy's autoflush warnings; they are harmless here.
+            warnings.simplefilter("ignore")
+            try:
+                gb.find_student(student)
+            except MissingEntry:
+                gb.add_student(student)  # never update_or_create: that would blank a roster's names
+            try:
+                submission = gb.find_submission(self.assignment, student)
+            except MissingEntry:
+                submission = gb.add_submission(self.assignment, student)
+            submission.timestamp = timestamp
+            auto = {(nb.notebook, t.grade_id): t for nb in result.notebooks for t in nb.tests}
+            blank = {(name, gid) for name, cells in result.cells.items() for gid in cells.unanswered}
+            for notebook in submission.notebooks:
+                for grade in notebook.grades:
+                    t = auto.get((notebook.name, grade.name))
+                    if t is not None:
+                        grade.auto_score = float(min(t.points, t.max_points))
+                        grade.needs_manual_grade = bool(resubmitted and grade.manual_score is not None) or \
+                            (grade.needs_manual_grade and grade.manual_score is not None)
+                    elif (notebook.name, grade.name) in blank and grade.manual_score is None:
+                        grade.auto_score = 0.0  # left as released: nothing to grade (as nbgrader's autograde)
+                        grade.needs_manual_grade = False
+                    else:  # graded by hand (a written answer or a task)
+                        grade.auto_score = None
+                        grade.needs_manual_grade = grade.manual_score is None or resubmitted or \
+                            bool(grade.needs_manual_grade)
+            gb.db.commit()
+        self.assign_late_penalties(result)
+
+    def assign_late_penalties(self, result: Result) -> None:
+        """nbgrader's ``AssignLatePenalties`` for each notebook, with the configured plugin."""
+        import nbformat
+        from nbgrader.preprocessors import AssignLatePenalties
+
+        penalties = AssignLatePenalties(config=self.config)
+        for nb in result.notebooks:
+            resources = {"nbgrader": {"notebook": nb.notebook, "assignment": self.assignment,
+                                      "student": result.student, "db_url": f"sqlite:///{self.db}"}}
+            penalties.preprocess(nbformat.v4.new_notebook(), resources)
+
+    def grades_state(self, student: str) -> str:
+        """A hash of everything the student's feedback shows from the gradebook: scores (auto, manual,
+        extra credit), comments, late penalties, the timestamp."""
+        import hashlib
+
+        from nbgrader.api import Gradebook
+
+        with Gradebook(f"sqlite:///{self.db}") as gb:
+            sub = gb.find_submission(self.assignment, student)
+            rows: list[Any] = [str(sub.timestamp), str(sub.extension)]
+            for nb in sorted(sub.notebooks, key=lambda n: n.name):
+                rows.append((nb.name, nb.late_submission_penalty))
+                rows += sorted((g.name, g.auto_score, g.manual_score, g.extra_credit, g.needs_manual_grade)
+                               for g in nb.grades)
+                rows += sorted((c.name, c.auto_comment, c.manual_comment) for c in nb.comments)
+        return hashlib.sha256(repr(rows).encode()).hexdigest()
+
+    def scores(self) -> dict[str, tuple[float, float, float]]:
+        """``student -> (score, max_score, late penalty)`` as the gradebook has them (manual grades included)."""
+        from nbgrader.api import Gradebook
+
+        with Gradebook(f"sqlite:///{self.db}") as gb:
+            return {sub.student.id: (float(sub.score), float(sub.max_score), float(sub.late_submission_penalty or 0))
+                    for sub in gb.find_assignment(self.assignment).submissions}
+
+
+def write_csv(path: Path, records: Records, results: dict[str, Result], final: bool = True) -> None:
+    """One row per student. The final CSV takes its scores from the gradebook, so the two agree (score
+    after the late penalty); the progress CSVs written during a batch take them from the results."""
+    scores = records.scores() if final else {s: (*r.total, 0.0) for s, r in results.items()}
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(["student", "assignment", "score", "max_score", "reason", "late_penalty"])
+    for student in sorted(results):
+        score, max_score, penalty = scores.get(student, (0.0, 0.0, 0.0))
+        writer.writerow([student, records.assignment, f"{max(0.0, score - penalty):g}", f"{max_score:g}",
+                         results[student].reason, f"{penalty:g}"])
+    atomic_write(path, buf.getvalue(), mode=0o600)
+
+
+__all__ = ["Records", "write_csv"]

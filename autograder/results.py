@@ -1,0 +1,134 @@
+"""One student's result for one assignment, as a typed object, and how it is written to disk.
+
+A :class:`Result` is made by :func:`autograder.batch.grade_job`, saved as JSON
+under ``WORKDIR/results/<assignment>/<student>.json``, recorded in the
+gradebook (:mod:`autograder.gradebook`) and rendered as feedback
+(:mod:`autograder.feedback`). Its score is computed in one place,
+:func:`total`.
+
+Imports: :mod:`autograder.judge` (the verdict types) only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autograder.judge import NotebookResult, TestResult
+
+
+def atomic_write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never half of one.
+
+    The file gets ``mode`` (0644 by default: feedback must be readable by the student's server).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8", "backslashreplace") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def clean_text(value: Any) -> Any:
+    """``value`` with every string made safe to encode as UTF-8 (lone surrogates from student text escaped)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {clean_text(k): clean_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean_text(v) for v in value]
+    return value
+
+
+def total(tests: list[TestResult]) -> tuple[float, float]:
+    """``(score, max_score)`` of some verdicts: the one place scores are summed."""
+    return sum(min(t.points, t.max_points) for t in tests), sum(t.max_points for t in tests)
+
+
+@dataclass
+class StudentCells:
+    """What the student wrote that the judge does not grade, for the autograded notebook and formgrader.
+
+    ``written``: the student's text of each manually graded answer cell (``grade_id -> source``);
+    ``added``: cells the student added, as ``(grade_id of the cell they follow, cell_type, source)``;
+    ``unanswered``: manual cells missing or left as released (nbgrader gives those 0 without a manual grade).
+    """
+
+    written: dict[str, str] = field(default_factory=dict)
+    added: list[tuple[str, str, str]] = field(default_factory=list)
+    unanswered: list[str] = field(default_factory=list)  # manual cells left as released: 0 points, nothing to grade
+
+
+@dataclass
+class Result:
+    """One student's graded submission of one assignment."""
+
+    student: str
+    assignment: str
+    fingerprint: str  # of the submission (and the secret): a new one means a re-submission
+    version: str  # of the grader that produced these verdicts (see batch.grader_version)
+    reason: str
+    seconds: float
+    notebooks: list[NotebookResult]
+    cells: dict[str, StudentCells] = field(default_factory=dict)  # notebook name -> the student's other cells
+    timestamp: str = ""  # the submission's timestamp.txt (nbgrader's format), "" when it had none
+
+    @property
+    def total(self) -> tuple[float, float]:
+        return total([t for nb in self.notebooks for t in nb.tests])
+
+    def to_json(self) -> dict[str, Any]:
+        return clean_text({
+            "student": self.student, "assignment": self.assignment, "fingerprint": self.fingerprint,
+            "version": self.version, "reason": self.reason, "seconds": self.seconds, "timestamp": self.timestamp,
+            "notebooks": [nb.to_json() for nb in self.notebooks],
+            "cells": {name: {"written": c.written, "added": [list(a) for a in c.added], "unanswered": c.unanswered}
+                      for name, c in self.cells.items()},
+        })
+
+    def __getitem__(self, key: str) -> Any:
+        """Read a field as it is stored in the JSON file (``result["notebooks"][0]["tests"]``)."""
+        return self.to_json()[key]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Result":
+        """The result stored in ``data``; raises ``KeyError``, ``TypeError`` or ``ValueError`` when malformed."""
+        notebooks = [NotebookResult(nb["notebook"], [TestResult(**t) for t in nb["tests"]], nb.get("reason", ""),
+                                    list(nb.get("log", [])), dict(nb.get("answers", {}))) for nb in data["notebooks"]]
+        cells = {name: StudentCells(dict(c.get("written", {})), [tuple(a) for a in c.get("added", [])],
+                                    list(c.get("unanswered", [])))
+                 for name, c in dict(data.get("cells", {})).items()}
+        return cls(str(data["student"]), str(data["assignment"]), str(data["fingerprint"]), str(data.get("version", "")),
+                   str(data.get("reason", "")), float(data.get("seconds", 0.0)), notebooks, cells,
+                   str(data.get("timestamp", "")))
+
+
+def load_result(path: Path, student: str) -> Result | None:
+    """The result saved at ``path`` for ``student``, or ``None`` when there is none or it cannot be read."""
+    try:
+        data = clean_text(json.loads(path.read_text()))
+        result = Result.from_json(data)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return result if result.student == student else None
+
+
+def save_result(path: Path, result: Result) -> None:
+    atomic_write(path, json.dumps(result.to_json(), indent=1), mode=0o600)
+
+
+__all__ = ["Result", "StudentCells", "atomic_write", "clean_text", "load_result", "save_result", "total"]

@@ -1,0 +1,154 @@
+"""The formgrader round trip in a real browser: an instructor grades a written answer by hand in nbgrader's
+formgrader (served on loopback with a token, Chromium through Playwright), the grader runs again and with
+``--regrade``, and the manual score and comment are still there and shown in the student's feedback."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from autograder import batch, course
+from test_grader_records import A, LIMITS, NB, ON_TIME, WRITTEN, add_written_question, read_csv, submit
+
+pytestmark = pytest.mark.slow
+CHROMIUM = Path(os.environ.get("ATTN_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def course_root(tmp_path_factory):
+    """A course root with its own nbgrader_config.py (the course's, with this root), graded once."""
+    root = tmp_path_factory.mktemp("course")
+    with pytest.MonkeyPatch.context() as mp:
+        shutil.copytree(course.SOURCE / A, root / "source" / A)
+        add_written_question(root / "source" / A / NB)
+        mp.setattr(course, "SOURCE", root / "source")
+        mp.setattr(course, "RELEASE", root / "release")
+        course.generate_release(A, root / "release")
+        (root / "nbgrader_config.py").write_text(
+            "c = get_config()  # noqa: F821\n"
+            f"load_subconfig({str(course.ROOT / 'autograder' / 'nbgrader_config.py')!r})  # noqa: F821\n"
+            f"c.CourseDirectory.root = {str(root)!r}\n"
+            f"c.CourseDirectory.source_directory = {str(root / 'source')!r}\n"
+            f"c.CourseDirectory.release_directory = {str(root / 'release')!r}\n"
+            f"c.CourseDirectory.db_url = 'sqlite:///{root / 'grading' / 'gradebook.db'}'\n")
+        submit(root / "grading" / "submitted", "alice", written="The scores grow with d_k.", timestamp=ON_TIME)
+        out, work = root / "grading" / "grades.csv", root / "grading"
+        grade = lambda **kw: batch.run(work / "submitted", A, out, work, LIMITS, workers=1, log=print, **kw)  # noqa: E731
+        grade()
+        yield {"root": root, "work": work, "out": out, "grade": grade}
+
+
+@pytest.fixture(scope="module")
+def formgrader(course_root):
+    port, token = free_port(), secrets.token_hex(16)
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+           "JUPYTER_CONFIG_DIR": str(course_root["root"] / ".jupyter"), "JUPYTER_RUNTIME_DIR": str(course_root["root"] / ".runtime")}
+    cmd = [sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={course_root['root']}",
+           '--ServerApp.jpserver_extensions={"nbgrader.server_extensions.formgrader": True}']
+    if os.geteuid() == 0:  # containers run the tests as root
+        cmd.append("--allow-root")
+    log = open(course_root["root"] / "formgrader.log", "w")
+    proc = subprocess.Popen(cmd, cwd=course_root["root"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None:
+                pytest.fail(f"formgrader did not start:\n{(course_root['root'] / 'formgrader.log').read_text()[-3000:]}")
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("formgrader did not start in 120 s")
+    yield {"base": base, "token": token}
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright is not installed (it is in requirements.txt)")
+    if not CHROMIUM.exists():
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install -y chromium; or set ATTN_CHROMIUM)")
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        yield chromium
+        chromium.close()
+
+
+def gradebook(work: Path):
+    from nbgrader.api import Gradebook
+
+    return Gradebook(f"sqlite:///{work / 'gradebook.db'}")
+
+
+def wait_for(predicate, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_manual_grade_set_in_formgrader_survives_the_grader(course_root, formgrader, browser):
+    work = course_root["work"]
+    with gradebook(work) as gb:
+        notebook_id = gb.find_submission_notebook("single_head", A, "alice").id
+        assert gb.find_grade(WRITTEN, "single_head", A, "alice").needs_manual_grade
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{formgrader['base']}/formgrader?token={formgrader['token']}")
+    assert "Manage Assignments" in page.content() or "formgrader" in page.url
+    page.goto(f"{formgrader['base']}/formgrader/submissions/{notebook_id}/")
+    page.wait_for_selector(f"#{WRITTEN}", timeout=30000)
+    assert "The scores grow with d_k." in page.content()  # the student's written answer is shown
+    page.fill(f"#{WRITTEN}", "1.5")
+    page.press(f"#{WRITTEN}", "Tab")
+    page.fill(f"#{WRITTEN}-comment", "Good start: say what happens to the softmax.")
+    page.press(f"#{WRITTEN}-comment", "Tab")
+
+    def saved() -> bool:
+        with gradebook(work) as gb:
+            return (gb.find_grade(WRITTEN, "single_head", A, "alice").manual_score == 1.5 and
+                    (gb.find_comment(WRITTEN, "single_head", A, "alice").manual_comment or "").startswith("Good start"))
+
+    wait_for(saved, "formgrader to save the manual score and comment")
+    assert not [e for e in errors if "MathJax" not in e], errors  # MathJax comes from a CDN: offline here
+    for kw in ({}, {"regrade": True}):
+        course_root["grade"](**kw)
+        assert saved(), f"the manual grade was lost by a run with {kw}"
+        assert float(read_csv(course_root["out"])["alice"]["score"]) == 11 + 1.5
+        html = (work / "feedback" / "alice" / A / "single_head.html").read_text()
+        assert "Good start: say what happens to the softmax." in html
+    page.reload()
+    page.wait_for_selector(f"#{WRITTEN}", timeout=30000)
+    assert page.input_value(f"#{WRITTEN}") == "1.5"
+    assert page.input_value(f"#{WRITTEN}-comment").startswith("Good start")
+    page.close()

@@ -1,0 +1,309 @@
+"""The grader as a citizen of nbgrader: manual grades survive, written answers reach formgrader, time and
+late penalties, stable grades, feedback nbgrader can release, LMS collect and export, odd file names.
+
+A copy of exercise 01 with a written answer added is graded once (in-process,
+one worker, through the sandbox); each test then checks one behaviour, and the
+later tests change the records (a manual grade, an extension, a changed grader).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autograder import batch, course
+from autograder.sandbox import Limits
+from checking import answered_release
+
+pytestmark = pytest.mark.slow
+A, NB = "01_single_head", "single_head.ipynb"
+LIMITS = Limits(cell_timeout=20, call_timeout=10, notebook_timeout=120)
+WRITTEN = "written_why_scale"
+DUE = "2026-10-02 23:59:00 UTC"
+ON_TIME = "2026-10-01 10:00:00.000000 UTC"
+A_DAY_LATE = "2026-10-04 12:00:00.000000 UTC"  # 1 day 12 h late: two started days
+COURSE_SOURCE = course.SOURCE  # the real one (the graded fixture points course.SOURCE at its copy)
+ENV = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
+
+
+def read_csv(path: Path) -> dict[str, dict[str, str]]:
+    with open(path, newline="") as f:
+        return {r["student"]: r for r in csv.DictReader(f)}
+
+
+def nbgrader(*args: str) -> subprocess.CompletedProcess:
+    """nbgrader's own command, from the course root (its nbgrader_config.py), as an instructor runs it."""
+    proc = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course.ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc
+
+
+def add_written_question(source: Path) -> None:
+    """Exercise 01's source with a written answer (the shared format) before its last cell."""
+    nb = json.loads(source.read_text())
+    question = {"cell_type": "markdown", "id": "written-q", "source": "Why divide the scores by sqrt(d_k)?",
+                "metadata": {"nbgrader": {"grade": False, "grade_id": "written_why_scale_md", "locked": True,
+                                          "schema_version": 3, "solution": False, "task": False}}}
+    answer = {"cell_type": "markdown", "id": "written-a",
+              "source": "### BEGIN SOLUTION\nTo keep the variance of the scores near 1.\n### END SOLUTION",
+              "metadata": {"nbgrader": {"solution": True, "grade": True, "locked": False, "points": 2,
+                                        "grade_id": WRITTEN, "schema_version": 3, "task": False}}}
+    nb["cells"][-1:-1] = [question, answer]
+    source.write_text(json.dumps(nb))
+
+
+def submit(subs: Path, student: str, written: str | None = None, timestamp: str | None = None,
+           helper: bool = False, answered: bool = True) -> Path:
+    folder = subs / student / A
+    folder.mkdir(parents=True, exist_ok=True)
+    nb = answered_release(A, NB) if answered else json.loads((course.RELEASE / A / NB).read_text())
+    for cell in nb["cells"]:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == WRITTEN and written is not None:
+            cell["source"] = written
+    for i, cell in enumerate(nb["cells"]):
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if gid == "softmax" and helper:
+            nb["cells"][i + 1:i + 1] = [
+                {"cell_type": "markdown", "metadata": {}, "source": "My note: subtract the max first."},
+                {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+                 "source": "def my_helper(x):\n    return x - x.amax(-1, keepdim=True)\n"},
+            ]
+            break
+    (folder / NB).write_text(json.dumps(nb))
+    if timestamp:
+        (folder / "timestamp.txt").write_text(timestamp)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    base = tmp_path_factory.mktemp("records")
+    with pytest.MonkeyPatch.context() as mp:
+        (base / "solutions").mkdir()
+        shutil.copytree(course.SOURCE / A, base / "solutions" / A)
+        add_written_question(base / "solutions" / A / NB)
+        mp.setattr(course, "SOURCE", base / "solutions")
+        mp.setattr(course, "RELEASE", base / "exercises")
+        course.generate_release(A, base / "exercises")
+        subs, work = base / "submitted", base / "grading"
+        submit(subs, "alice", written="Because the dot products grow with d_k.", timestamp=ON_TIME, helper=True)
+        submit(subs, "late", written="No idea.", timestamp=A_DAY_LATE)
+        blank = submit(subs, "blank", answered=False)
+        (blank / os.fsdecode(b"copy of single_h\xe9ad.ipynb")).write_bytes(b"{}")  # a name that is not UTF-8
+        os.mkdir(os.fsencode(subs) + b"/\xff\xfe")  # a student folder whose name is not UTF-8
+        work.mkdir()
+        nbgrader("db", "assignment", "add", A, "--duedate", DUE, f"--db=sqlite:///{work / 'gradebook.db'}")
+        logs: list[str] = []
+        out = base / "grades.csv"
+        grade = lambda **kw: batch.run(subs, A, out, work, LIMITS, workers=1, log=logs.append, **kw)  # noqa: E731
+        grade()
+        yield {"base": base, "subs": subs, "work": work, "out": out, "logs": logs, "grade": grade, "mp": mp}
+
+
+def read_csv_by(path: Path, key: str) -> dict[str, dict[str, str]]:
+    with open(path, newline="") as f:
+        return {r[key]: r for r in csv.DictReader(f)}
+
+
+def summary(logs: list[str]) -> str:
+    return next(line for line in logs if "to grade" in line)
+
+
+def gradebook(work: Path):
+    from nbgrader.api import Gradebook
+
+    return Gradebook(f"sqlite:///{work / 'gradebook.db'}")
+
+
+def test_written_answers_and_added_cells_reach_formgrader(graded):
+    book = json.loads((graded["work"] / "autograded" / "alice" / A / NB).read_text())
+    texts = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in book["cells"]]
+    written = [c for c in book["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == WRITTEN]
+    assert len(written) == 1 and "grow with d_k" in "".join(written[0]["source"])
+    assert any("def my_helper" in t for t in texts) and any("My note" in t for t in texts)
+    assert texts.index(next(t for t in texts if "My note" in t)) < texts.index(next(t for t in texts if "def scaled_dot" in t))
+    assert not any("run_local" in t for t in texts), "hidden tests leaked into the autograded notebook"
+    with gradebook(graded["work"]) as gb:
+        sub = gb.find_submission(A, "alice")
+        assert sub.needs_manual_grade
+        grade = gb.find_grade(WRITTEN, "single_head", A, "alice")
+        assert grade.needs_manual_grade and grade.auto_score is None and grade.max_score == 2
+        assert not gb.find_grade("test_softmax_basic", "single_head", A, "alice").needs_manual_grade
+        left_blank = gb.find_grade(WRITTEN, "single_head", A, "blank")  # "YOUR ANSWER HERE": 0, nothing to grade
+        assert left_blank.auto_score == 0 and not left_blank.needs_manual_grade
+    assert set((graded["work"] / "feedback" / "alice" / A).iterdir()) >= {
+        graded["work"] / "feedback" / "alice" / A / f for f in ("single_head.html", "timestamp.txt", "submission_secret.txt")}
+
+
+def test_odd_file_names_do_not_stop_the_batch(graded):
+    rows = read_csv(graded["out"])
+    assert sorted(rows) == ["alice", "blank", "late"]
+    assert "not graded: copy of single_h" in rows["blank"]["reason"]
+    assert any("not a valid student id" in line for line in graded["logs"])
+
+
+def test_feedback_files_are_readable_and_release_feedback_succeeds(graded):
+    work, base = graded["work"], graded["base"]
+    for path in (work / "feedback").rglob("*"):
+        if path.is_file():
+            assert path.stat().st_mode & 0o777 == 0o644, path
+    nbgrader("release_feedback", A, f"--Exchange.root={work / 'exchange'}",  # Records made it
+             f"--CourseDirectory.feedback_directory={work / 'feedback'}")
+    released = list((work / "exchange" / "attention-course" / "feedback").glob("*.html"))
+    assert len(released) == 3
+
+
+def test_late_penalty_and_extension(graded):
+    row = read_csv(graded["out"])["late"]
+    assert float(row["late_penalty"]) == pytest.approx(11 * 0.2)  # 10% per started day, two days
+    assert float(row["score"]) == pytest.approx(11 * 0.8)
+    assert float(read_csv(graded["out"])["alice"]["late_penalty"]) == 0
+    with gradebook(graded["work"]) as gb:
+        assert str(gb.find_assignment(A).duedate).startswith("2026-10-02 23:59")
+    proc = subprocess.run([sys.executable, "-m", "autograder", "extension", "--assignment", A, "--student", "late",
+                           "--days", "2", "--workdir", str(graded["work"])], cwd=course.ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    graded["grade"]()
+    row = read_csv(graded["out"])["late"]
+    assert float(row["late_penalty"]) == 0 and float(row["score"]) == 11
+    html = (graded["work"] / "feedback" / "late" / A / "single_head.html").read_text()
+    assert "Late submission penalty" not in html or "-0" in html or "(0" in html
+
+
+def test_manual_grades_and_comments_survive_rerun_regrade_and_resubmission(graded):
+    work = graded["work"]
+    with gradebook(work) as gb:
+        grade = gb.find_grade(WRITTEN, "single_head", A, "alice")
+        grade.manual_score = 1.5
+        grade.needs_manual_grade = False
+        override = gb.find_grade("test_softmax_basic", "single_head", A, "alice")
+        override.extra_credit = 0.5
+        comment = gb.find_comment(WRITTEN, "single_head", A, "alice")
+        comment.manual_comment = "Right idea: say what happens to the softmax."
+        gb.db.commit()
+    for kw in ({}, {"regrade": True}):
+        graded["logs"].clear()
+        graded["grade"](**kw)
+        with gradebook(work) as gb:
+            assert gb.find_grade(WRITTEN, "single_head", A, "alice").manual_score == 1.5
+            assert gb.find_grade("test_softmax_basic", "single_head", A, "alice").extra_credit == 0.5
+            assert gb.find_comment(WRITTEN, "single_head", A, "alice").manual_comment.startswith("Right idea")
+            assert not gb.find_submission(A, "alice").needs_manual_grade
+        assert float(read_csv(graded["out"])["alice"]["score"]) == 11 + 1.5 + 0.5
+        html = (work / "feedback" / "alice" / A / "single_head.html").read_text()
+        assert "Right idea: say what happens to the softmax." in html
+    assert "3 to grade" in summary(graded["logs"])  # --regrade graded everyone again
+    # A re-submission is graded again; its manual grades stay and are flagged for review.
+    submit(graded["subs"], "alice", written="Because dot products of d_k terms have variance d_k.", timestamp=ON_TIME)
+    graded["logs"].clear()
+    graded["grade"]()
+    assert "1 to grade" in summary(graded["logs"])
+    with gradebook(work) as gb:
+        grade = gb.find_grade(WRITTEN, "single_head", A, "alice")
+        assert grade.manual_score == 1.5 and grade.needs_manual_grade
+        assert gb.find_submission(A, "alice").needs_manual_grade
+
+
+def test_roster_and_exports_carry_names_timestamps_and_canvas_columns(graded):
+    db = f"--db=sqlite:///{graded['work'] / 'gradebook.db'}"
+    roster = graded["base"] / "roster.csv"
+    roster.write_text("id,first_name,last_name,email,lms_user_id\nalice,Alice,Liddell,alice@example.edu,98765\n")
+    nbgrader("db", "student", "import", str(roster), db)
+    graded["grade"]()  # a re-run keeps the roster's names
+    plain = graded["base"] / "plain.csv"
+    nbgrader("export", f"--to={plain}", db)
+    row = read_csv_by(plain, "student_id")["alice"]
+    assert (row["first_name"], row["last_name"]) == ("Alice", "Liddell")
+    assert row["timestamp"].startswith("2026-10-01 10:00:00")
+    dest = graded["base"] / "canvas.csv"
+    nbgrader("export", "--exporter=autograder.plugins.CanvasExportPlugin", f"--to={dest}",
+             f"--db=sqlite:///{graded['work'] / 'gradebook.db'}")
+    with open(dest, newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", A]
+    assert rows[1][0] == "Points Possible" and float(rows[1][5]) == 13  # 11 auto + 2 written
+    by_login = {r[3]: r for r in rows[2:]}
+    assert sorted(by_login) == ["alice", "blank", "late"]
+    assert by_login["alice"][:2] == ["Liddell, Alice", "98765"]
+    assert float(by_login["blank"][5]) == 0
+    csv_rows = read_csv(graded["out"])
+    assert float(by_login["late"][5]) == float(csv_rows["late"]["score"])
+
+
+def test_changed_grader_keeps_recorded_grades_until_regrade(graded, monkeypatch):
+    before = {s: r["score"] for s, r in read_csv(graded["out"]).items()}
+    real = batch.grade_notebook
+
+    def stricter(*args, **kwargs):  # the "new grader": test_softmax_basic now fails everyone
+        result = real(*args, **kwargs)
+        for t in result.tests:
+            if t.grade_id == "test_softmax_basic":
+                t.points, t.message = 0.0, "stricter now"
+        return result
+
+    monkeypatch.setattr(batch, "grade_notebook", stricter)
+    monkeypatch.setattr(batch, "grader_version", lambda assignment, limits=None: "a-changed-grader")
+    graded["logs"].clear()
+    graded["grade"]()
+    assert {s: r["score"] for s, r in read_csv(graded["out"]).items()} == before
+    report = next(line for line in graded["logs"] if "would change with --regrade" in line)
+    assert "alice" in report and "late" in report and "blank" not in report.split("would change")[1]
+    graded["logs"].clear()
+    graded["grade"](regrade=True)
+    after = read_csv(graded["out"])
+    assert float(after["alice"]["score"]) == float(before["alice"]) - 1
+    assert after["blank"]["score"] == before["blank"]
+    with gradebook(graded["work"]) as gb:
+        assert gb.find_grade(WRITTEN, "single_head", A, "alice").manual_score == 1.5
+
+
+def test_fingerprint_follows_the_checks_import_closure(tmp_path, monkeypatch):
+    closure = {p.name for p in batch.import_closure([batch.HERE / "checks" / "ch03_self_attention.py"])}
+    assert {"ch01_single_head.py", "ch02_multi_head.py", "__init__.py", "wire.py"} <= closure
+    monkeypatch.setattr(course, "SOURCE", COURSE_SOURCE)
+    copy = tmp_path / "autograder"
+    shutil.copytree(batch.HERE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(batch, "HERE", copy)
+    v03, v05 = batch.grader_version("03_self_attention"), batch.grader_version("05_cross_attention")
+    ch01 = copy / "checks" / "ch01_single_head.py"
+    ch01.write_text(ch01.read_text() + "\n# a change to chapter 01's checks\n")
+    assert batch.grader_version("03_self_attention") != v03  # ch03 imports ch02, which imports ch01
+    assert batch.grader_version("05_cross_attention") == v05  # ch05 does not
+
+
+def test_zip_collect_reads_a_canvas_and_a_moodle_download(tmp_path):
+    nb = json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+    archive = tmp_path / "grading" / "downloaded" / A / "archive"
+    archive.mkdir(parents=True)
+    import zipfile
+
+    with zipfile.ZipFile(archive / "submissions.zip", "w") as z:
+        z.writestr("doejane_4242_991_single_head.ipynb", nb)
+        z.writestr("roesmith_LATE_4343_992_single_head-1.ipynb", nb)
+        z.writestr("Ann Lee_5151_assignsubmission_file_/single_head.ipynb", nb)
+    nbgrader("zip_collect", A, f"--CourseDirectory.root={tmp_path}")
+    got = sorted(p.relative_to(tmp_path / "grading" / "submitted").as_posix()
+                 for p in (tmp_path / "grading" / "submitted").rglob("*.ipynb"))
+    assert got == [f"4242/{A}/{NB}", f"4343/{A}/{NB}", f"5151/{A}/{NB}"]
+
+
+def test_require_isolation_refuses_before_grading(tmp_path):
+    submit_dir = tmp_path / "submitted" / "bob" / A
+    submit_dir.mkdir(parents=True)
+    (submit_dir / NB).write_text("{}")
+    env = {**ENV, "AUTOGRADER_NO_NAMESPACES": "1"}  # as on a machine without namespaces
+    proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(tmp_path / "submitted"), "--assignment", A,
+                           "--out", str(tmp_path / "grades.csv"), "--require-isolation"], cwd=course.ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "cannot isolate student code" in proc.stderr and "nothing was graded" in proc.stderr
+    assert not (tmp_path / "grades.csv").exists() and not (tmp_path / "grading").exists()
