@@ -6,7 +6,6 @@ Imports: course, batch, gradebook, feedback, sandbox (``Limits``, ``require_isol
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from pathlib import Path
