@@ -29,3 +29,6 @@ __all__ += ["CrossAttention", "sinusoidal_positional_encoding", "position_shift_
             "LearnedPositionalEmbedding", "apply_rotary_embedding",
             "FeedForward", "TransformerEncoderBlock", "TransformerDecoderBlock", "Transformer"]
 __version__ = "0.1.0"
+from attnkit.gpt import GPT, CharTokenizer, generate, sample_next  # chapter 09 (helper gpt)
+
+__all__ += ["GPT", "CharTokenizer", "generate", "sample_next"]
