@@ -276,3 +276,17 @@ def test_stdlib_corpus_is_a_fixed_split_of_printable_text():
     assert 1_000_000 < len(train) + len(val) < 6_000_000 and 0.05 < len(val) / len(train) < 0.2
     assert all(c in "\n\t" or " " <= c <= "~" for c in set(train + val))
     assert names == sorted(names) and all(n.endswith(".py") for n in names)
+
+
+def test_bench_gpt_pair_computes_the_same_logits_and_runs():
+    """attnkit.bench's GPT training-step row compares like with like: the torch-built twin gives the same logits."""
+    from attnkit import bench
+    model = GPT(V, E, H, L, max_len=N)
+    twin = bench._TorchGPT(model)
+    tokens = torch.randint(0, V, (2, N))
+    for training in (False, True):
+        model.train(training)
+        twin.train(training)
+        torch.testing.assert_close(model(tokens)[0], twin(tokens), atol=1e-5, rtol=1e-5)
+    row = bench.gpt_train_step_row(batch=2, n=8, embed_dim=16, num_heads=2, num_layers=1, vocab_size=V, repeats=2)
+    assert row.module == "gpt" and row.ratio > 0 and len(row.ours_runs_ms) == 2
