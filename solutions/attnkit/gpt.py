@@ -31,8 +31,19 @@ from attnkit.multihead import merge_heads, split_heads
 from attnkit.positional import apply_rotary_embedding, sinusoidal_positional_encoding
 from attnkit.transformer import TransformerEncoderBlock
 
-__all__ = ["POSITIONS", "CharTokenizer", "stdlib_corpus", "GPT", "language_model_loss", "sample_next", "generate",
-           "ngram_bits_per_char", "previous_token_scores", "induction_scores", "repeated_random_tokens"]
+__all__ = [
+    "POSITIONS",
+    "CharTokenizer",
+    "stdlib_corpus",
+    "GPT",
+    "language_model_loss",
+    "sample_next",
+    "generate",
+    "ngram_bits_per_char",
+    "previous_token_scores",
+    "induction_scores",
+    "repeated_random_tokens",
+]
 
 POSITIONS = ("learned", "sinusoidal", "rope", "none")
 
@@ -45,7 +56,9 @@ class CharTokenizer:
 
     def __init__(self, text: str) -> None:
         if not isinstance(text, str) or not text:
-            raise ValueError(f"CharTokenizer needs a non-empty str to take its characters from, got {text!r:.40}")
+            raise ValueError(
+                f"CharTokenizer needs a non-empty str to take its characters from, got {text!r:.40}"
+            )
         self.chars = sorted(set(text))
         self.index = {c: i for i, c in enumerate(self.chars)}
 
@@ -58,14 +71,18 @@ class CharTokenizer:
             raise TypeError(f"encode expects a str, got {type(text).__name__}")
         unknown = sorted(set(text) - self.index.keys())
         if unknown:
-            raise ValueError(f"characters not in the vocabulary of {len(self)}: {''.join(unknown)[:20]!r}")
+            raise ValueError(
+                f"characters not in the vocabulary of {len(self)}: {''.join(unknown)[:20]!r}"
+            )
         return torch.tensor([self.index[c] for c in text], dtype=torch.long)
 
     def decode(self, ids: Tensor | list[int]) -> str:
         """Token ids ``(n,)`` -> the text. Raises on an id outside ``0 .. len(self) - 1``."""
         ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
         if any(not isinstance(i, int) or not 0 <= i < len(self) for i in ids):
-            raise ValueError(f"decode expects a 1-D sequence of ids in 0..{len(self) - 1}, got {ids[:10]}...")
+            raise ValueError(
+                f"decode expects a 1-D sequence of ids in 0..{len(self) - 1}, got {ids[:10]}..."
+            )
         return "".join(self.chars[i] for i in ids)
 
 
@@ -122,26 +139,53 @@ class GPT(nn.Module):
     and keys and the cache can hold the keys and values.
     """
 
-    def __init__(self, vocab_size: int, embed_dim: int = 128, num_heads: int = 4, num_layers: int = 4,
-                 ff_dim: int | None = None, max_len: int = 256, position: str = "learned", dropout: float = 0.0,
-                 tie_weights: bool = True) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_dim: int = 128,
+        num_heads: int = 4,
+        num_layers: int = 4,
+        ff_dim: int | None = None,
+        max_len: int = 256,
+        position: str = "learned",
+        dropout: float = 0.0,
+        tie_weights: bool = True,
+    ) -> None:
         super().__init__()
         if position not in POSITIONS:
             raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
-        if position in ("rope", "sinusoidal") and (embed_dim // num_heads if position == "rope" else embed_dim) % 2:
-            raise ValueError(f"position={position!r} needs an even width, got embed_dim={embed_dim}, "
-                             f"num_heads={num_heads}")
-        self.vocab_size, self.max_len, self.position, self.num_heads = vocab_size, max_len, position, num_heads
+        if (
+            position in ("rope", "sinusoidal")
+            and (embed_dim // num_heads if position == "rope" else embed_dim) % 2
+        ):
+            raise ValueError(
+                f"position={position!r} needs an even width, got embed_dim={embed_dim}, "
+                f"num_heads={num_heads}"
+            )
+        self.vocab_size, self.max_len, self.position, self.num_heads = (
+            vocab_size,
+            max_len,
+            position,
+            num_heads,
+        )
         self.token_embed = nn.Embedding(vocab_size, embed_dim)
-        self.position_embed = nn.Embedding(max_len, embed_dim) if position == "learned" else None
+        self.position_embed = (
+            nn.Embedding(max_len, embed_dim) if position == "learned" else None
+        )
         self.dropout = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(TransformerEncoderBlock(embed_dim, num_heads, ff_dim or 4 * embed_dim, dropout,
-                                                            norm_first=True) for _ in range(num_layers))
+        self.blocks = nn.ModuleList(
+            TransformerEncoderBlock(
+                embed_dim, num_heads, ff_dim or 4 * embed_dim, dropout, norm_first=True
+            )
+            for _ in range(num_layers)
+        )
         self.norm = nn.LayerNorm(embed_dim)
         self.readout = nn.Linear(embed_dim, vocab_size, bias=False)
         self.apply(self._init)
         if tie_weights:
-            self.readout.weight = self.token_embed.weight  # one (V, E) matrix embeds and reads out
+            self.readout.weight = (
+                self.token_embed.weight
+            )  # one (V, E) matrix embeds and reads out
 
     @staticmethod
     def _init(module: nn.Module) -> None:
@@ -152,71 +196,140 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def _check_tokens(self, tokens: Tensor, start: int) -> None:
-        if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long:
-            got = f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, Tensor) else type(tokens).__name__
-            raise ValueError(f"tokens must be an int64 tensor of shape (B, n), got {got}")
+        if (
+            not isinstance(tokens, Tensor)
+            or tokens.dim() != 2
+            or tokens.dtype != torch.long
+        ):
+            got = (
+                f"{tuple(tokens.shape)} {tokens.dtype}"
+                if isinstance(tokens, Tensor)
+                else type(tokens).__name__
+            )
+            raise ValueError(
+                f"tokens must be an int64 tensor of shape (B, n), got {got}"
+            )
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
-            raise ValueError(f"token ids must lie in 0..{self.vocab_size - 1}, got {tokens.min()}..{tokens.max()}")
+            raise ValueError(
+                f"token ids must lie in 0..{self.vocab_size - 1}, got {tokens.min()}..{tokens.max()}"
+            )
         if self.position == "learned" and start + tokens.shape[1] > self.max_len:
-            raise ValueError(f"learned positions exist for {self.max_len} positions (max_len), got a sequence "
-                             f"reaching position {start + tokens.shape[1] - 1}")
+            raise ValueError(
+                f"learned positions exist for {self.max_len} positions (max_len), got a sequence "
+                f"reaching position {start + tokens.shape[1] - 1}"
+            )
 
     def _embed(self, tokens: Tensor, start: int) -> Tensor:
         x = self.token_embed(tokens)  # (B, s, E)
         n, E = tokens.shape[1], x.shape[-1]
         if self.position == "learned":
-            x = x + self.position_embed(torch.arange(start, start + n, device=tokens.device))
+            x = x + self.position_embed(
+                torch.arange(start, start + n, device=tokens.device)
+            )
         elif self.position == "sinusoidal":
-            x = x + sinusoidal_positional_encoding(start + n, E, device=tokens.device, dtype=x.dtype)[start:]
+            x = (
+                x
+                + sinusoidal_positional_encoding(
+                    start + n, E, device=tokens.device, dtype=x.dtype
+                )[start:]
+            )
         return self.dropout(x)  # (B, s, E)
 
-    def _attend(self, block: TransformerEncoderBlock, h: Tensor, start: int, caching: bool, cache: KVCache | None,
-                need_weights: bool, head_mask: Tensor | None) -> tuple[Tensor, Tensor | None, KVCache | None]:
+    def _attend(
+        self,
+        block: TransformerEncoderBlock,
+        h: Tensor,
+        start: int,
+        caching: bool,
+        cache: KVCache | None,
+        need_weights: bool,
+        head_mask: Tensor | None,
+    ) -> tuple[Tensor, Tensor | None, KVCache | None]:
         attn = block.self_attn
-        q, k, v = (split_heads(p(h), self.num_heads) for p in (attn.q_proj, attn.k_proj, attn.v_proj))  # (B, H, s, Dh)
+        q, k, v = (
+            split_heads(p(h), self.num_heads)
+            for p in (attn.q_proj, attn.k_proj, attn.v_proj)
+        )  # (B, H, s, Dh)
         if self.position == "rope":
             positions = torch.arange(start, start + h.shape[1], device=h.device)  # (s,)
-            q, k = apply_rotary_embedding(q, positions), apply_rotary_embedding(k, positions)
+            q, k = apply_rotary_embedding(q, positions), apply_rotary_embedding(
+                k, positions
+            )
         weights, p = None, _attention_dropout(attn) if self.training else 0.0
         if caching:  # decoding: chapter 08's cache
-            out, cache = cached_attention(q, k, v, cache)  # (B, H, s, Dh); cache (B, H, t + s, Dh)
+            out, cache = cached_attention(
+                q, k, v, cache
+            )  # (B, H, s, Dh); cache (B, H, t + s, Dh)
         elif need_weights:  # the explicit path of chapter 01, weights returned
-            out, weights = scaled_dot_product_attention(q, k, v, causal_mask(h.shape[1], device=h.device))
+            out, weights = scaled_dot_product_attention(
+                q, k, v, causal_mask(h.shape[1], device=h.device)
+            )
             if p:
                 out = F.dropout(weights, p) @ v  # (B, H, n, Dh)
         else:  # the fused kernel (chapter 08's fast path)
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, H, n, Dh)
+            out = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=p, is_causal=True
+            )  # (B, H, n, Dh)
         if head_mask is not None:
-            out = out * head_mask[:, None, None].to(out.dtype)  # (B, H, s, Dh) times (H, 1, 1)
-        return block.dropout1(attn.out_proj(merge_heads(out))), weights, cache  # (B, s, E)
+            out = out * head_mask[:, None, None].to(
+                out.dtype
+            )  # (B, H, s, Dh) times (H, 1, 1)
+        return (
+            block.dropout1(attn.out_proj(merge_heads(out))),
+            weights,
+            cache,
+        )  # (B, s, E)
 
-    def _run(self, tokens: Tensor, start: int, caches: list[KVCache | None] | None, need_weights: bool,
-             head_mask: Tensor | None) -> tuple[Tensor, list[Tensor | None], list[KVCache | None]]:
+    def _run(
+        self,
+        tokens: Tensor,
+        start: int,
+        caches: list[KVCache | None] | None,
+        need_weights: bool,
+        head_mask: Tensor | None,
+    ) -> tuple[Tensor, list[Tensor | None], list[KVCache | None]]:
         self._check_tokens(tokens, start)
-        if head_mask is not None and head_mask.shape != (len(self.blocks), self.num_heads):
-            raise ValueError(f"head_mask must be (num_layers, num_heads) = ({len(self.blocks)}, {self.num_heads}), "
-                             f"got {tuple(head_mask.shape)}")
         x = self._embed(tokens, start)  # (B, s, E)
         weights, new_caches = [], []
         for i, block in enumerate(self.blocks):
-            out, w, cache = self._attend(block, block.norm1(x), start, caches is not None,
-                                         caches[i] if caches else None, need_weights,
-                                         None if head_mask is None else head_mask[i])
+            out, w, cache = self._attend(
+                block,
+                block.norm1(x),
+                start,
+                caches is not None,
+                caches[i] if caches else None,
+                need_weights,
+                None if head_mask is None else head_mask[i],
+            )
             x = x + out
             x = x + block.dropout2(block.feed_forward(block.norm2(x)))  # (B, s, E)
             weights.append(w)
             new_caches.append(cache)
         return self.readout(self.norm(x)), weights, new_caches  # (B, s, V)
 
-    def forward(self, tokens: Tensor, need_weights: bool = False,
-                head_mask: Tensor | None = None) -> tuple[Tensor, list[Tensor | None]]:
+    def forward(
+        self,
+        tokens: Tensor,
+        need_weights: bool = False,
+        head_mask: Tensor | None = None,
+    ) -> tuple[Tensor, list[Tensor | None]]:
+        L, H = len(self.blocks), self.num_heads
+        if head_mask is not None and head_mask.shape != (L, H):
+            raise ValueError(
+                f"head_mask must be (num_layers, num_heads) = ({L}, {H}), "
+                f"got {tuple(head_mask.shape)}"
+            )
         logits, weights, _ = self._run(tokens, 0, None, need_weights, head_mask)
         return logits, weights  # (B, n, V), L x (B, H, n, n) or None
 
-    def decode(self, tokens: Tensor, cache: list[KVCache] | None = None) -> tuple[Tensor, list[KVCache]]:
+    def decode(
+        self, tokens: Tensor, cache: list[KVCache] | None = None
+    ) -> tuple[Tensor, list[KVCache]]:
         """Logits ``(B, s, V)`` for ``s`` new tokens ``(B, s)`` after the cached ones, and the longer cache."""
         start = cache[0][0].shape[-2] if cache else 0
-        logits, _, new_cache = self._run(tokens, start, cache or [None] * len(self.blocks), False, None)
+        logits, _, new_cache = self._run(
+            tokens, start, cache or [None] * len(self.blocks), False, None
+        )
         return logits, new_cache
 
 
@@ -224,45 +337,65 @@ class GPT(nn.Module):
 
 
 def language_model_loss(logits: Tensor, tokens: Tensor) -> Tensor:
-    """Mean cross-entropy (nats) of predicting ``tokens[:, i + 1]`` from ``logits[:, i]`` (chapter 09).
+    """Mean cross-entropy (nats) of predicting ``tokens[:, i+1]`` from ``logits[:, i]``.
 
-    ``logits`` ``(B, n, V)`` are the model's outputs on ``tokens`` ``(B, n)``; the last position has no
-    target and the first token is never predicted, so ``n - 1`` predictions per row count.
+    ``logits`` ``(B, n, V)`` are the model's outputs on ``tokens`` ``(B, n)``; the last
+    position has no target and the first token is never predicted, so ``n - 1``
+    predictions per row count (chapter 09).
     """
     if logits.dim() != 3 or logits.shape[:2] != tokens.shape:
-        raise ValueError(f"logits (B, n, V) must match tokens (B, n): got {tuple(logits.shape)} and "
-                         f"{tuple(tokens.shape)}")
+        raise ValueError(
+            f"logits (B, n, V) must match tokens (B, n): got {tuple(logits.shape)} and "
+            f"{tuple(tokens.shape)}"
+        )
     return F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
 
 
-def sample_next(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
-                generator: torch.Generator | None = None) -> Tensor:
+def sample_next(
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
     """One token id per row of ``logits`` ``(B, V)`` -> ``(B,)`` (chapter 09).
 
-    The logits are divided by ``temperature`` *before* the softmax (``temperature=0``: the arg max,
-    greedy decoding); with ``top_k`` only the ``k`` largest logits keep probability (ties at the
-    ``k``-th value are kept too). Sampling uses ``generator`` when given, so a seeded generator
-    gives the same tokens every time.
+    The logits are divided by ``temperature`` *before* the softmax (``temperature=0``:
+    the arg max, greedy decoding); with ``top_k`` only the ``k`` largest logits keep
+    probability (ties at the ``k``-th value are kept too). Sampling uses ``generator``
+    when given, so a seeded generator gives the same tokens every time.
     """
     if logits.dim() != 2:
-        raise ValueError(f"sample_next expects logits of shape (B, V), got {tuple(logits.shape)}")
+        raise ValueError(
+            f"sample_next expects logits of shape (B, V), got {tuple(logits.shape)}"
+        )
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if top_k is not None and not 1 <= top_k <= logits.shape[-1]:
-        raise ValueError(f"top_k must be in 1..{logits.shape[-1]} (the vocabulary size), got {top_k}")
+        raise ValueError(
+            f"top_k must be in 1..{logits.shape[-1]} (the vocabulary size), got {top_k}"
+        )
     if temperature == 0:
         return logits.argmax(-1)  # (B,)
     logits = logits / temperature
     if top_k is not None:
-        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1): the k-th largest logit
+        kth = logits.topk(top_k, dim=-1).values[
+            :, -1:
+        ]  # (B, 1): the k-th largest logit
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits.float(), dim=-1)  # (B, V)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
 
 
 @torch.no_grad()
-def generate(model: GPT, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-             generator: torch.Generator | None = None, use_cache: bool = True) -> Tensor:
+def generate(
+    model: GPT,
+    prompt: Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+) -> Tensor:
     """The prompt followed by ``max_new_tokens`` sampled tokens (chapter 09).
 
     ``prompt`` is ``(n,)`` or ``(B, n)`` int64 and the result ``(n + max_new_tokens,)`` or
@@ -272,9 +405,15 @@ def generate(model: GPT, prompt: Tensor, max_new_tokens: int, temperature: float
     give the same tokens for the same ``generator``. The model runs in ``eval()`` mode (no dropout)
     and is put back in the mode it was in.
     """
-    if not isinstance(prompt, Tensor) or prompt.dim() not in (1, 2) or prompt.shape[-1] < 1:
-        raise ValueError(f"prompt must be a non-empty (n,) or (B, n) tensor of token ids, got "
-                         f"{tuple(prompt.shape) if isinstance(prompt, Tensor) else type(prompt).__name__}")
+    if (
+        not isinstance(prompt, Tensor)
+        or prompt.dim() not in (1, 2)
+        or prompt.shape[-1] < 1
+    ):
+        raise ValueError(
+            f"prompt must be a non-empty (n,) or (B, n) tensor of token ids, got "
+            f"{tuple(prompt.shape) if isinstance(prompt, Tensor) else type(prompt).__name__}"
+        )
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     tokens = prompt if prompt.dim() == 2 else prompt[None]  # (B, n)
@@ -284,10 +423,14 @@ def generate(model: GPT, prompt: Tensor, max_new_tokens: int, temperature: float
         cache, step_input = None, tokens
         for _ in range(max_new_tokens):
             if use_cache:
-                logits, cache = model.decode(step_input, cache)  # (B, s, V): s = n first, then 1
+                logits, cache = model.decode(
+                    step_input, cache
+                )  # (B, s, V): s = n first, then 1
             else:
                 logits, _ = model(tokens)  # (B, n + i, V): everything again
-            step_input = sample_next(logits[:, -1], temperature, top_k, generator)[:, None]  # (B, 1)
+            step_input = sample_next(logits[:, -1], temperature, top_k, generator)[
+                :, None
+            ]  # (B, 1)
             tokens = torch.cat([tokens, step_input], dim=1)
     finally:
         model.train(was_training)
@@ -302,24 +445,31 @@ def _context_codes(ids: Tensor, order: int, vocab_size: int) -> Tensor:
     n = ids.shape[0] - (order - 1)
     code = torch.zeros(n, dtype=torch.long, device=ids.device)
     for j in range(order - 1):
-        code = code * vocab_size + ids[j:j + n]
+        code = code * vocab_size + ids[j : j + n]
     return code  # (n,)
 
 
-def ngram_bits_per_char(train_ids: Tensor, val_ids: Tensor, order: int, vocab_size: int,
-                        alpha: float = 0.1) -> float:
+def ngram_bits_per_char(
+    train_ids: Tensor, val_ids: Tensor, order: int, vocab_size: int, alpha: float = 0.1
+) -> float:
     """Bits per character on ``val_ids`` of a character ``order``-gram model counted on ``train_ids`` (chapter 09).
 
     ``P(c | context) = (count(context, c) + alpha) / (count(context) + alpha V)``, the previous
     ``order - 1`` characters being the context (add-alpha smoothing, so an unseen pair still gets
     some probability). Scored on every validation position that has a full context.
     """
-    if order < 1 or vocab_size ** order >= 2 ** 62:
-        raise ValueError(f"order must be >= 1 with vocab_size ** order < 2**62, got order={order}")
+    if order < 1 or vocab_size**order >= 2**62:
+        raise ValueError(
+            f"order must be >= 1 with vocab_size ** order < 2**62, got order={order}"
+        )
     if train_ids.dim() != 1 or val_ids.dim() != 1 or val_ids.shape[0] < order:
-        raise ValueError("train_ids and val_ids must be 1-D token id tensors, val_ids longer than order")
+        raise ValueError(
+            "train_ids and val_ids must be 1-D token id tensors, val_ids longer than order"
+        )
     contexts = _context_codes(train_ids, order, vocab_size)  # (n - order + 1,)
-    pair_keys, pair_counts = (contexts * vocab_size + train_ids[order - 1:]).unique(return_counts=True)
+    pair_keys, pair_counts = (contexts * vocab_size + train_ids[order - 1 :]).unique(
+        return_counts=True
+    )
     ctx_keys, ctx_counts = contexts.unique(return_counts=True)
 
     def lookup(keys: Tensor, counts: Tensor, query: Tensor) -> Tensor:
@@ -327,7 +477,7 @@ def ngram_bits_per_char(train_ids: Tensor, val_ids: Tensor, order: int, vocab_si
         return torch.where(keys[at] == query, counts[at], 0).double()
 
     ctx = _context_codes(val_ids, order, vocab_size)  # (m - order + 1,)
-    pair = lookup(pair_keys, pair_counts, ctx * vocab_size + val_ids[order - 1:])
+    pair = lookup(pair_keys, pair_counts, ctx * vocab_size + val_ids[order - 1 :])
     total = lookup(ctx_keys, ctx_counts, ctx)
     prob = (pair + alpha) / (total + alpha * vocab_size)
     return float(-prob.log2().mean())
@@ -341,15 +491,26 @@ def previous_token_scores(weights: Tensor) -> Tensor:
 
     1 for a head that always looks one token back, about ``1 / i`` averaged for a uniform causal head.
     """
-    if weights.dim() != 4 or weights.shape[-1] != weights.shape[-2] or weights.shape[-1] < 2:
-        raise ValueError(f"weights must be (B, H, n, n) with n >= 2, got {tuple(weights.shape)}")
-    return weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))  # (B, H, n-1) -> (H,)
+    if (
+        weights.dim() != 4
+        or weights.shape[-1] != weights.shape[-2]
+        or weights.shape[-1] < 2
+    ):
+        raise ValueError(
+            f"weights must be (B, H, n, n) with n >= 2, got {tuple(weights.shape)}"
+        )
+    return weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(
+        dim=(0, 2)
+    )  # (B, H, n-1) -> (H,)
 
 
-def repeated_random_tokens(batch: int, length: int, vocab_size: int,
-                           generator: torch.Generator | None = None) -> Tensor:
+def repeated_random_tokens(
+    batch: int, length: int, vocab_size: int, generator: torch.Generator | None = None
+) -> Tensor:
     """``(batch, 2 length)`` int64: ``length`` uniformly random tokens, then the same ones again (chapter 09)."""
-    first = torch.randint(0, vocab_size, (batch, length), generator=generator)  # (batch, length)
+    first = torch.randint(
+        0, vocab_size, (batch, length), generator=generator
+    )  # (batch, length)
     return torch.cat([first, first], dim=1)
 
 
@@ -360,7 +521,15 @@ def induction_scores(weights: Tensor, length: int) -> Tensor:
     attends to the token that *followed* that earlier occurrence, position ``i - length + 1``, and
     so predicts what comes next (Olsson et al., 2022). The score is the mean weight on that key.
     """
-    if weights.dim() != 4 or weights.shape[-1] != weights.shape[-2] or weights.shape[-1] != 2 * length:
-        raise ValueError(f"weights must be (B, H, 2 length, 2 length) = (B, H, {2 * length}, {2 * length}), "
-                         f"got {tuple(weights.shape)}")
-    return weights.diagonal(offset=-(length - 1), dim1=-2, dim2=-1)[..., 1:].mean(dim=(0, 2))  # (H,)
+    if (
+        weights.dim() != 4
+        or weights.shape[-1] != weights.shape[-2]
+        or weights.shape[-1] != 2 * length
+    ):
+        raise ValueError(
+            f"weights must be (B, H, 2 length, 2 length) = (B, H, {2 * length}, {2 * length}), "
+            f"got {tuple(weights.shape)}"
+        )
+    return weights.diagonal(offset=-(length - 1), dim1=-2, dim2=-1)[..., 1:].mean(
+        dim=(0, 2)
+    )  # (H,)
