@@ -126,8 +126,8 @@ class GPT(nn.Module):
 
     ``forward(tokens, need_weights=False, head_mask=None) -> (logits, weights)``: ``tokens``
     ``(B, n)`` int64, ``logits`` ``(B, n, V)`` where position ``i`` predicts token ``i + 1`` from
-    tokens ``0..i``; ``weights`` a list of ``L`` tensors ``(B, H, n, n)`` (``None`` each unless
-    ``need_weights``: then the fused kernel of chapter 08 runs instead). ``head_mask`` ``(L, H)``
+    tokens ``0..i``; ``weights`` a list of ``L`` tensors ``(B, H, n, n)``, or of ``None`` when
+    ``need_weights`` is False (then the fused kernel of chapter 08 computes the attention). ``head_mask`` ``(L, H)``
     multiplies each head's output (0 removes the head: an ablation).
 
     ``decode(tokens, cache) -> (logits, cache)`` runs ``s`` new positions after the ``t`` whose keys
@@ -162,12 +162,8 @@ class GPT(nn.Module):
                 f"position={position!r} needs an even width, got embed_dim={embed_dim}, "
                 f"num_heads={num_heads}"
             )
-        self.vocab_size, self.max_len, self.position, self.num_heads = (
-            vocab_size,
-            max_len,
-            position,
-            num_heads,
-        )
+        self.vocab_size, self.max_len = vocab_size, max_len
+        self.position, self.num_heads = position, num_heads
         self.token_embed = nn.Embedding(vocab_size, embed_dim)
         self.position_embed = (
             nn.Embedding(max_len, embed_dim) if position == "learned" else None
@@ -183,9 +179,8 @@ class GPT(nn.Module):
         self.readout = nn.Linear(embed_dim, vocab_size, bias=False)
         self.apply(self._init)
         if tie_weights:
-            self.readout.weight = (
-                self.token_embed.weight
-            )  # one (V, E) matrix embeds and reads out
+            # one (V, E) matrix embeds and reads out
+            self.readout.weight = self.token_embed.weight
 
     @staticmethod
     def _init(module: nn.Module) -> None:
