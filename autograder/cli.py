@@ -8,6 +8,7 @@ from pathlib import Path
 
 from autograder import course
 from autograder.batch import add_grade_parser
+from autograder.similarity import add_similarity_parser
 
 
 def _release(args: argparse.Namespace) -> int:
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     rel.add_argument("--out", default=str(course.RELEASE), help="release folder (default: exercises/)")
     rel.set_defaults(func=_release)
     add_grade_parser(sub)
+    add_similarity_parser(sub)
     return parser
 
 
