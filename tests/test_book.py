@@ -215,6 +215,34 @@ def test_included_package_code_fits_the_column(docname):
                             f"in {objects}:\n  " + "\n  ".join(long_lines[:20]))
 
 
+@pytest.mark.parametrize("docname", BOOK_PAGES)
+def test_headings_in_order(docname):
+    """One title (#) per page, and no heading skips a level (## then ####)."""
+    _, markdown = _page_sources(docname)
+    text = _FENCE.sub("", "\n".join(markdown))
+    levels = [len(m.group(1)) for m in re.finditer(r"^(#{1,6}) ", text, re.M)]
+    assert levels.count(1) == 1 and levels[0] == 1, f"{docname}: headings {levels}: one # title first"
+    skips = [(a, b) for a, b in zip(levels, levels[1:]) if b > a + 1]
+    assert not skips, f"{docname}: a heading skips a level (from {skips[0][0]} to {skips[0][1]} #)"
+
+
+@pytest.mark.parametrize("docname", CHAPTERS)
+def test_every_figure_has_caption_and_alt_text(docname):
+    """A code cell that shows a figure carries MyST-NB figure metadata: caption, name, alt text."""
+    nb = nbformat.read(ROOT / f"{docname}.ipynb", as_version=4)
+    missing = []
+    for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+        shows = cell.source.count("plt.show()")
+        if not shows:
+            continue
+        figure = cell.metadata.get("mystnb", {}).get("figure", {})
+        alt = cell.metadata.get("image", {}).get("alt", "")
+        if shows > 1 or not figure.get("caption") or not figure.get("name") or len(alt) < 20:
+            missing.append(i)
+    assert not missing, (f"{docname}: code cells {missing} show a figure without "
+                         "metadata mystnb.figure.caption/name and image.alt (one figure per cell)")
+
+
 # --- the build ---------------------------------------------------------------------
 
 
