@@ -33,7 +33,7 @@ REPO = "/".join(CONFIG["repository"]["url"].rstrip("/").split("/")[-2:])  # owne
 BRANCH = CONFIG["repository"]["branch"]
 # axe-core rules run: WCAG 2.1 A and AA; a violation of impact "serious" or "critical" fails
 AXE_OPTIONS = {"runOnly": {"type": "tag", "values": ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]},
-               "resultTypes": ["violations"]}
+               "resultTypes": ["violations"], "preload": False}
 AXE_FAILS = {"serious", "critical"}
 PAGES = toc_docnames()
 NOTEBOOKS = set(chapter_docnames()) | set(exercise_docnames())
