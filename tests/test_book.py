@@ -236,11 +236,11 @@ def test_every_figure_has_caption_and_alt_text(docname):
         if not shows:
             continue
         figure = cell.metadata.get("mystnb", {}).get("figure", {})
-        alt = cell.metadata.get("image", {}).get("alt", "")
+        alt = cell.metadata.get("mystnb", {}).get("image", {}).get("alt", "")  # MyST-NB reads mystnb.*
         if shows > 1 or not figure.get("caption") or not figure.get("name") or len(alt) < 20:
             missing.append(i)
     assert not missing, (f"{docname}: code cells {missing} show a figure without "
-                         "metadata mystnb.figure.caption/name and image.alt (one figure per cell)")
+                         "metadata mystnb.figure.caption/name and mystnb.image.alt (one figure per cell)")
 
 
 # --- the build ---------------------------------------------------------------------

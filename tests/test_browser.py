@@ -163,6 +163,12 @@ def test_page(page, book_url, built_html, docname):
         problems.append(f"exercise page shows {len(outputs)} outputs: it must not be executed")
 
     problems += _accessibility(page)
+    # axe accepts any alt, a file name too: a figure's alt must be the text the notebook gives it
+    alts = page.evaluate("""() => Array.from(document.querySelectorAll('div.cell_output img'),
+                              e => e.getAttribute('alt') || '')""")
+    bad = [a for a in alts if len(a) < 20 or a.lower().endswith((".png", ".svg", ".jpg"))]
+    if bad:
+        problems.append(f"{len(bad)} figure(s) without a written alt text (mystnb.image.alt), e.g. {bad[0]!r}")
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / f"{docname.replace('/', '__')}.png"), full_page=True)
