@@ -266,17 +266,12 @@ class Runner:
     # conversions ----------------------------------------------------------------------------------
     def to_torch(self, v: Any) -> Any:
         """A wire value (arrays, refs, containers) as the student's code receives it."""
+        return wire.map_leaves(v, self._leaf_to_torch)
+
+    def _leaf_to_torch(self, v: Any) -> Any:
         if isinstance(v, np.ndarray):
             return self.torch.from_numpy(v.copy()).to(self.device)
-        if isinstance(v, wire.Ref):
-            return self.refs[v.id]
-        if isinstance(v, list):
-            return [self.to_torch(x) for x in v]
-        if isinstance(v, tuple):
-            return tuple(self.to_torch(x) for x in v)
-        if isinstance(v, dict):
-            return {k: self.to_torch(x) for k, x in v.items()}
-        return v
+        return self.refs[v.id] if isinstance(v, wire.Ref) else v
 
     def to_wire(self, v: Any, depth: int = 0) -> Any:
         """What the student's code returned, as a wire value: plain tensors become arrays (bfloat16 and
