@@ -141,8 +141,10 @@ class GPT(nn.Module):
     ``forward`` with ``causal_mask`` would. Where no weights are needed (``need_weights=False``
     and no attention dropout: ``dropout=0`` or ``eval()``) torch's fused kernel computes the
     attention with ``is_causal=True``, which lets it skip the masked half rather than read a
-    mask. Training with attention dropout therefore takes the explicit path: the fused kernel's
-    own dropout draws a different random mask, and it could not return the weights it dropped.
+    mask. Training with attention dropout takes the explicit path: the fused kernel's own
+    ``dropout_p`` matches ``F.dropout`` on the weights only where torch falls back to its math
+    kernel (on a CPU it does); its GPU kernels draw their own random masks, and no kernel
+    returns the weights it dropped.
     ``decode`` is for generation and refuses training mode with attention dropout.
     """
 
