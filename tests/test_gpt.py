@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from attnkit import TransformerEncoderBlock, causal_mask
+from attnkit.torch_twins import to_torch_encoder_layer
 from attnkit.gpt import (GPT, POSITIONS, CharTokenizer, generate, induction_scores, language_model_loss,
                          ngram_bits_per_char, previous_token_scores, repeated_random_tokens, sample_next,
                          stdlib_corpus)
@@ -36,19 +37,7 @@ class TorchGPT(nn.Module):
     def __init__(self, ours: GPT) -> None:
         super().__init__()
         self.ours = ours  # embeddings, final norm and read-out are plain torch modules already
-        self.layers = nn.ModuleList()
-        for block in ours.blocks:
-            layer = nn.TransformerEncoderLayer(E, H, 24, dropout=0.0, batch_first=True, norm_first=True).double()
-            a = block.self_attn
-            with torch.no_grad():
-                layer.self_attn.in_proj_weight.copy_(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]))
-                layer.self_attn.in_proj_bias.copy_(torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
-            layer.self_attn.out_proj.load_state_dict(a.out_proj.state_dict())
-            layer.linear1.load_state_dict(block.feed_forward.linear1.state_dict())
-            layer.linear2.load_state_dict(block.feed_forward.linear2.state_dict())
-            layer.norm1.load_state_dict(block.norm1.state_dict())
-            layer.norm2.load_state_dict(block.norm2.state_dict())
-            self.layers.append(layer)
+        self.layers = nn.ModuleList(to_torch_encoder_layer(block) for block in ours.blocks)
 
     def forward(self, tokens: torch.Tensor, table: torch.Tensor | None) -> torch.Tensor:
         x = self.ours.token_embed(tokens)
@@ -108,7 +97,7 @@ def test_rope_logits_equal_explicit_rotary_attention():
     tokens = torch.randint(0, V, (2, N))
     x = model.token_embed(tokens)
     for block in model.blocks:
-        a, h = block.self_attn, block.norm1(x)
+        a, h = block.self_attn.attn, block.norm1(x)
         q, k, v = (split_heads(p(h), H) for p in (a.q_proj, a.k_proj, a.v_proj))
         out, _ = scaled_dot_product_attention(apply_rotary_embedding(q), apply_rotary_embedding(k), v, causal_mask(N))
         x = x + a.out_proj(merge_heads(out))
@@ -184,6 +173,62 @@ def test_a_tiny_training_run_lowers_the_loss():
     assert sum(losses[-5:]) / 5 < 0.5 * losses[0]
 
 
+def blocks_forward(model: GPT, tokens: torch.Tensor) -> torch.Tensor:
+    """The GPT computed by chapter 07's blocks themselves, run with the causal mask (learned positions)."""
+    n = tokens.shape[1]
+    x = model.dropout(model.token_embed(tokens) + model.position_embed(torch.arange(n)))
+    for block in model.blocks:
+        x, _ = block(x, causal_mask(n))
+    return model.readout(model.norm(x))
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_attention_dropout_is_multihead_attentions_own(need_weights):
+    """Issue 15: in training GPT drops the attention weights as MultiHeadAttention does, the same random
+    draws included, so it equals chapter 07's blocks run in order; in eval it is the dropout-free model."""
+    model = tiny(dropout=0.3)
+    assert all(b.self_attn.attn.dropout == 0.3 for b in model.blocks)
+    tokens = torch.randint(0, V, (2, N))
+    torch.manual_seed(7)
+    ours, weights = model(tokens, need_weights=need_weights)
+    torch.manual_seed(7)
+    torch.testing.assert_close(ours, blocks_forward(model, tokens))
+    torch.manual_seed(8)
+    assert not torch.allclose(ours, model(tokens)[0])  # a different draw, a different result
+    if need_weights:  # the weights returned are the dropped ones, as MultiHeadAttention's
+        assert all((w == 0).any() and w.max() > 1 for w in weights)
+    evaluated = model.eval()(tokens)[0]
+    assert not torch.allclose(ours, evaluated)
+    torch.testing.assert_close(evaluated, tiny().eval()(tokens)[0], rtol=0, atol=0)
+    torch.testing.assert_close(evaluated, blocks_forward(model, tokens))
+
+
+def test_attention_dropout_alone_changes_training_and_decode_refuses_it():
+    """Only the attention weights are dropped here (the other dropouts are 0): training differs from eval
+    through them alone, p = 1 leaves only out_proj's bias of each attention, and decode refuses training."""
+    model = tiny()
+    for block in model.blocks:
+        block.self_attn.attn.dropout = 0.5
+    tokens = torch.randint(0, V, (2, N))
+    torch.manual_seed(0)
+    assert not torch.allclose(model(tokens)[0], model.eval()(tokens)[0])
+    model.train()
+    for block in model.blocks:
+        block.self_attn.attn.dropout = 1.0
+    with torch.no_grad():
+        for block in model.blocks:  # with every weight dropped, attention outputs out_proj's bias alone
+            block.self_attn.attn.out_proj.weight.normal_()
+    dropped, reference = model(tokens)[0], tiny()
+    reference.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for block in reference.blocks:
+            block.self_attn.attn.out_proj.weight.zero_()
+    torch.testing.assert_close(dropped, reference.eval()(tokens)[0])
+    with pytest.raises(ValueError, match="model.eval"):
+        model.decode(tokens[:, :3])
+    model.eval().decode(tokens[:, :3])
+
+
 def test_language_model_loss_shifts_targets_by_one():
     tokens = torch.tensor([[1, 2, 3]])
     logits = torch.full((1, 3, 5), -30.0)
@@ -237,7 +282,7 @@ def test_head_mask_zeroes_a_head():
     torch.testing.assert_close(model(tokens, head_mask=keep)[0], model(tokens)[0])
     keep[1, 2] = 0
     with torch.no_grad():  # zeroing the head's rows of out_proj's input is the same ablation
-        model.blocks[1].self_attn.out_proj.weight[:, 2 * (E // H):3 * (E // H)] = 0
+        model.blocks[1].self_attn.attn.out_proj.weight[:, 2 * (E // H):3 * (E // H)] = 0
     torch.testing.assert_close(model(tokens, head_mask=keep)[0], model(tokens)[0])
 
 

@@ -37,6 +37,12 @@ only modules listed above it (and torch); nothing in the package imports
     ``tiled_attention``, ``append_to_cache``, ``cached_attention``,
     ``kv_cache_bytes_per_token``, ``elu_feature_map``, ``linear_attention``,
     ``causal_linear_attention``, ``peak_memory``.
+``gpt`` (chapter 09)
+    A decoder-only language model from chapter 07's blocks and what opens it up:
+    ``CharTokenizer``, ``stdlib_corpus``, ``GPT`` (its ``POSITIONS`` schemes),
+    ``language_model_loss``, ``sample_next``, ``generate`` (with chapter 08's
+    cache), the counting baseline ``ngram_bits_per_char``, and head scores
+    ``previous_token_scores``, ``induction_scores`` on ``repeated_random_tokens``.
 ``torch_twins`` (the tests, the checks, the benchmark)
     torch's layers holding our weights: ``to_torch_multihead``,
     ``to_torch_encoder_layer``, ``to_torch_decoder_layer``.
@@ -68,6 +74,9 @@ from attnkit.transformer import FeedForward, Transformer, TransformerDecoderBloc
 from attnkit.efficient import (append_to_cache, cached_attention, causal_linear_attention, elu_feature_map,
                                fused_attention, kv_cache_bytes_per_token, linear_attention, online_softmax_update,
                                peak_memory, tiled_attention)
+from attnkit.gpt import (GPT, POSITIONS, CharTokenizer, generate, induction_scores, language_model_loss,
+                         ngram_bits_per_char, previous_token_scores, repeated_random_tokens, sample_next,
+                         stdlib_corpus)
 from attnkit.torch_twins import to_torch_decoder_layer, to_torch_encoder_layer, to_torch_multihead
 
 __all__ = [
@@ -94,10 +103,10 @@ __all__ = [
     # chapter 08
     "fused_attention", "online_softmax_update", "tiled_attention", "append_to_cache", "cached_attention",
     "kv_cache_bytes_per_token", "elu_feature_map", "linear_attention", "causal_linear_attention", "peak_memory",
+    # chapter 09
+    "POSITIONS", "CharTokenizer", "stdlib_corpus", "GPT", "language_model_loss", "sample_next", "generate",
+    "ngram_bits_per_char", "previous_token_scores", "induction_scores", "repeated_random_tokens",
     # oracles
     "to_torch_multihead", "to_torch_encoder_layer", "to_torch_decoder_layer",
 ]
 __version__ = "0.1.0"
-from attnkit.gpt import GPT, CharTokenizer, generate, sample_next  # chapter 09 (helper gpt)
-
-__all__ += ["GPT", "CharTokenizer", "generate", "sample_next"]

@@ -214,12 +214,7 @@ class _TorchGPT(nn.Module):
         E = ours.token_embed.embedding_dim
         self.token_embed = nn.Embedding(*ours.token_embed.weight.shape).to(ours.token_embed.weight)
         self.position_embed = nn.Embedding(*ours.position_embed.weight.shape).to(ours.token_embed.weight)
-        self.layers = nn.ModuleList()
-        for block in ours.blocks:
-            layer = nn.TransformerEncoderLayer(E, ours.num_heads, block.feed_forward.linear1.out_features,
-                                               dropout=0.0, batch_first=True, norm_first=True)
-            _copy_encoder(block, layer)
-            self.layers.append(layer.to(ours.token_embed.weight))
+        self.layers = nn.ModuleList(to_torch_encoder_layer(block) for block in ours.blocks)  # norm_first, same dropout
         self.norm = nn.LayerNorm(E).to(ours.token_embed.weight)
         with torch.no_grad():
             self.token_embed.weight.copy_(ours.token_embed.weight)

@@ -115,12 +115,6 @@ def stdlib_corpus(every: int = 10) -> tuple[str, str, list[str]]:
 # -- the model -----------------------------------------------------------------------------------------
 
 
-def _attention_dropout(attn: nn.Module) -> float:
-    # The attention-weight dropout MultiHeadAttention was built with (0 when it has none).
-    p = getattr(attn, "dropout", 0.0)
-    return float(p.p if isinstance(p, nn.Dropout) else p)
-
-
 class GPT(nn.Module):
     """A decoder-only Transformer language model from the course's pre-norm blocks (chapter 09).
 
@@ -135,8 +129,23 @@ class GPT(nn.Module):
 
     Each block is ``x + attn(norm1(x))`` then ``x + ffn(norm2(x))`` as in
     :class:`~attnkit.transformer.TransformerEncoderBlock` ``(norm_first=True)``; the attention is
-    written out here from the block's ``self_attn`` projections so that RoPE can rotate queries
-    and keys and the cache can hold the keys and values.
+    written out here from the projections of the block's
+    :class:`~attnkit.multihead.MultiHeadAttention` (``block.self_attn.attn``) so that RoPE can
+    rotate queries and keys and the cache can hold the keys and values.
+
+    ``dropout`` applies to the embeddings, to each sublayer's output, inside the feed-forward
+    network and to the attention weights, in training mode only. The attention-weight dropout is
+    the MultiHeadAttention's own (``block.self_attn.attn.dropout``) and is applied as it applies
+    it: ``F.dropout`` on the ``(B, H, n, n)`` weights of the explicit path, which then mix the
+    values, so in training the model computes, random draws included, what the blocks'
+    ``forward`` with ``causal_mask`` would. Where no weights are needed (``need_weights=False``
+    and no attention dropout: ``dropout=0`` or ``eval()``) torch's fused kernel computes the
+    attention with ``is_causal=True``, which lets it skip the masked half rather than read a
+    mask. Training with attention dropout takes the explicit path: the fused kernel's own
+    ``dropout_p`` matches ``F.dropout`` on the weights only where torch falls back to its math
+    kernel (on a CPU it does); its GPU kernels draw their own random masks, and no kernel
+    returns the weights it dropped.
+    ``decode`` is for generation and refuses training mode with attention dropout.
     """
 
     def __init__(
@@ -240,37 +249,39 @@ class GPT(nn.Module):
         need_weights: bool,
         head_mask: Tensor | None,
     ) -> tuple[Tensor, Tensor | None, KVCache | None]:
-        attn = block.self_attn
+        mha = block.self_attn.attn  # chapter 02's MultiHeadAttention: projections, dropout
         q, k, v = (
             split_heads(p(h), self.num_heads)
-            for p in (attn.q_proj, attn.k_proj, attn.v_proj)
+            for p in (mha.q_proj, mha.k_proj, mha.v_proj)
         )  # (B, H, s, Dh)
         if self.position == "rope":
             positions = torch.arange(start, start + h.shape[1], device=h.device)  # (s,)
             q, k = apply_rotary_embedding(q, positions), apply_rotary_embedding(
                 k, positions
             )
-        weights, p = None, _attention_dropout(attn) if self.training else 0.0
-        if caching:  # decoding: chapter 08's cache
+        p = mha.dropout if self.training else 0.0  # attention dropout, training only
+        weights = None
+        if caching:  # decoding: chapter 08's cache (decode refuses p > 0)
             out, cache = cached_attention(
                 q, k, v, cache
             )  # (B, H, s, Dh); cache (B, H, t + s, Dh)
-        elif need_weights:  # the explicit path of chapter 01, weights returned
+        elif need_weights or p > 0.0:  # the explicit path of chapter 01, weights formed
             out, weights = scaled_dot_product_attention(
                 q, k, v, causal_mask(h.shape[1], device=h.device)
-            )
-            if p:
-                out = F.dropout(weights, p) @ v  # (B, H, n, Dh)
-        else:  # the fused kernel (chapter 08's fast path)
-            out = F.scaled_dot_product_attention(
-                q, k, v, dropout_p=p, is_causal=True
-            )  # (B, H, n, Dh)
+            )  # (B, H, n, Dh), (B, H, n, n)
+            if p > 0.0:  # as MultiHeadAttention: drop weights, then mix the values
+                weights = F.dropout(weights, p)  # (B, H, n, n)
+                out = weights @ v  # (B, H, n, Dh)
+            if not need_weights:
+                weights = None
+        else:  # the fused kernel (chapter 08's fast path), the causal mask as a flag
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, n, Dh)
         if head_mask is not None:
             out = out * head_mask[:, None, None].to(
                 out.dtype
             )  # (B, H, s, Dh) times (H, 1, 1)
         return (
-            block.dropout1(attn.out_proj(merge_heads(out))),
+            block.dropout1(mha.out_proj(merge_heads(out))),
             weights,
             cache,
         )  # (B, s, E)
@@ -321,6 +332,11 @@ class GPT(nn.Module):
         self, tokens: Tensor, cache: list[KVCache] | None = None
     ) -> tuple[Tensor, list[KVCache]]:
         """Logits ``(B, s, V)`` for ``s`` new tokens ``(B, s)`` after the cached ones, and the longer cache."""
+        if self.training and any(b.self_attn.attn.dropout > 0 for b in self.blocks):
+            raise ValueError(
+                "decode is for generation and has no attention dropout; this model is in "
+                "training mode with attention dropout > 0: call model.eval() first"
+            )
         start = cache[0][0].shape[-2] if cache else 0
         logits, _, new_cache = self._run(
             tokens, start, cache or [None] * len(self.blocks), False, None
