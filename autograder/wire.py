@@ -23,6 +23,7 @@ import os
 import select
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,20 @@ class Ref:
     """A handle to an object (a student's module) that stays in the sandbox."""
 
     id: int
+
+
+def map_leaves(v: Any, leaf: Callable[[Any], Any], depth: int = 0) -> Any:
+    """``v`` with its lists, tuples (a namedtuple or ``torch.Size`` as a plain tuple) and dicts rebuilt and
+    ``leaf`` applied to everything else: the one walk both sides use to turn arrays into tensors and back."""
+    if depth > MAX_DEPTH:
+        raise WireError("value nested too deeply")
+    if isinstance(v, tuple):
+        return tuple(map_leaves(x, leaf, depth + 1) for x in tuple.__iter__(v))
+    if isinstance(v, list):
+        return [map_leaves(x, leaf, depth + 1) for x in v]
+    if isinstance(v, dict):
+        return {k: map_leaves(x, leaf, depth + 1) for k, x in v.items()}
+    return leaf(v)
 
 
 def _enc(v: Any, bufs: list[bytes], depth: int = 0) -> Any:

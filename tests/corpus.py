@@ -1,8 +1,13 @@
 """Faulty, hostile and unusual submissions to exercise 01, each with the grade and reason it must get.
 
-Every case writes one student's folder. ``score`` is the exact grade out of 11
-(softmax: 3 points, scaled_dot_product_attention: 8); ``reason`` and ``message``
-are substrings the CSV reason and some test's feedback message must contain.
+Every case writes one student's folder. ``score`` is the exact auto-graded score,
+in points read from the source notebook (each test's points, credited to the answer
+parts its check exercises): ``FULL`` is every auto-graded point (code and
+conceptual questions), ``TOTAL`` adds the hand-graded written answer (the CSV's
+``max_score``; it earns nothing here, as no one has graded it). ``notebook()``
+answers the questions with the reference, so a case that breaks only the code keeps
+``QUESTION_POINTS``. ``reason`` and ``message`` are substrings the CSV reason and
+some test's feedback message must contain.
 Cases that attack the machine also name a ``probe``: a path that must not exist
 after the batch (something the submission tried to plant outside its sandbox).
 """
@@ -14,13 +19,40 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from autograder.checks import load_suite
 from autograder.course import RELEASE, ROOT, SOURCE
+from autograder.notebook import nbgrader_meta
 from checking import reference_answers
 
 A = "01_single_head"
 NB = "single_head.ipynb"
-FULL, SOFTMAX_POINTS, SDPA_POINTS = 11.0, 3.0, 8.0
+
+
+def _graded_cells() -> list[dict]:
+    """nbgrader metadata of the source notebook's graded cells (auto-graded tests and hand-graded answers)."""
+    cells = json.loads((SOURCE / A / NB).read_text())["cells"]
+    return [dict(nbgrader_meta(c), cell_type=c.get("cell_type")) for c in cells if nbgrader_meta(c).get("grade")]
+
+
+CHECKS = load_suite(A).checks
+TEST_POINTS = {m["grade_id"]: float(m.get("points", 0)) for m in _graded_cells() if m["cell_type"] == "code"}
+assert set(TEST_POINTS) == set(CHECKS), f"tests without a check, or checks without a test: {set(TEST_POINTS) ^ set(CHECKS)}"
+
+
+def points(*parts: str) -> float:
+    """The auto-graded points a submission earns when exactly these answer parts are right: every test whose
+    check exercises only these parts."""
+    return sum(p for gid, p in TEST_POINTS.items() if set(CHECKS[gid].parts) <= set(parts))
+
+
 REF = reference_answers(SOURCE / A / NB)
+QUESTIONS = tuple(gid for gid in REF if gid.startswith("q_"))
+FULL = points(*REF)  # every auto-graded point
+TOTAL = sum(float(m.get("points", 0)) for m in _graded_cells())  # with the written answer's: the CSV's max_score
+SOFTMAX_POINTS, SDPA_POINTS = points("softmax"), points("scaled_dot_product_attention")
+QUESTION_POINTS = points(*QUESTIONS)
+assert QUESTIONS and SOFTMAX_POINTS and SDPA_POINTS and TOTAL > FULL, "exercise 01 changed shape: revisit the corpus"
+assert FULL == SOFTMAX_POINTS + SDPA_POINTS + QUESTION_POINTS, "a check spans several parts: revisit the corpus"
 SOFTMAX, SDPA = REF["softmax"], REF["scaled_dot_product_attention"]
 ESCAPES = "<img src=x onerror=alert(1)><script>alert(2)</script>\ud800"  # markup and a lone surrogate
 MARKER = Path("/tmp/attn-corpus-marker")  # written by one submission, must be invisible to the next
@@ -31,15 +63,15 @@ def release() -> dict:
 
 
 def notebook(softmax: str = SOFTMAX, sdpa: str = SDPA, extra: list[str] | None = None, before: list[str] | None = None,
-             edit: Callable[[dict], None] | None = None) -> dict:
-    """The released notebook with answer cells filled in, extra cells added after (or before) the answers."""
+             edit: Callable[[dict], None] | None = None, questions: dict[str, str] | None = None) -> dict:
+    """The released notebook with answer cells filled in (the questions with the reference answers; the written
+    answer left as released), extra cells added after (or before) the answers."""
     nb = release()
+    answers = dict(REF, **(questions or {}), softmax=softmax, scaled_dot_product_attention=sdpa)
     for cell in nb["cells"]:
         gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        if gid == "softmax":
-            cell["source"] = softmax
-        elif gid == "scaled_dot_product_attention":
-            cell["source"] = sdpa
+        if gid in answers:
+            cell["source"] = answers[gid]
     code = lambda s: {"cell_type": "code", "metadata": {}, "source": s, "outputs": [], "execution_count": None}  # noqa: E731
     setup_at = next(i for i, c in enumerate(nb["cells"]) if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "setup")
     for i, s in enumerate(before or []):
@@ -90,7 +122,9 @@ class Case:
 
 
 WRONG_SOFTMAX = "def softmax(x, dim=-1):\n    return x\n"
-WRONG_SCORE = 1.0  # the wrong answers below return the right shapes: test_sdpa_shapes is honestly earned
+# The wrong answers below return the right shapes: test_sdpa_shapes is honestly earned, and the questions.
+SHAPES_POINTS = TEST_POINTS["test_sdpa_shapes"]
+WRONG_SCORE = SHAPES_POINTS + QUESTION_POINTS
 WRONG_SDPA = "def scaled_dot_product_attention(query, key, value, mask=None):\n    w = torch.zeros(query.shape[:-1] + key.shape[-2:-1])\n    return w @ value, w\n"
 LEAK_GUARD = f"""
 import os
@@ -154,7 +188,16 @@ class Agreeable(torch.Tensor):
         return True
 def softmax(x, dim=-1):
     return x.as_subclass(Agreeable)
-''')), 0.0, message="subclass"),  # the attention built on it returns the subclass too
+''')), QUESTION_POINTS, message="subclass"),  # the attention built on it returns the subclass too
+        Case("questions_answered_with_objects_equal_to_anything", write_nb(notebook(questions={
+            QUESTIONS[0]: "class Anything(float):\n    def __eq__(self, other):\n        return True\n"
+                          "    __ne__ = __lt__ = __gt__ = lambda self, other: False\n    __le__ = __ge__ = __eq__\n"
+                          "    __hash__ = float.__hash__\n"
+                          "class AnyTuple(tuple):\n    def __eq__(self, other):\n        return True\n"
+                          "    __hash__ = tuple.__hash__\n"
+                          f"{QUESTIONS[0]} = Anything(-1)\n",
+            **{q: f"{q} = {'AnyTuple((-1,))' if q == 'q_output_shape' else 'Anything(-1)'}\n" for q in QUESTIONS[1:]}})),
+             SOFTMAX_POINTS + SDPA_POINTS, message="to hold a plain number"),
         Case("displayhook_and_printed_passed", write_nb(notebook(
             softmax=WRONG_SOFTMAX, sdpa=WRONG_SDPA,
             before=["import sys\nsys.displayhook = lambda v: print('All tests passed')\nprint('All tests passed! 11/11')\n"])), WRONG_SCORE),
@@ -169,18 +212,18 @@ def scaled_dot_product_attention(query, key, value, mask=None):
     torch.manual_seed(1234)
     w = torch.full(query.shape[:-1] + key.shape[-2:-1], 1.0 / key.shape[-2])
     return w @ value, w
-''')), SOFTMAX_POINTS + 1.0, message="does not match"),  # right shapes earn test_sdpa_shapes (1 point) only
+''')), SOFTMAX_POINTS + SHAPES_POINTS + QUESTION_POINTS, message="does not match"),  # of sdpa's tests, shapes only
         Case("tampers_with_harness", write_nb(notebook(extra=[
             "import sys\nfor m in list(sys.modules.values()):\n    if hasattr(m, 'send') and hasattr(m, 'recv'):\n"
             "        m.send = lambda fd, msg: None\n"])), FULL, reason="skipped"),
         # -- honest authorship ---------------------------------------------------------------------------------
         Case("delegates_to_attnkit", write_nb(notebook(sdpa="from attnkit import scaled_dot_product_attention\n")),
-             SOFTMAX_POINTS, message="attnkit"),
+             SOFTMAX_POINTS + QUESTION_POINTS, message="attnkit"),
         Case("delegates_to_torch_sdpa", write_nb(notebook(sdpa='''
 import torch.nn.functional as F
 def scaled_dot_product_attention(query, key, value, mask=None):
     return F.scaled_dot_product_attention(query, key, value, attn_mask=mask), None
-''')), SOFTMAX_POINTS, message="scaled_dot_product_attention"),
+''')), SOFTMAX_POINTS + QUESTION_POINTS, message="scaled_dot_product_attention"),
         Case("self_check_against_torch", write_nb(notebook(extra=[  # binds x, the answer's own parameter name
             "import torch\nimport torch.nn.functional as F\nx = torch.randn(2, 3, 4)\n"
             "out = F.scaled_dot_product_attention(x, x, x)\n"])), FULL),
@@ -191,17 +234,17 @@ def scaled_dot_product_attention(query, key, value, mask=None):
     out = vars(F)[_name](query, key, value, attn_mask=mask)
     w = softmax(query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1]))
     return out, w
-''')), SOFTMAX_POINTS, message="torch's own"),
+''')), SOFTMAX_POINTS + QUESTION_POINTS, message="torch's own"),
         # -- faults: the batch goes on, honest points kept ------------------------------------------------------
         Case("infinite_loop_ignoring_sigint", write_nb(notebook(extra=[
             "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    pass\n"])),
              FULL, reason="stopped"),
         Case("hangs_when_called", write_nb(notebook(sdpa="def scaled_dot_product_attention(q, k, v, mask=None):\n    while True:\n        pass\n")),
-             SOFTMAX_POINTS, reason="still running", message="did not finish in time"),
+             SOFTMAX_POINTS + QUESTION_POINTS, reason="still running", message="did not finish in time"),
         Case("sys_exit", write_nb(notebook(extra=["import sys\nsys.exit(1)\n"])), FULL),
         Case("os_exit_at_top_level", write_nb(notebook(extra=["import os\nos._exit(3)\n"])), FULL, reason="skipped"),
         Case("os_exit_when_called", write_nb(notebook(softmax=SOFTMAX.replace("    x_max = x.amax", "    import os\n    os._exit(0)\n    x_max = x.amax", 1))),
-             0.0, reason="exited", message="stopped the process"),
+             QUESTION_POINTS, reason="exited", message="stopped the process"),  # its 9 crashes leave the questions a process
         Case("segfault", write_nb(notebook(extra=["import ctypes\nctypes.string_at(0)\n"])), FULL, reason="skipped"),
         Case("memory_exhaustion", write_nb(notebook(extra=["hog = []\nwhile True:\n    hog.append(bytearray(1 << 28))\n"])), FULL),
         Case("huge_output", write_nb(notebook(extra=["import sys, os\nfor _ in range(2000):\n    print('x' * 100000)\n"
@@ -251,7 +294,7 @@ _NET = _online()
         Case("bool_weights", write_nb(notebook(sdpa=SDPA + "\n_sdpa = scaled_dot_product_attention\n"
                                                "def scaled_dot_product_attention(q, k, v, mask=None):\n"
                                                "    out, w = _sdpa(q, k, v, mask)\n    return out, w > 0\n")),
-             SOFTMAX_POINTS, message="expected a floating-point tensor"),
+             SOFTMAX_POINTS + QUESTION_POINTS, message="expected a floating-point tensor"),
         Case("invalid_json", write_nb("{\"cells\": [ oops"), 0.0, reason="not valid JSON"),
         Case("empty_file", write_nb(""), 0.0, reason="empty"),
         Case("json_not_a_notebook", write_nb(json.dumps({"hello": "world"})), 0.0, reason="not a notebook"),
@@ -260,7 +303,7 @@ _NET = _online()
         Case("malformed_cells", write_nb(json.dumps({"cells": [None, 3, {"cell_type": "code", "source": 7},
                                                               {"cell_type": "code", "source": ["x = 1\n", None]}]})),
              0.0, reason="no answer cells"),
-        Case("syntax_error_in_answer", write_nb(notebook(softmax="def softmax(x, dim=-1)\n    return x\n")), 0.0,
+        Case("syntax_error_in_answer", write_nb(notebook(softmax="def softmax(x, dim=-1)\n    return x\n")), QUESTION_POINTS,
              message="softmax"),
         Case("missing_notebook", lambda folder: folder.mkdir(parents=True), 0.0, reason="no notebook named"),
         Case("renamed_notebook", write_nb(notebook(), name="my_attention.ipynb"), FULL, reason="in place of"),
@@ -271,38 +314,38 @@ _NET = _online()
         # -- authorship, whatever else the notebook holds -------------------------------------------------------
         Case("magic_and_broken_cell_do_not_hide_delegation", write_nb(notebook(
             softmax="def softmax(x, dim=-1):\n    return torch.softmax(x, dim).nan_to_num(0.0)\n",
-            extra=["%matplotlib inline\n", "def oops(:\n    pass\n"])), SDPA_POINTS, message="torch's softmax"),
+            extra=["%matplotlib inline\n", "def oops(:\n    pass\n"])), SDPA_POINTS + QUESTION_POINTS, message="torch's softmax"),
         Case("delegates_to_aten_by_computed_name", write_nb(notebook(sdpa='''
 def scaled_dot_product_attention(query, key, value, mask=None):
     op = getattr(torch.ops.aten, bytes.fromhex("5f7363616c65645f646f745f70726f647563745f617474656e74696f6e5f6d617468").decode())
     m = None if mask is None else torch.zeros(mask.shape, dtype=query.dtype).masked_fill(~mask, float("-inf"))
     out, w = op(query, key, value, attn_mask=m)
     return out.nan_to_num(0.0), w.nan_to_num(0.0)
-''')), SOFTMAX_POINTS, message="torch's own"),
+''')), SOFTMAX_POINTS + QUESTION_POINTS, message="torch's own"),
         Case("percent_continuation_beside_a_magic", write_nb(notebook(softmax="%matplotlib inline\n" + SOFTMAX.replace(
             "    x_max = x.amax", "    dim = (dim\n           % x.dim())\n    x_max = x.amax", 1))), FULL),
         # -- a part's bans hold at run time, whatever route reaches torch's softmax (the static scan misses these)
         Case("forged_softmax_name_built_at_run_time", write_nb(notebook(softmax=
             "def softmax(x, dim=-1):\n    return getattr(torch, ''.join(map(chr, [115, 111, 102, 116, 109, 97, 120])))(x, dim)"
-            ".nan_to_num(0.0)\n")), SDPA_POINTS, message="torch's own implementation"),
+            ".nan_to_num(0.0)\n")), SDPA_POINTS + QUESTION_POINTS, message="torch's own implementation"),
         Case("forged_softmax_unpickled", write_nb(notebook(softmax=
             "import pickle\n_f = pickle.loads(bytes.fromhex('63746f7263680a736f66746d61780a2e'))\n"
-            "def softmax(x, dim=-1):\n    return _f(x, dim).nan_to_num(0.0)\n")), SDPA_POINTS, message="torch's own implementation"),
+            "def softmax(x, dim=-1):\n    return _f(x, dim).nan_to_num(0.0)\n")), SDPA_POINTS + QUESTION_POINTS, message="torch's own implementation"),
         Case("forged_softmax_torchscript_from_a_string", write_nb(notebook(softmax=
             "import base64\n_cu = torch.jit.CompilationUnit(base64.b64decode("
             "'ZGVmIGYoeDogVGVuc29yLCBkOiBpbnQpOgogICAgcmV0dXJuIHRvcmNoLnNvZnRtYXgoeCwgZCkK').decode())\n"
-            "def softmax(x, dim=-1):\n    return _cu.f(x, dim).nan_to_num(0.0)\n")), SDPA_POINTS,
+            "def softmax(x, dim=-1):\n    return _cu.f(x, dim).nan_to_num(0.0)\n")), SDPA_POINTS + QUESTION_POINTS,
              message="torch's own implementation"),
         Case("forged_softmax_distribution_from_logits", write_nb(notebook(softmax=
             "_D = vars(torch.distributions)[bytes.fromhex('43617465676f726963616c').decode()]\n"
             "def softmax(x, dim=-1):\n    return _D(logits=x.movedim(dim, -1), validate_args=False).probs.movedim(-1, dim).nan_to_num(0.0)\n")),
-             SDPA_POINTS, message="torch's own implementation"),
+             SDPA_POINTS + QUESTION_POINTS, message="torch's own implementation"),
         Case("forged_softmax_through_the_part_allowed_it", write_nb(notebook(
             softmax="def softmax(x, dim=-1):\n    x = x.movedim(dim, -1)\n    eye = torch.eye(x.shape[-1], dtype=x.dtype)\n"
                     "    w = scaled_dot_product_attention(x.unsqueeze(-2) * math.sqrt(x.shape[-1]), eye, eye)[1]\n"
                     "    return w.squeeze(-2).movedim(-1, dim).nan_to_num(0.0)\n",
             sdpa=SDPA.replace("weights = softmax(scores, dim=-1)", "weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)"))),
-             SDPA_POINTS, message="torch's own implementation"),
+             SDPA_POINTS + QUESTION_POINTS, message="torch's own implementation"),
         Case("guard_switched_off_through_gc", write_nb(notebook(sdpa='''
 import gc
 import torch.nn.functional as F
@@ -313,7 +356,7 @@ def scaled_dot_product_attention(query, key, value, mask=None):
     op = getattr(F, bytes.fromhex("7363616c65645f646f745f70726f647563745f617474656e74696f6e").decode())
     out = op(query, key, value, attn_mask=mask).nan_to_num(0.0)
     return out, softmax(query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1]))
-''')), SOFTMAX_POINTS, message="guard"),
+''')), SOFTMAX_POINTS + QUESTION_POINTS, message="guard"),
         # -- grader-side analysis is bounded: minutes unbounded, graded normally now ----------------------------
         Case("pathological_magics_and_helper_chain", write_nb(notebook(extra=[
             "\n".join(f"x{i} = {i}\n%time y = 1" for i in range(600)),

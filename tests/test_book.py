@@ -22,8 +22,11 @@ from book_fixtures import (  # noqa: E402
 
 pytest_plugins = ["book_fixtures"]  # one session-wide build, shared with test_browser.py
 
+from tools.install_cell import install_cell_source, install_spec  # noqa: E402
+
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
-INSTALL_URL = "git+https://github.com/attention-course/attention-course#subdirectory=solutions"
+INSTALL_SPEC = install_spec(CONFIG)  # git+URL@TAG, from _config.yml
+LINE_LIMIT = 88  # characters of code the book's column shows without scrolling
 CHAPTERS = chapter_docnames()
 EXERCISES = exercise_docnames()
 
@@ -60,6 +63,10 @@ def test_config_execution_and_launch_buttons():
     assert CONFIG["launch_buttons"]["binderhub_url"] == "https://mybinder.org"
     assert CONFIG["repository"]["url"] == "https://github.com/attention-course/attention-course"
     assert CONFIG["repository"]["branch"] == "main"
+    release = str(CONFIG["course"]["release"])
+    assert re.fullmatch(r"v\d+\.\d+\.\d+", release), (
+        f"course.release in _config.yml must be a release tag like v1.2.3, not {release!r}: "
+        "the Colab install must not follow a moving branch")
     assert CONFIG["html"]["use_repository_button"] is True
     assert CONFIG["sphinx"]["config"]["html_theme_options"]["use_download_button"] is True
     mathjax = CONFIG["sphinx"]["config"]["mathjax_path"]
@@ -71,13 +78,18 @@ def test_config_execution_and_launch_buttons():
 
 @pytest.mark.parametrize("docname", CHAPTERS)
 def test_chapter_first_cell_installs_attnkit(docname):
-    """The first code cell imports attnkit and pip-installs it only when that fails (Colab); a no-op locally."""
+    """The first code cell installs attnkit's pinned release only when the import fails (Colab).
+
+    The cell is written from _config.yml (repository URL, release tag) by tools/install_cell.py,
+    so the URL lives in one place.
+    """
     nb = nbformat.read(ROOT / f"{docname}.ipynb", as_version=4)
     first = next(c for c in nb.cells if c.cell_type == "code").source
     assert re.search(r"try:\s*\n\s*import attnkit", first), f"{docname}: first code cell should `try: import attnkit`"
-    assert "except ImportError" in first and "%pip install" in first and INSTALL_URL in first, (
-        f"{docname}: first code cell should `%pip install \"attnkit @ {INSTALL_URL}\"` on ImportError"
-    )
+    assert "except ImportError" in first and "%pip install" in first, f"{docname}: no install on ImportError"
+    assert first == install_cell_source(CONFIG), (
+        f"{docname}: the install cell differs from _config.yml's repository and release: "
+        "run `.venv/bin/python -m tools.install_cell`")
 
 
 @pytest.mark.parametrize("docname", EXERCISES)
@@ -87,7 +99,7 @@ def test_exercise_installs_attnkit_if_it_uses_it(docname):
     code = [c.source for c in nb.cells if c.cell_type == "code"]
     if not any(re.search(r"^\s*(import attnkit|from attnkit)", src, re.M) for src in code):
         return
-    assert INSTALL_URL in code[0] and "except ImportError" in code[0], (
+    assert INSTALL_SPEC in code[0] and "except ImportError" in code[0], (
         f"{docname} imports attnkit: its first code cell must install it when missing (see book/01_single_head)"
     )
 
@@ -120,6 +132,119 @@ def test_exercise_links_back_to_chapter(docname):
         f"[chapter {topic[:2]}](../../book/{topic}.ipynb)"
     )
     assert chapter.exists(), f"{docname} links book/{topic}.ipynb, which does not exist yet"
+
+
+# --- code fits the column ----------------------------------------------------------
+
+BOOK_PAGES = [d for d in toc_docnames() if d.startswith("book/")]
+_FENCE = re.compile(r"^(`{3,}|~{3,})(?!\{)[^\n]*\n(.*?)^\1\s*$", re.M | re.S)
+_INCLUDE = re.compile(r"^```\{literalinclude\}\s+(\S+)\s*\n((?::[\w-]+:.*\n)*)", re.M)
+_HIDDEN = {"remove-input", "remove-cell", "remove_input", "remove_cell"}
+
+
+def _page_sources(docname: str) -> tuple[list[str], list[str]]:
+    """(code cells shown, markdown texts) of a book page (.ipynb or .md)."""
+    path = ROOT / f"{docname}.ipynb"
+    if path.exists():
+        nb = nbformat.read(path, as_version=4)
+        code = [c.source for c in nb.cells if c.cell_type == "code"
+                and not _HIDDEN & set(c.metadata.get("tags", []))]
+        return code, [c.source for c in nb.cells if c.cell_type == "markdown"]
+    return [], [(ROOT / f"{docname}.md").read_text()]
+
+
+def _pyobject_lines(path: Path, name: str) -> list[str]:
+    """The source lines `{literalinclude}` with `:pyobject: name` shows (decorators included)."""
+    import ast
+
+    source = path.read_text()
+    scope: list = ast.parse(source).body
+    node = None
+    for part in name.split("."):
+        node = next((n for n in scope if getattr(n, "name", None) == part), None)
+        assert node is not None, f"{path.name} has no {name!r} for :pyobject:"
+        scope = getattr(node, "body", [])
+    start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+    return source.splitlines()[start - 1:node.end_lineno]
+
+
+def _shown_code(docname: str) -> list[tuple[str, str]]:
+    """Every line of code the page shows, as (where, line)."""
+    code, markdown = _page_sources(docname)
+    shown = [(f"code cell {i}", line) for i, src in enumerate(code) for line in src.splitlines()]
+    base = (ROOT / docname).parent
+    for text in markdown:
+        for match in _FENCE.finditer(text):
+            shown += [("code block", line) for line in match.group(2).splitlines()]
+        for match in _INCLUDE.finditer(text):
+            options = dict(re.findall(r":([\w-]+):\s*(.*)", match.group(2)))
+            path = (base / match.group(1)).resolve()
+            lines = (_pyobject_lines(path, options["pyobject"]) if "pyobject" in options
+                     else path.read_text().splitlines())
+            where = f"{path.relative_to(ROOT)}::{options.get('pyobject', '')}"
+            shown += [(where, line) for line in lines]
+    return shown
+
+
+def _too_long(shown: list[tuple[str, str]]) -> list[str]:
+    return [f"{where}: {len(line)} chars: {line.strip()[:60]}..."
+            for where, line in shown if len(line) > LINE_LIMIT]
+
+
+def test_line_check_catches_a_long_line():
+    """The check itself: an 89-character line is reported, an 88-character one is not."""
+    assert _too_long([("x", "y" * (LINE_LIMIT + 1))]) and not _too_long([("x", "y" * LINE_LIMIT)])
+
+
+@pytest.mark.parametrize("docname", BOOK_PAGES + EXERCISES)
+def test_code_cells_fit_the_column(docname):
+    """Code cells and code blocks written in the page: at most 88 characters a line.
+
+    The released exercises are pages of the book too (_toc.yml globs them): their setup,
+    stubs, visible tests and question cells are read in the same column.
+    """
+    shown = [(w, line) for w, line in _shown_code(docname) if "::" not in w]
+    long_lines = _too_long(shown)
+    assert not long_lines, (f"{docname}: {len(long_lines)} lines of code are wider than the column "
+                            f"({LINE_LIMIT}):\n  " + "\n  ".join(long_lines[:20]))
+
+
+@pytest.mark.parametrize("docname", BOOK_PAGES)
+def test_included_package_code_fits_the_column(docname):
+    """Package code the page shows with {literalinclude}: at most 88 characters a line."""
+    shown = [(w, line) for w, line in _shown_code(docname) if "::" in w]
+    long_lines = _too_long(shown)
+    objects = sorted({line.split(": ")[0] for line in long_lines})
+    assert not long_lines, (f"{docname} shows package code wider than the column ({LINE_LIMIT}) "
+                            f"in {objects}:\n  " + "\n  ".join(long_lines[:20]))
+
+
+@pytest.mark.parametrize("docname", BOOK_PAGES)
+def test_headings_in_order(docname):
+    """One title (#) per page, and no heading skips a level (## then ####)."""
+    _, markdown = _page_sources(docname)
+    text = _FENCE.sub("", "\n".join(markdown))
+    levels = [len(m.group(1)) for m in re.finditer(r"^(#{1,6}) ", text, re.M)]
+    assert levels.count(1) == 1 and levels[0] == 1, f"{docname}: headings {levels}: one # title first"
+    skips = [(a, b) for a, b in zip(levels, levels[1:]) if b > a + 1]
+    assert not skips, f"{docname}: a heading skips a level (from {skips[0][0]} to {skips[0][1]} #)"
+
+
+@pytest.mark.parametrize("docname", CHAPTERS)
+def test_every_figure_has_caption_and_alt_text(docname):
+    """A code cell that shows a figure carries MyST-NB figure metadata: caption, name, alt text."""
+    nb = nbformat.read(ROOT / f"{docname}.ipynb", as_version=4)
+    missing = []
+    for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+        shows = cell.source.count("plt.show()")
+        if not shows:
+            continue
+        figure = cell.metadata.get("mystnb", {}).get("figure", {})
+        alt = cell.metadata.get("mystnb", {}).get("image", {}).get("alt", "")  # MyST-NB reads mystnb.*
+        if shows > 1 or not figure.get("caption") or not figure.get("name") or len(alt) < 20:
+            missing.append(i)
+    assert not missing, (f"{docname}: code cells {missing} show a figure without "
+                         "metadata mystnb.figure.caption/name and mystnb.image.alt (one figure per cell)")
 
 
 # --- the build ---------------------------------------------------------------------

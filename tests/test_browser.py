@@ -3,8 +3,10 @@
 Every page of the book is opened from a localhost server. A page passes when it
 logs no console error, requests nothing outside localhost (MathJax is local), every
 image has loaded, all math is typeset without TeX errors, every internal link and
-anchor resolves, notebook pages show their outputs and launch buttons, and a
-screenshot of it is saved to _build/screenshots/ for a human to look at.
+anchor resolves, notebook pages show their outputs and launch buttons, axe-core
+(bundled by the PyPI package axe-playwright-python, nothing fetched) finds no serious
+or critical accessibility violation, and a screenshot of it is saved to
+_build/screenshots/ for a human to look at.
 """
 
 from __future__ import annotations
@@ -15,17 +17,24 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
+import yaml
 
 pytest.register_assert_rewrite("book_fixtures")
 from book_fixtures import (  # noqa: E402
-    SCREENSHOTS, chapter_docnames, executed_notebook, exercise_docnames, toc_docnames,
+    ROOT, SCREENSHOTS, chapter_docnames, executed_notebook, exercise_docnames, toc_docnames,
 )
 
 pytest_plugins = ["book_fixtures"]  # one session-wide build, shared with test_book.py
 
 pytestmark = pytest.mark.slow
 
-REPO = "attention-course/attention-course"
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+REPO = "/".join(CONFIG["repository"]["url"].rstrip("/").split("/")[-2:])  # owner/name
+BRANCH = CONFIG["repository"]["branch"]
+# axe-core rules run: WCAG 2.1 A and AA; a violation of impact "serious" or "critical" fails
+AXE_OPTIONS = {"runOnly": {"type": "tag", "values": ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]},
+               "resultTypes": ["violations"], "preload": False}
+AXE_FAILS = {"serious", "critical"}
 PAGES = toc_docnames()
 NOTEBOOKS = set(chapter_docnames()) | set(exercise_docnames())
 TIMEOUT_MS = 30_000
@@ -132,8 +141,8 @@ def test_page(page, book_url, built_html, docname):
     if docname in NOTEBOOKS:
         path = f"{docname}.ipynb"
         expected = {
-            "Colab": f"https://colab.research.google.com/github/{REPO}/blob/main/{path}",
-            "Binder": f"https://mybinder.org/v2/gh/{REPO}/main?urlpath=tree/{path}",
+            "Colab": f"https://colab.research.google.com/github/{REPO}/blob/{BRANCH}/{path}",
+            "Binder": f"https://mybinder.org/v2/gh/{REPO}/{BRANCH}?urlpath=tree/{path}",
             "download": f"{book_url}_sources/{path}",
         }
         problems += [f"no {name} button linking {link}" for name, link in expected.items() if link not in hrefs]
@@ -153,9 +162,44 @@ def test_page(page, book_url, built_html, docname):
     elif docname.startswith("exercises/") and outputs:
         problems.append(f"exercise page shows {len(outputs)} outputs: it must not be executed")
 
+    problems += _accessibility(page)
+    # axe accepts any alt, a file name too: a figure's alt must be the text the notebook gives it
+    alts = page.evaluate("""() => Array.from(document.querySelectorAll('div.cell_output img'),
+                              e => e.getAttribute('alt') || '')""")
+    bad = [a for a in alts if len(a) < 20 or a.lower().endswith((".png", ".svg", ".jpg"))]
+    if bad:
+        problems.append(f"{len(bad)} figure(s) without a written alt text (mystnb.image.alt), e.g. {bad[0]!r}")
+
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / f"{docname.replace('/', '__')}.png"), full_page=True)
     assert not problems, f"{url}:\n  " + "\n  ".join(problems)
+
+
+def _accessibility(tab) -> list[str]:
+    """axe-core's serious and critical violations on the open page, one line per element."""
+    try:
+        from axe_playwright_python.sync_playwright import Axe
+    except ImportError:
+        pytest.fail("axe-playwright-python is not installed: run `make install` (requirements.txt)")
+    violations = Axe().run(tab, options=AXE_OPTIONS).response["violations"]
+    found = []
+    for v in violations:
+        if v.get("impact") not in AXE_FAILS:
+            continue
+        targets = [", ".join(node["target"]) for node in v["nodes"]][:3]
+        found.append(f"axe {v['impact']} {v['id']}: {v['help']} ({len(v['nodes'])} elements, "
+                     f"e.g. {targets})")
+    return found
+
+
+def test_accessibility_check_can_fail(page, book_url):
+    """The axe check reports a page with an unlabelled image and an empty link."""
+    _visit(page, f"{book_url}book/intro.html")
+    page.evaluate("""() => {
+        const img = document.createElement('img'); img.src = 'data:,'; document.body.append(img);
+        const a = document.createElement('a'); a.href = '#'; document.body.append(a);
+    }""")
+    assert any("image-alt" in p or "link-name" in p for p in _accessibility(page))
 
 
 def test_search_finds_softmax(page, book_url):

@@ -132,7 +132,8 @@ MISTAKES = {
                                 "return self.out_proj(merge_heads(out)), weights.mean(1)"),
                          ["test_mha_shapes", "test_mha_values"], "per-head"),
     "no divisibility check": (mutate(REF, '''        if embed_dim % num_heads:
-            raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
+            raise ValueError(
+                f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
 ''', ""), ["test_mha_shapes"], "divisible"),
 }
 
@@ -169,7 +170,8 @@ REQUIREMENTS = {
                                                 "return self.out_proj(", "return self.o_proj("), "no out_proj"),
     "bias flag": (mutate(REF, "bias=bias)", "bias=True)"), "still has biases"),
     "ValueError when E % H != 0": (mutate(REF, '''        if embed_dim % num_heads:
-            raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")''',
+            raise ValueError(
+                f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")''',
                                           '''        assert embed_dim % num_heads == 0, "embed_dim must be divisible by num_heads"'''),
                                    "ValueError"),
     "per-head weights (B, H, n, m), n != m": (MISTAKES["averaged weights"][0], "per-head"),

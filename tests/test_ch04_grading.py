@@ -38,7 +38,7 @@ def masked_attention(query, key, value, mask):
 
 CAUSAL = "return torch.ones(n, n, dtype=torch.bool, device=device).tril()  # (n, n)"
 PAD = "return (positions < lengths[:, None])[:, None, :]  # (B, 1, max_len)"
-SOFTMAX = 'weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # (..., n, m) a fully masked row: 0/0 -> 0'
+SOFTMAX = 'weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)'
 FILL = 'scores = scores.masked_fill(~mask, float("-inf"))'
 MISTAKES = {
     # name: (mutated code, the checks that must fail, words each message must contain)

@@ -12,7 +12,7 @@ import struct
 import numpy as np
 import pytest
 
-from autograder.wire import WireError, decode, encode
+from autograder.wire import MAX_DEPTH, Ref, WireError, decode, encode, map_leaves
 
 
 def frame(body, payloads: list[bytes] = ()) -> bytes:
@@ -51,3 +51,25 @@ def test_truncated_and_oversized_headers():
     for data in (good[:5], good[:-1], struct.pack("<Q", 1 << 40) + good[8:]):
         with pytest.raises(WireError):
             decode(data)
+
+
+def test_map_leaves_rebuilds_containers_and_is_bounded():
+    """Both sides convert arrays through map_leaves: every leaf is reached, containers come back as plain ones
+    (a namedtuple as a tuple, so the wire can carry it), refs stay leaves, and a cycle cannot recurse forever."""
+    from collections import namedtuple
+
+    pair = namedtuple("pair", "out weights")
+    value = {"x": [np.ones(2), pair(np.zeros(1), Ref(3))], "n": (1, "s", None)}
+    seen = []
+    out = map_leaves(value, lambda v: seen.append(v) or (v * 2 if isinstance(v, np.ndarray) else v))
+    assert type(out["x"][1]) is tuple and out["x"][1][1] == Ref(3) and out["n"] == (1, "s", None)
+    np.testing.assert_array_equal(out["x"][0], [2.0, 2.0])
+    assert len(seen) == 6
+    loop: list = []
+    loop.append(loop)
+    with pytest.raises(WireError):
+        map_leaves(loop, lambda v: v)
+    deep: list = [1]
+    for _ in range(MAX_DEPTH - 1):
+        deep = [deep]
+    assert map_leaves(deep, lambda v: v) == deep

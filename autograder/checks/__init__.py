@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from autograder.harness import Runner
-from autograder.wire import Ref
+from autograder.wire import Ref, map_leaves
 
 __all__ = ["CheckFailed", "Suite", "Trial", "load_suite", "run_local", "suite_bans", "expect_number", "expect_tuple", "expect_choice"]
 
@@ -174,26 +174,20 @@ class Obj:
         self.trial.backend.load(self.ref, {k: v.detach().cpu().numpy() for k, v in state.items()})
 
 
-def _sendable(v: Any) -> Any:
-    """A check's argument as a wire value: tensors as arrays, the student's objects as refs."""
+def _sendable_leaf(v: Any) -> Any:
     if isinstance(v, Tensor):
         return v.detach().cpu().numpy().copy()
-    if isinstance(v, Obj):
-        return v.ref
-    if isinstance(v, (list, tuple)):
-        return type(v)(_sendable(x) for x in v)
-    if isinstance(v, dict):
-        return {k: _sendable(x) for k, x in v.items()}
-    return v
+    return v.ref if isinstance(v, Obj) else v
+
+
+def _sendable(v: Any) -> Any:
+    """A check's argument as a wire value: tensors as arrays, the student's objects as refs."""
+    return map_leaves(v, _sendable_leaf)
 
 
 def _received(v: Any) -> Any:
     """A reply's value as a check sees it: arrays as tensors."""
-    if isinstance(v, np.ndarray):
-        return torch.from_numpy(v)
-    if isinstance(v, (list, tuple)):
-        return type(v)(_received(x) for x in v)
-    return v
+    return map_leaves(v, lambda x: torch.from_numpy(x) if isinstance(x, np.ndarray) else x)
 
 
 class Trial:

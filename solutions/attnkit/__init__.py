@@ -98,3 +98,6 @@ __all__ = [
     "to_torch_multihead", "to_torch_encoder_layer", "to_torch_decoder_layer",
 ]
 __version__ = "0.1.0"
+from attnkit.gpt import GPT, CharTokenizer, generate, sample_next  # chapter 09 (helper gpt)
+
+__all__ += ["GPT", "CharTokenizer", "generate", "sample_next"]

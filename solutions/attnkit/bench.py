@@ -42,7 +42,7 @@ from attnkit.multihead import MultiHeadAttention
 from attnkit.torch_twins import to_torch_encoder_layer, to_torch_multihead
 from attnkit.transformer import TransformerEncoderBlock
 
-__all__ = ["Row", "run", "main", "WHAT_RUNS"]
+__all__ = ["Row", "run", "main", "WHAT_RUNS", "gpt_train_step_row"]
 
 MODULES = ("sdpa", "mha", "encoder")
 MODES = ("forward", "backward")
@@ -203,6 +203,69 @@ def run(devices: Sequence[str] = ("cpu",), sizes: Sequence[int] = DEFAULT_SIZES,
     return rows
 
 
+# -- a GPT training step (chapter 09): attnkit's GPT against the same model from torch's layers -------
+
+
+class _TorchGPT(nn.Module):
+    """attnkit's GPT rebuilt from ``nn.TransformerEncoderLayer(norm_first=True)`` with a causal mask, weights copied."""
+
+    def __init__(self, ours: nn.Module) -> None:
+        super().__init__()
+        E = ours.token_embed.embedding_dim
+        self.token_embed = nn.Embedding(*ours.token_embed.weight.shape).to(ours.token_embed.weight)
+        self.position_embed = nn.Embedding(*ours.position_embed.weight.shape).to(ours.token_embed.weight)
+        self.layers = nn.ModuleList()
+        for block in ours.blocks:
+            layer = nn.TransformerEncoderLayer(E, ours.num_heads, block.feed_forward.linear1.out_features,
+                                               dropout=0.0, batch_first=True, norm_first=True)
+            _copy_encoder(block, layer)
+            self.layers.append(layer.to(ours.token_embed.weight))
+        self.norm = nn.LayerNorm(E).to(ours.token_embed.weight)
+        with torch.no_grad():
+            self.token_embed.weight.copy_(ours.token_embed.weight)
+            self.position_embed.weight.copy_(ours.position_embed.weight)
+        self.norm.load_state_dict(ours.norm.state_dict())
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        n = tokens.shape[1]
+        x = self.token_embed(tokens) + self.position_embed(torch.arange(n, device=tokens.device))  # (B, n, E)
+        not_allowed = torch.ones(n, n, dtype=torch.bool, device=tokens.device).triu(1)  # torch: True = may NOT attend
+        for layer in self.layers:
+            x = layer(x, src_mask=not_allowed, is_causal=True)
+        return F.linear(self.norm(x), self.token_embed.weight)  # (B, n, V): read-out tied to the embedding
+
+
+def gpt_train_step_row(device: str = "cpu", batch: int = 16, n: int = 128, embed_dim: int = 128, num_heads: int = 4,
+                       num_layers: int = 4, vocab_size: int = 96, repeats: int = 7) -> Row:
+    """One training step (forward, next-token loss, backward) of ``attnkit.gpt.GPT`` against the same model
+    from torch's layers with copied weights; ``ratio`` = median(ours) / median(torch)."""
+    from attnkit.gpt import GPT, language_model_loss
+
+    dev = torch.device(device)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        ours = GPT(vocab_size, embed_dim, num_heads, num_layers, max_len=n).to(dev)
+    theirs = _TorchGPT(ours)
+    tokens = torch.randint(0, vocab_size, (batch, n), generator=torch.Generator().manual_seed(0)).to(dev)
+
+    def step(model: nn.Module, logits_of: Callable[[Tensor], Tensor]) -> Callable[[], float]:
+        def once() -> float:
+            model.zero_grad(set_to_none=True)
+            _sync(dev)
+            start = time.perf_counter()
+            language_model_loss(logits_of(tokens), tokens).backward()
+            _sync(dev)
+            return time.perf_counter() - start
+        return once
+
+    a, t = time_pair(step(ours, lambda x: ours(x)[0]), step(theirs, theirs), repeats)
+    return Row(device, "gpt", "train", batch, n, embed_dim, num_heads, "float32",
+               ours_ms=1e3 * statistics.median(a), torch_ms=1e3 * statistics.median(t),
+               ratio=statistics.median(a) / statistics.median(t),
+               ratio_paired=statistics.median(x / y for x, y in zip(a, t)), repeats=repeats,
+               ours_runs_ms=[round(1e3 * x, 4) for x in a], torch_runs_ms=[round(1e3 * x, 4) for x in t])
+
+
 # -- output ----------------------------------------------------------------------------------------
 
 HEADER = f"{'device':6s} {'module':8s} {'mode':8s} {'variant':8s} {'B':>3s} {'n':>5s} " \
@@ -243,6 +306,8 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     parser.add_argument("--ff-dim", type=int, default=1024)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--gpt-step", action="store_true",
+                        help="add a row: one GPT training step, attnkit.gpt.GPT against torch's encoder layers (ch. 09)")
     parser.add_argument("--with-explicit", action="store_true",
                         help="add rows for the explicit textbook path (scaled_dot_product_attention) for contrast")
     args = parser.parse_args(argv)
@@ -268,6 +333,10 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     print(HEADER)
     rows = run(devices, sizes, modules, modes, args.repeats, args.embed_dim, args.heads, args.ff_dim, args.tokens,
                args.batch, dtype, args.with_explicit)
+    if args.gpt_step:  # GPT training step (chapter 09), on each device
+        for dev in devices:
+            rows.append(gpt_train_step_row(dev, repeats=args.repeats))
+            print(format_row(rows[-1]) + "   <- gpt: attnkit.gpt.GPT vs nn.TransformerEncoderLayer(norm_first=True)")
     fast = [r for r in rows if r.variant == "fast"]
     if fast:
         worst = max(fast, key=lambda r: r.ratio)

@@ -110,7 +110,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"num_heads={num_heads} must be a multiple of "
                              f"num_kv_heads={G} (each key-value head serves "
                              f"num_heads // num_kv_heads query heads)")
-        if not 0.0 <= dropout <= 1.0:  # as nn.Dropout: 1.0 zeroes every weight in training
+        if not 0.0 <= dropout <= 1.0:  # as nn.Dropout (1.0 zeroes every weight)
             raise ValueError(f"dropout is a probability in [0, 1], got {dropout!r}")
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, G
         self.head_dim = embed_dim // num_heads

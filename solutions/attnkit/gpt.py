@@ -1,0 +1,530 @@
+"""A small GPT: a decoder-only Transformer trained on characters, and tools to open it up (chapter 09).
+
+Shape legend: ``B`` batch, ``n`` positions, ``s`` new positions, ``t`` cached positions, ``E`` the
+model width ``embed_dim``, ``H`` heads, ``Dh = E // H``, ``L`` layers, ``V`` the vocabulary size.
+
+* :class:`CharTokenizer`: one token per character, ``encode`` / ``decode``.
+* :func:`stdlib_corpus`: the text the chapter trains on, Python's own standard-library modules.
+* :class:`GPT`: token embedding, a position scheme (``"learned"``, ``"sinusoidal"``, ``"rope"`` or
+  ``"none"``), pre-norm :class:`~attnkit.transformer.TransformerEncoderBlock` s with the causal mask
+  (Radford et al., 2019), a final layer norm and a read-out tied to the embedding (Press and Wolf, 2017).
+* :func:`language_model_loss`, :func:`sample_next`, :func:`generate` (with chapter 08's key-value cache).
+* :func:`ngram_bits_per_char`: the counting baseline the model has to beat.
+* :func:`previous_token_scores`, :func:`induction_scores`: what a head does, measured
+  (Olsson et al., 2022).
+"""
+
+from __future__ import annotations
+
+import math
+import sysconfig
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit.attention import scaled_dot_product_attention
+from attnkit.efficient import KVCache, cached_attention
+from attnkit.masks import causal_mask
+from attnkit.multihead import merge_heads, split_heads
+from attnkit.positional import apply_rotary_embedding, sinusoidal_positional_encoding
+from attnkit.transformer import TransformerEncoderBlock
+
+__all__ = [
+    "POSITIONS",
+    "CharTokenizer",
+    "stdlib_corpus",
+    "GPT",
+    "language_model_loss",
+    "sample_next",
+    "generate",
+    "ngram_bits_per_char",
+    "previous_token_scores",
+    "induction_scores",
+    "repeated_random_tokens",
+]
+
+POSITIONS = ("learned", "sinusoidal", "rope", "none")
+
+
+# -- text ----------------------------------------------------------------------------------------------
+
+
+class CharTokenizer:
+    """One token per character; the vocabulary is the sorted set of characters of ``text`` (chapter 09)."""
+
+    def __init__(self, text: str) -> None:
+        if not isinstance(text, str) or not text:
+            raise ValueError(
+                f"CharTokenizer needs a non-empty str to take its characters from, got {text!r:.40}"
+            )
+        self.chars = sorted(set(text))
+        self.index = {c: i for i, c in enumerate(self.chars)}
+
+    def __len__(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> Tensor:
+        """``text`` -> token ids ``(len(text),)``, int64. Raises on a character outside the vocabulary."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode expects a str, got {type(text).__name__}")
+        unknown = sorted(set(text) - self.index.keys())
+        if unknown:
+            raise ValueError(
+                f"characters not in the vocabulary of {len(self)}: {''.join(unknown)[:20]!r}"
+            )
+        return torch.tensor([self.index[c] for c in text], dtype=torch.long)
+
+    def decode(self, ids: Tensor | list[int]) -> str:
+        """Token ids ``(n,)`` -> the text. Raises on an id outside ``0 .. len(self) - 1``."""
+        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+        if any(not isinstance(i, int) or not 0 <= i < len(self) for i in ids):
+            raise ValueError(
+                f"decode expects a 1-D sequence of ids in 0..{len(self) - 1}, got {ids[:10]}..."
+            )
+        return "".join(self.chars[i] for i in ids)
+
+
+def stdlib_corpus(every: int = 10) -> tuple[str, str, list[str]]:
+    """The top-level modules of Python's standard library as training and validation text (chapter 09).
+
+    The files are ``sysconfig.get_paths()['stdlib']/*.py`` in sorted order; every ``every``-th file
+    (indices ``every - 1, 2 every - 1, ...``) is validation, the rest training, so no file is split
+    between the two. Characters outside printable ASCII, newline and tab become ``"?"`` (a few
+    hundred in a few megabytes) so the vocabulary stays under 100. The text is Python's own source
+    under the PSF licence; it ships with every Python, so nothing is downloaded, but its exact
+    content depends on the Python version.
+
+    Returns:
+        ``(train_text, validation_text, validation_file_names)``.
+    """
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    if not files:
+        raise FileNotFoundError(f"no .py files under {sysconfig.get_paths()['stdlib']}")
+    train, validation, names = [], [], []
+    for i, path in enumerate(files):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        text = "".join(c if c in "\n\t" or " " <= c <= "~" else "?" for c in text)
+        (validation if i % every == every - 1 else train).append(text)
+        if i % every == every - 1:
+            names.append(path.name)
+    return "".join(train), "".join(validation), names
+
+
+# -- the model -----------------------------------------------------------------------------------------
+
+
+def _attention_dropout(attn: nn.Module) -> float:
+    # The attention-weight dropout MultiHeadAttention was built with (0 when it has none).
+    p = getattr(attn, "dropout", 0.0)
+    return float(p.p if isinstance(p, nn.Dropout) else p)
+
+
+class GPT(nn.Module):
+    """A decoder-only Transformer language model from the course's pre-norm blocks (chapter 09).
+
+    ``forward(tokens, need_weights=False, head_mask=None) -> (logits, weights)``: ``tokens``
+    ``(B, n)`` int64, ``logits`` ``(B, n, V)`` where position ``i`` predicts token ``i + 1`` from
+    tokens ``0..i``; ``weights`` a list of ``L`` tensors ``(B, H, n, n)``, or of ``None`` when
+    ``need_weights`` is False (then the fused kernel of chapter 08 computes the attention). ``head_mask`` ``(L, H)``
+    multiplies each head's output (0 removes the head: an ablation).
+
+    ``decode(tokens, cache) -> (logits, cache)`` runs ``s`` new positions after the ``t`` whose keys
+    and values ``cache`` holds (one ``(keys, values)`` pair per layer, ``(B, H, t, Dh)`` each).
+
+    Each block is ``x + attn(norm1(x))`` then ``x + ffn(norm2(x))`` as in
+    :class:`~attnkit.transformer.TransformerEncoderBlock` ``(norm_first=True)``; the attention is
+    written out here from the block's ``self_attn`` projections so that RoPE can rotate queries
+    and keys and the cache can hold the keys and values.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_dim: int = 128,
+        num_heads: int = 4,
+        num_layers: int = 4,
+        ff_dim: int | None = None,
+        max_len: int = 256,
+        position: str = "learned",
+        dropout: float = 0.0,
+        tie_weights: bool = True,
+    ) -> None:
+        super().__init__()
+        if position not in POSITIONS:
+            raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
+        if (
+            position in ("rope", "sinusoidal")
+            and (embed_dim // num_heads if position == "rope" else embed_dim) % 2
+        ):
+            raise ValueError(
+                f"position={position!r} needs an even width, got embed_dim={embed_dim}, "
+                f"num_heads={num_heads}"
+            )
+        self.vocab_size, self.max_len = vocab_size, max_len
+        self.position, self.num_heads = position, num_heads
+        self.token_embed = nn.Embedding(vocab_size, embed_dim)
+        self.position_embed = (
+            nn.Embedding(max_len, embed_dim) if position == "learned" else None
+        )
+        self.dropout = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(
+            TransformerEncoderBlock(
+                embed_dim, num_heads, ff_dim or 4 * embed_dim, dropout, norm_first=True
+            )
+            for _ in range(num_layers)
+        )
+        self.norm = nn.LayerNorm(embed_dim)
+        self.readout = nn.Linear(embed_dim, vocab_size, bias=False)
+        self.apply(self._init)
+        if tie_weights:
+            # one (V, E) matrix embeds and reads out
+            self.readout.weight = self.token_embed.weight
+
+    @staticmethod
+    def _init(module: nn.Module) -> None:
+        # GPT-2's initialisation: small normal weights, zero biases
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def _check_tokens(self, tokens: Tensor, start: int) -> None:
+        if (
+            not isinstance(tokens, Tensor)
+            or tokens.dim() != 2
+            or tokens.dtype != torch.long
+        ):
+            got = (
+                f"{tuple(tokens.shape)} {tokens.dtype}"
+                if isinstance(tokens, Tensor)
+                else type(tokens).__name__
+            )
+            raise ValueError(
+                f"tokens must be an int64 tensor of shape (B, n), got {got}"
+            )
+        if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
+            raise ValueError(
+                f"token ids must lie in 0..{self.vocab_size - 1}, got {tokens.min()}..{tokens.max()}"
+            )
+        if self.position == "learned" and start + tokens.shape[1] > self.max_len:
+            raise ValueError(
+                f"learned positions exist for {self.max_len} positions (max_len), got a sequence "
+                f"reaching position {start + tokens.shape[1] - 1}"
+            )
+
+    def _embed(self, tokens: Tensor, start: int) -> Tensor:
+        x = self.token_embed(tokens)  # (B, s, E)
+        n, E = tokens.shape[1], x.shape[-1]
+        if self.position == "learned":
+            x = x + self.position_embed(
+                torch.arange(start, start + n, device=tokens.device)
+            )
+        elif self.position == "sinusoidal":
+            x = (
+                x
+                + sinusoidal_positional_encoding(
+                    start + n, E, device=tokens.device, dtype=x.dtype
+                )[start:]
+            )
+        return self.dropout(x)  # (B, s, E)
+
+    def _attend(
+        self,
+        block: TransformerEncoderBlock,
+        h: Tensor,
+        start: int,
+        caching: bool,
+        cache: KVCache | None,
+        need_weights: bool,
+        head_mask: Tensor | None,
+    ) -> tuple[Tensor, Tensor | None, KVCache | None]:
+        attn = block.self_attn
+        q, k, v = (
+            split_heads(p(h), self.num_heads)
+            for p in (attn.q_proj, attn.k_proj, attn.v_proj)
+        )  # (B, H, s, Dh)
+        if self.position == "rope":
+            positions = torch.arange(start, start + h.shape[1], device=h.device)  # (s,)
+            q, k = apply_rotary_embedding(q, positions), apply_rotary_embedding(
+                k, positions
+            )
+        weights, p = None, _attention_dropout(attn) if self.training else 0.0
+        if caching:  # decoding: chapter 08's cache
+            out, cache = cached_attention(
+                q, k, v, cache
+            )  # (B, H, s, Dh); cache (B, H, t + s, Dh)
+        elif need_weights:  # the explicit path of chapter 01, weights returned
+            out, weights = scaled_dot_product_attention(
+                q, k, v, causal_mask(h.shape[1], device=h.device)
+            )
+            if p:
+                out = F.dropout(weights, p) @ v  # (B, H, n, Dh)
+        else:  # the fused kernel (chapter 08's fast path)
+            out = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=p, is_causal=True
+            )  # (B, H, n, Dh)
+        if head_mask is not None:
+            out = out * head_mask[:, None, None].to(
+                out.dtype
+            )  # (B, H, s, Dh) times (H, 1, 1)
+        return (
+            block.dropout1(attn.out_proj(merge_heads(out))),
+            weights,
+            cache,
+        )  # (B, s, E)
+
+    def _run(
+        self,
+        tokens: Tensor,
+        start: int,
+        caches: list[KVCache | None] | None,
+        need_weights: bool,
+        head_mask: Tensor | None,
+    ) -> tuple[Tensor, list[Tensor | None], list[KVCache | None]]:
+        self._check_tokens(tokens, start)
+        x = self._embed(tokens, start)  # (B, s, E)
+        weights, new_caches = [], []
+        for i, block in enumerate(self.blocks):
+            out, w, cache = self._attend(
+                block,
+                block.norm1(x),
+                start,
+                caches is not None,
+                caches[i] if caches else None,
+                need_weights,
+                None if head_mask is None else head_mask[i],
+            )
+            x = x + out
+            x = x + block.dropout2(block.feed_forward(block.norm2(x)))  # (B, s, E)
+            weights.append(w)
+            new_caches.append(cache)
+        return self.readout(self.norm(x)), weights, new_caches  # (B, s, V)
+
+    def forward(
+        self,
+        tokens: Tensor,
+        need_weights: bool = False,
+        head_mask: Tensor | None = None,
+    ) -> tuple[Tensor, list[Tensor | None]]:
+        L, H = len(self.blocks), self.num_heads
+        if head_mask is not None and head_mask.shape != (L, H):
+            raise ValueError(
+                f"head_mask must be (num_layers, num_heads) = ({L}, {H}), "
+                f"got {tuple(head_mask.shape)}"
+            )
+        logits, weights, _ = self._run(tokens, 0, None, need_weights, head_mask)
+        return logits, weights  # (B, n, V), L x (B, H, n, n) or None
+
+    def decode(
+        self, tokens: Tensor, cache: list[KVCache] | None = None
+    ) -> tuple[Tensor, list[KVCache]]:
+        """Logits ``(B, s, V)`` for ``s`` new tokens ``(B, s)`` after the cached ones, and the longer cache."""
+        start = cache[0][0].shape[-2] if cache else 0
+        logits, _, new_cache = self._run(
+            tokens, start, cache or [None] * len(self.blocks), False, None
+        )
+        return logits, new_cache
+
+
+# -- training and sampling -----------------------------------------------------------------------------
+
+
+def language_model_loss(logits: Tensor, tokens: Tensor) -> Tensor:
+    """Mean cross-entropy (nats) of predicting ``tokens[:, i+1]`` from ``logits[:, i]``.
+
+    ``logits`` ``(B, n, V)`` are the model's outputs on ``tokens`` ``(B, n)``; the last
+    position has no target and the first token is never predicted, so ``n - 1``
+    predictions per row count (chapter 09).
+    """
+    if logits.dim() != 3 or logits.shape[:2] != tokens.shape:
+        raise ValueError(
+            f"logits (B, n, V) must match tokens (B, n): got {tuple(logits.shape)} and "
+            f"{tuple(tokens.shape)}"
+        )
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
+
+
+def sample_next(
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """One token id per row of ``logits`` ``(B, V)`` -> ``(B,)`` (chapter 09).
+
+    The logits are divided by ``temperature`` *before* the softmax (``temperature=0``:
+    the arg max, greedy decoding); with ``top_k`` only the ``k`` largest logits keep
+    probability (ties at the ``k``-th value are kept too). Sampling uses ``generator``
+    when given, so a seeded generator gives the same tokens every time.
+    """
+    if logits.dim() != 2:
+        raise ValueError(
+            f"sample_next expects logits of shape (B, V), got {tuple(logits.shape)}"
+        )
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and not 1 <= top_k <= logits.shape[-1]:
+        raise ValueError(
+            f"top_k must be in 1..{logits.shape[-1]} (the vocabulary size), got {top_k}"
+        )
+    if temperature == 0:
+        return logits.argmax(-1)  # (B,)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = logits.topk(top_k, dim=-1).values[
+            :, -1:
+        ]  # (B, 1): the k-th largest logit
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits.float(), dim=-1)  # (B, V)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
+
+
+@torch.no_grad()
+def generate(
+    model: GPT,
+    prompt: Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+) -> Tensor:
+    """The prompt followed by ``max_new_tokens`` sampled tokens (chapter 09).
+
+    ``prompt`` is ``(n,)`` or ``(B, n)`` int64 and the result ``(n + max_new_tokens,)`` or
+    ``(B, n + max_new_tokens)``. Each step samples with :func:`sample_next`. With ``use_cache`` the
+    prompt runs once and then each step feeds only the newest token, reading the earlier keys and
+    values from the cache (chapter 08); without it every step runs the whole sequence again. Both
+    give the same tokens for the same ``generator``. The model runs in ``eval()`` mode (no dropout)
+    and is put back in the mode it was in.
+    """
+    if (
+        not isinstance(prompt, Tensor)
+        or prompt.dim() not in (1, 2)
+        or prompt.shape[-1] < 1
+    ):
+        raise ValueError(
+            f"prompt must be a non-empty (n,) or (B, n) tensor of token ids, got "
+            f"{tuple(prompt.shape) if isinstance(prompt, Tensor) else type(prompt).__name__}"
+        )
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    tokens = prompt if prompt.dim() == 2 else prompt[None]  # (B, n)
+    was_training = model.training
+    model.eval()
+    try:
+        cache, step_input = None, tokens
+        for _ in range(max_new_tokens):
+            if use_cache:
+                logits, cache = model.decode(
+                    step_input, cache
+                )  # (B, s, V): s = n first, then 1
+            else:
+                logits, _ = model(tokens)  # (B, n + i, V): everything again
+            step_input = sample_next(logits[:, -1], temperature, top_k, generator)[
+                :, None
+            ]  # (B, 1)
+            tokens = torch.cat([tokens, step_input], dim=1)
+    finally:
+        model.train(was_training)
+    return tokens if prompt.dim() == 2 else tokens[0]
+
+
+# -- a counting baseline ---------------------------------------------------------------------------------
+
+
+def _context_codes(ids: Tensor, order: int, vocab_size: int) -> Tensor:
+    # the previous order-1 tokens of each position >= order-1, as one integer in base V
+    n = ids.shape[0] - (order - 1)
+    code = torch.zeros(n, dtype=torch.long, device=ids.device)
+    for j in range(order - 1):
+        code = code * vocab_size + ids[j : j + n]
+    return code  # (n,)
+
+
+def ngram_bits_per_char(
+    train_ids: Tensor, val_ids: Tensor, order: int, vocab_size: int, alpha: float = 0.1
+) -> float:
+    """Bits per character on ``val_ids`` of a character ``order``-gram model counted on ``train_ids`` (chapter 09).
+
+    ``P(c | context) = (count(context, c) + alpha) / (count(context) + alpha V)``, the previous
+    ``order - 1`` characters being the context (add-alpha smoothing, so an unseen pair still gets
+    some probability). Scored on every validation position that has a full context.
+    """
+    if order < 1 or vocab_size**order >= 2**62:
+        raise ValueError(
+            f"order must be >= 1 with vocab_size ** order < 2**62, got order={order}"
+        )
+    if train_ids.dim() != 1 or val_ids.dim() != 1 or val_ids.shape[0] < order:
+        raise ValueError(
+            "train_ids and val_ids must be 1-D token id tensors, val_ids longer than order"
+        )
+    contexts = _context_codes(train_ids, order, vocab_size)  # (n - order + 1,)
+    pair_keys, pair_counts = (contexts * vocab_size + train_ids[order - 1 :]).unique(
+        return_counts=True
+    )
+    ctx_keys, ctx_counts = contexts.unique(return_counts=True)
+
+    def lookup(keys: Tensor, counts: Tensor, query: Tensor) -> Tensor:
+        at = torch.searchsorted(keys, query).clamp(max=len(keys) - 1)
+        return torch.where(keys[at] == query, counts[at], 0).double()
+
+    ctx = _context_codes(val_ids, order, vocab_size)  # (m - order + 1,)
+    pair = lookup(pair_keys, pair_counts, ctx * vocab_size + val_ids[order - 1 :])
+    total = lookup(ctx_keys, ctx_counts, ctx)
+    prob = (pair + alpha) / (total + alpha * vocab_size)
+    return float(-prob.log2().mean())
+
+
+# -- what the heads do -----------------------------------------------------------------------------------
+
+
+def previous_token_scores(weights: Tensor) -> Tensor:
+    """Mean attention from each position ``i >= 1`` to ``i - 1``, per head: ``(B, H, n, n) -> (H,)`` (chapter 09).
+
+    1 for a head that always looks one token back, about ``1 / i`` averaged for a uniform causal head.
+    """
+    if (
+        weights.dim() != 4
+        or weights.shape[-1] != weights.shape[-2]
+        or weights.shape[-1] < 2
+    ):
+        raise ValueError(
+            f"weights must be (B, H, n, n) with n >= 2, got {tuple(weights.shape)}"
+        )
+    return weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(
+        dim=(0, 2)
+    )  # (B, H, n-1) -> (H,)
+
+
+def repeated_random_tokens(
+    batch: int, length: int, vocab_size: int, generator: torch.Generator | None = None
+) -> Tensor:
+    """``(batch, 2 length)`` int64: ``length`` uniformly random tokens, then the same ones again (chapter 09)."""
+    first = torch.randint(
+        0, vocab_size, (batch, length), generator=generator
+    )  # (batch, length)
+    return torch.cat([first, first], dim=1)
+
+
+def induction_scores(weights: Tensor, length: int) -> Tensor:
+    """Induction score per head on a sequence repeated once: ``(B, H, 2 length, 2 length) -> (H,)`` (chapter 09).
+
+    In the second copy, position ``i`` holds the token seen at ``i - length``; an induction head
+    attends to the token that *followed* that earlier occurrence, position ``i - length + 1``, and
+    so predicts what comes next (Olsson et al., 2022). The score is the mean weight on that key.
+    """
+    if (
+        weights.dim() != 4
+        or weights.shape[-1] != weights.shape[-2]
+        or weights.shape[-1] != 2 * length
+    ):
+        raise ValueError(
+            f"weights must be (B, H, 2 length, 2 length) = (B, H, {2 * length}, {2 * length}), "
+            f"got {tuple(weights.shape)}"
+        )
+    return weights.diagonal(offset=-(length - 1), dim1=-2, dim2=-1)[..., 1:].mean(
+        dim=(0, 2)
+    )  # (H,)

@@ -1,0 +1,161 @@
+"""Exercise 09's graded checks: full marks for correct answers however written, named failures for classic mistakes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
+
+A = "09_tiny_gpt"
+REF = source_code(A)
+SETUP = REF.split("def lm_loss")[0]  # the given setup cell (TinyLM, seeded_generator)
+ANSWERS = REF[REF.index("q_uniform_bits ="):]  # the question answers, kept in every variant
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# log-softmax and gather, probabilities raised to 1/T with inverse-CDF sampling, a sort for top-k, a
+# loop over rows, a generator that feeds the prompt in two pieces, and a score from an explicit loop.
+UNUSUAL = SETUP + '''
+def lm_loss(logits, tokens):
+    logp = torch.log_softmax(logits.double(), dim=-1)[:, :-1]
+    picked = logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
+    return (-picked.sum() / picked.numel()).to(logits.dtype)
+
+def sample_next(logits, temperature=1.0, top_k=None, generator=None):
+    if temperature == 0:
+        return torch.stack([row.argmax() for row in logits])
+    probs = torch.softmax(logits.double(), dim=-1) ** (1.0 / temperature)
+    if top_k is not None:
+        order = probs.argsort(dim=-1, descending=True)
+        drop = order[:, top_k:]
+        probs = probs.scatter(-1, drop, 0.0)
+    probs = probs / probs.sum(-1, keepdim=True)
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64)
+    return (probs.cumsum(-1) < u).sum(-1).clamp(max=probs.shape[-1] - 1)
+
+def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+    out = prompt.clone()
+    if max_new_tokens == 0:
+        return out
+    n = prompt.shape[1]
+    cache = None
+    if n > 1:
+        _, cache = model(prompt[:, :n - 1], None)
+    logits, cache = model(prompt[:, n - 1:], cache)
+    for step in range(max_new_tokens):
+        nxt = sample_next(logits[:, -1, :], temperature, top_k, generator).reshape(-1, 1)
+        out = torch.cat((out, nxt), 1)
+        if step + 1 < max_new_tokens:
+            logits, cache = model(nxt, cache)
+    return out
+
+def previous_token_score(weights):
+    B, H, n, _ = weights.shape
+    total = torch.zeros(H, dtype=weights.dtype)
+    for i in range(1, n):
+        total += weights[:, :, i, i - 1].sum(0)
+    return total / (B * (n - 1))
+''' + ANSWERS
+
+
+def test_reference_gets_full_marks():
+    assert_full_marks(A, REF)
+
+
+def test_unusual_correct_answer_gets_full_marks():
+    assert_full_marks(A, UNUSUAL)
+
+
+LOSS = "return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))"
+SCALE = "    logits = logits / temperature\n"
+SOFTMAX = "probs = torch.softmax(logits, dim=-1)"
+KTH = "kth = logits.topk(top_k, dim=-1).values[:, -1:]"
+CALL = "logits, cache = model(step_input, cache)"
+SCORE = "return weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))"
+MISTAKES = {
+    # name: (mutated code, the checks that must fail, words each message must contain)
+    "targets not shifted": (mutate(REF, LOSS, "return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), "
+                                               "tokens.reshape(-1))"), "test_lm_loss", "not shifted"),
+    "shifted the wrong way": (mutate(REF, LOSS, "return F.cross_entropy(logits[:, 1:].reshape(-1, logits.shape[-1]), "
+                                                 "tokens[:, :-1].reshape(-1))"), "test_lm_loss", "wrong way"),
+    "summed loss": (mutate(REF, LOSS, LOSS.replace(".reshape(-1))", ".reshape(-1), reduction='sum')")),
+                    "test_lm_loss", "mean"),
+    "temperature after the softmax": (mutate(mutate(REF, SCALE, ""), SOFTMAX, SOFTMAX + " / temperature"),
+                                      "test_sample_next_distribution", "after the softmax"),
+    "sampling from the logits": (mutate(REF, SOFTMAX, "probs = logits"), "test_sample_next_distribution",
+                                 "logits themselves"),
+    "temperature multiplied": (mutate(REF, SCALE, "    logits = logits * temperature\n"), "test_sample_next_distribution",
+                               "multiplied"),
+    "top-k keeps k - 1": (mutate(REF, "logits.masked_fill(logits < kth", "logits.masked_fill(logits <= kth"),
+                          "test_sample_next_greedy_topk", "k - 1"),
+    "top-k keeps k + 1": (mutate(REF, KTH, "kth = logits.topk(min(top_k + 1, logits.shape[-1]), dim=-1).values[:, -1:]"),
+                          "test_sample_next_greedy_topk", "k + 1"),
+    "top-k ignored": (mutate(REF, "    if top_k is not None:\n        kth", "    if False:\n        kth"),
+                      "test_sample_next_greedy_topk", "ignored"),
+    "generator not used": (mutate(REF, "torch.multinomial(probs, 1, generator=generator)", "torch.multinomial(probs, 1)"),
+                           "test_sample_next_greedy_topk", "generator"),
+    "cache never used": (mutate(REF, CALL, "logits, _ = model(tokens)"), ["test_generate_greedy",
+                                                                          "test_generate_sampling"], "never used"),
+    "cache dropped each step": (mutate(REF, CALL, "logits, _ = model(step_input, None)"), "test_generate_greedy",
+                                "never used"),
+    "prompt re-fed every step": (mutate(REF, CALL, "logits, cache = model(tokens, cache)"),
+                                 ["test_generate_greedy", "test_generate_sampling"], "re-fed"),
+    "cache appended twice": (mutate(REF, CALL, "logits, new = model(step_input, cache)\n"
+                                               "            cache = new if cache is None else (torch.cat([cache[0], new[0]], 1), "
+                                               "torch.cat([cache[1], new[1]], 1))"),
+                             "test_generate_greedy", "appended twice"),
+    "first position's logits": (mutate(REF, "sample_next(logits[:, -1], temperature", "sample_next(logits[:, 0], temperature"),
+                                "test_generate_greedy", "differ from greedy"),
+    "score averaged over heads": (mutate(REF, SCORE, SCORE.replace("dim=(0, 2)", "dim=(1, 2)")),
+                                  "test_previous_token_score", "wrong axis"),
+    "score kept positions": (mutate(REF, SCORE, SCORE.replace("dim=(0, 2)", "dim=(0, 1)")),
+                             "test_previous_token_score", "wrong axis"),
+    "score over everything": (mutate(REF, SCORE, SCORE.replace(".mean(dim=(0, 2))", ".mean()")),
+                              "test_previous_token_score", "wrong axis"),
+    "score on the main diagonal": (mutate(REF, SCORE, SCORE.replace("offset=-1", "offset=0")),
+                                   "test_previous_token_score", "main diagonal"),
+    "score on the next token": (mutate(REF, SCORE, SCORE.replace("offset=-1", "offset=1")),
+                                "test_previous_token_score", "above the main one"),
+}
+
+
+@pytest.mark.parametrize("name", list(MISTAKES))
+def test_classic_mistake_loses_points_with_named_message(name):
+    assert_mistake_named(A, name, *MISTAKES[name])
+
+
+QUESTION_MISTAKES = {
+    "q_uniform_bits": ("math.log(64)", "nats"),
+    "q_bits_from_nats": ("1.2 * math.log(2)", "divide by ln 2"),
+    "q_temperature_prob": ("math.exp(2) / (math.exp(2) + 1)", "before the softmax"),
+    "q_cache_numbers": ("6 * 1000 * 512", "keys only"),
+    "q_induction_position": ('"4"', "previous-token head"),
+}
+
+
+@pytest.mark.parametrize("name", list(QUESTION_MISTAKES))
+def test_question_names_the_usual_wrong_answer(name):
+    wrong, words = QUESTION_MISTAKES[name]
+    results = run_suite(A, REF + f"\n{name} = {wrong}\n")
+    assert words.lower() in results[f"test_{name}"].lower(), results[f"test_{name}"]
+    assert sum(1 for m in results.values() if m) == 1
+
+
+def test_questions_unanswered_fail_cleanly():
+    results = run_suite(A, REF + "\nq_cache_numbers = 'a lot'\ndel q_uniform_bits\n")
+    assert "number" in results["test_q_cache_numbers"] and "q_uniform_bits" in results["test_q_uniform_bits"]
+
+
+@pytest.mark.parametrize("code, part", [
+    (REF + "\nfrom attnkit.gpt import sample_next\n", "sample_next"),
+], ids=["import-attnkit"])
+def test_delegation_earns_nothing_for_that_part(code, part):
+    assert_delegation_named(A, code, part)

@@ -1,0 +1,292 @@
+"""attnkit.gpt (chapter 09): the model against torch's own layers, the cache, sampling, training, scores."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from attnkit import TransformerEncoderBlock, causal_mask
+from attnkit.gpt import (GPT, POSITIONS, CharTokenizer, generate, induction_scores, language_model_loss,
+                         ngram_bits_per_char, previous_token_scores, repeated_random_tokens, sample_next,
+                         stdlib_corpus)
+
+V, E, H, L, N = 11, 16, 4, 2, 12
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny matrices: one thread is faster than several, and much faster on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny(position: str = "learned", **kwargs) -> GPT:
+    torch.manual_seed(0)
+    return GPT(V, E, H, L, ff_dim=24, max_len=32, position=position, **kwargs).double()
+
+
+class TorchGPT(nn.Module):
+    """The same model from torch's layers: nn.TransformerEncoderLayer(norm_first=True) with a causal mask."""
+
+    def __init__(self, ours: GPT) -> None:
+        super().__init__()
+        self.ours = ours  # embeddings, final norm and read-out are plain torch modules already
+        self.layers = nn.ModuleList()
+        for block in ours.blocks:
+            layer = nn.TransformerEncoderLayer(E, H, 24, dropout=0.0, batch_first=True, norm_first=True).double()
+            a = block.self_attn
+            with torch.no_grad():
+                layer.self_attn.in_proj_weight.copy_(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]))
+                layer.self_attn.in_proj_bias.copy_(torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
+            layer.self_attn.out_proj.load_state_dict(a.out_proj.state_dict())
+            layer.linear1.load_state_dict(block.feed_forward.linear1.state_dict())
+            layer.linear2.load_state_dict(block.feed_forward.linear2.state_dict())
+            layer.norm1.load_state_dict(block.norm1.state_dict())
+            layer.norm2.load_state_dict(block.norm2.state_dict())
+            self.layers.append(layer)
+
+    def forward(self, tokens: torch.Tensor, table: torch.Tensor | None) -> torch.Tensor:
+        x = self.ours.token_embed(tokens)
+        if table is not None:
+            x = x + table[: tokens.shape[1]]
+        not_allowed = ~causal_mask(tokens.shape[1])  # torch's mask: True = may NOT attend
+        for layer in self.layers:
+            x = layer(x, src_mask=not_allowed)
+        return nn.functional.linear(self.ours.norm(x), self.ours.token_embed.weight)  # the tied read-out
+
+
+@pytest.mark.parametrize("position", ["learned", "sinusoidal", "none"])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_logits_equal_a_model_from_torch_layers(position, need_weights):
+    model = tiny(position).eval()
+    tokens = torch.randint(0, V, (3, N))
+    if position == "learned":
+        table = model.position_embed.weight
+    elif position == "sinusoidal":
+        from attnkit import sinusoidal_positional_encoding
+        table = sinusoidal_positional_encoding(32, E, dtype=torch.float64)
+    else:
+        table = None
+    ours, weights = model(tokens, need_weights=need_weights)
+    torch.testing.assert_close(ours, TorchGPT(model).eval()(tokens, table))
+    assert len(weights) == L
+    assert all((w is None) != need_weights for w in weights)
+
+
+def test_weights_are_tied_causal_and_blocks_are_attnkits():
+    model = tiny()
+    assert model.readout.weight is model.token_embed.weight
+    assert all(isinstance(b, TransformerEncoderBlock) and b.norm_first for b in model.blocks)
+    untied = GPT(V, E, H, L, tie_weights=False)
+    assert untied.readout.weight is not untied.token_embed.weight
+    _, weights = model(torch.randint(0, V, (2, N)), need_weights=True)
+    for w in weights:
+        assert w.shape == (2, H, N, N)
+        assert torch.all(w.triu(1) == 0)
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, H, N, dtype=w.dtype))
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_causal_future_tokens_do_not_change_past_logits(position):
+    model = tiny(position).eval()
+    a = torch.randint(0, V, (2, N))
+    b = a.clone()
+    b[:, 7:] = (b[:, 7:] + 1) % V
+    torch.testing.assert_close(model(a)[0][:, :7], model(b)[0][:, :7])
+    assert not torch.allclose(model(a)[0][:, 7:], model(b)[0][:, 7:])
+
+
+def test_rope_logits_equal_explicit_rotary_attention():
+    """With RoPE, the layer equals the block with rotated queries and keys written out by hand."""
+    from attnkit import apply_rotary_embedding, merge_heads, scaled_dot_product_attention, split_heads
+    model = tiny("rope").eval()
+    tokens = torch.randint(0, V, (2, N))
+    x = model.token_embed(tokens)
+    for block in model.blocks:
+        a, h = block.self_attn, block.norm1(x)
+        q, k, v = (split_heads(p(h), H) for p in (a.q_proj, a.k_proj, a.v_proj))
+        out, _ = scaled_dot_product_attention(apply_rotary_embedding(q), apply_rotary_embedding(k), v, causal_mask(N))
+        x = x + a.out_proj(merge_heads(out))
+        x = x + block.feed_forward(block.norm2(x))
+    torch.testing.assert_close(model(tokens)[0], model.readout(model.norm(x)))
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_cached_decode_equals_the_full_forward(position):
+    model = tiny(position).eval()
+    tokens = torch.randint(0, V, (2, N))
+    full, _ = model(tokens)
+    first, cache = model.decode(tokens[:, :5])                  # a prompt of 5 in one go
+    steps = [first]
+    for t in range(5, N):
+        logits, cache = model.decode(tokens[:, t:t + 1], cache)  # then one token at a time
+        steps.append(logits)
+    assert cache[0][0].shape == (2, H, N, E // H)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full)
+
+
+@pytest.mark.parametrize("position", ["learned", "rope"])
+@pytest.mark.parametrize("top_k", [None, 3])
+def test_cached_and_uncached_generation_give_the_same_tokens(position, top_k):
+    model = tiny(position)
+    prompt = torch.randint(0, V, (2, 4))
+    runs = [generate(model, prompt, 15, temperature=1.3, top_k=top_k, generator=torch.Generator().manual_seed(5),
+                     use_cache=c) for c in (True, False)]
+    assert runs[0].shape == (2, 19) and torch.equal(runs[0][:, :4], prompt)
+    assert torch.equal(runs[0], runs[1])
+    assert model.training  # the mode is restored
+    one = generate(model, prompt[0], 3, temperature=0)
+    assert one.shape == (7,)
+
+
+def test_the_cache_is_used_each_step_feeds_one_token(monkeypatch):
+    model = tiny()
+    seen = []
+    original = model.decode
+    monkeypatch.setattr(model, "decode", lambda t, c=None: (seen.append(t.shape[1]), original(t, c))[1])
+    generate(model, torch.randint(0, V, (1, 5)), 4)
+    assert seen == [5, 1, 1, 1]
+
+
+def test_sample_next_temperature_top_k_and_greedy():
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, 3.0]]).repeat(4000, 1)
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(sample_next(logits[:2], 0.0), torch.tensor([4, 4]))
+    top2 = sample_next(logits, 1.0, top_k=2, generator=g)
+    assert set(top2.tolist()) == {0, 4}
+    for t in (0.5, 2.0):
+        freq = torch.bincount(sample_next(logits, t, generator=g), minlength=5).double() / len(logits)
+        torch.testing.assert_close(freq, torch.softmax(logits[0].double() / t, -1), atol=0.03, rtol=0)
+    again = [sample_next(logits[:50], 1.0, generator=torch.Generator().manual_seed(3)) for _ in range(2)]
+    assert torch.equal(*again)
+
+
+def test_a_tiny_training_run_lowers_the_loss():
+    torch.manual_seed(0)
+    model = GPT(V, E, H, L, max_len=32, dropout=0.1)
+    data = torch.arange(200) % 7  # a periodic sequence: easy to learn
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for step in range(40):
+        starts = torch.randint(0, 180, (8,))
+        batch = torch.stack([data[s:s + 16] for s in starts])
+        loss = language_model_loss(model(batch)[0], batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[0] > math.log(V) - 0.5
+    assert sum(losses[-5:]) / 5 < 0.5 * losses[0]
+
+
+def test_language_model_loss_shifts_targets_by_one():
+    tokens = torch.tensor([[1, 2, 3]])
+    logits = torch.full((1, 3, 5), -30.0)
+    logits[0, 0, 2] = logits[0, 1, 3] = 30.0  # a perfect prediction of the *next* token; the last row is ignored
+    assert language_model_loss(logits, tokens).item() < 1e-6
+    with pytest.raises(ValueError, match="must match tokens"):
+        language_model_loss(logits[:, :2], tokens)
+
+
+def test_tokenizer_round_trip_and_bad_input():
+    tok = CharTokenizer("hello, world\n")
+    text = "low, hell\nworld"
+    ids = tok.encode(text)
+    assert ids.dtype == torch.long and ids.shape == (len(text),)
+    assert tok.decode(ids) == text and tok.decode(ids.tolist()) == text
+    assert len(tok) == len(set("hello, world\n"))
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        tok.encode("xyz")
+    with pytest.raises(ValueError, match="ids in 0.."):
+        tok.decode([0, 99])
+    with pytest.raises(ValueError):
+        CharTokenizer("")
+
+
+def test_bad_input_errors():
+    model = tiny()
+    with pytest.raises(ValueError, match="position must be one of"):
+        GPT(V, E, H, L, position="alibi")
+    with pytest.raises(ValueError, match="int64 tensor of shape"):
+        model(torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="token ids must lie"):
+        model(torch.full((1, 3), V))
+    with pytest.raises(ValueError, match="max_len"):
+        model(torch.zeros(1, 33, dtype=torch.long))
+    with pytest.raises(ValueError, match="head_mask"):
+        model(torch.zeros(1, 3, dtype=torch.long), head_mask=torch.ones(3, 3))
+    with pytest.raises(ValueError, match="top_k"):
+        sample_next(torch.zeros(1, 4), top_k=5)
+    with pytest.raises(ValueError, match="temperature"):
+        sample_next(torch.zeros(1, 4), temperature=-1)
+    with pytest.raises(ValueError, match="prompt"):
+        generate(model, torch.zeros(0, dtype=torch.long), 3)
+    longer = GPT(V, E, H, L, max_len=8, position="rope")
+    assert generate(longer, torch.zeros(1, 4, dtype=torch.long), 10).shape == (1, 14)  # no length limit
+
+
+def test_head_mask_zeroes_a_head():
+    model = tiny().eval()
+    tokens = torch.randint(0, V, (2, N))
+    keep = torch.ones(L, H, dtype=torch.float64)
+    torch.testing.assert_close(model(tokens, head_mask=keep)[0], model(tokens)[0])
+    keep[1, 2] = 0
+    with torch.no_grad():  # zeroing the head's rows of out_proj's input is the same ablation
+        model.blocks[1].self_attn.out_proj.weight[:, 2 * (E // H):3 * (E // H)] = 0
+    torch.testing.assert_close(model(tokens, head_mask=keep)[0], model(tokens)[0])
+
+
+def test_head_scores_on_hand_built_weights():
+    n, length = 6, 3
+    previous = torch.zeros(1, 2, n, n)
+    previous[0, 0, 0, 0] = 1
+    previous[0, 0, torch.arange(1, n), torch.arange(n - 1)] = 1       # head 0 looks one back
+    previous[0, 1] = causal_mask(n) / causal_mask(n).sum(-1, keepdim=True)  # head 1 is uniform
+    scores = previous_token_scores(previous)
+    assert scores[0] == 1 and scores[1] == pytest.approx(sum(1 / i for i in range(2, n + 1)) / (n - 1))
+    induction = torch.zeros(2, 1, 2 * length, 2 * length)
+    for i in range(length, 2 * length):
+        induction[:, 0, i, i - length + 1] = 1
+    assert induction_scores(induction, length).tolist() == [1.0]
+    assert induction_scores(previous, length)[0] == 0  # one back is not the token after the earlier copy
+    with pytest.raises(ValueError):
+        induction_scores(previous, 4)
+    seq = repeated_random_tokens(3, 5, 7, torch.Generator().manual_seed(0))
+    assert seq.shape == (3, 10) and torch.equal(seq[:, :5], seq[:, 5:])
+
+
+def test_ngram_baseline_matches_counting_by_hand():
+    train = torch.tensor([0, 1, 0, 1, 0, 2])
+    val = torch.tensor([0, 1, 0, 2])
+    # bigram counts on train: after 0 -> 1 twice, 2 once; after 1 -> 0 twice
+    p = [(2 + 0.5) / (3 + 1.5), (2 + 0.5) / (2 + 1.5), (1 + 0.5) / (3 + 1.5)]
+    expected = -sum(math.log2(x) for x in p) / 3
+    assert ngram_bits_per_char(train, val, 2, 3, alpha=0.5) == pytest.approx(expected)
+    assert ngram_bits_per_char(train, val, 1, 3, alpha=0.0) == pytest.approx(
+        -sum(math.log2(c / 6) for c in (3, 2, 3, 1)) / 4)
+
+
+def test_stdlib_corpus_is_a_fixed_split_of_printable_text():
+    train, val, names = stdlib_corpus()
+    assert 1_000_000 < len(train) + len(val) < 6_000_000 and 0.05 < len(val) / len(train) < 0.2
+    assert all(c in "\n\t" or " " <= c <= "~" for c in set(train + val))
+    assert names == sorted(names) and all(n.endswith(".py") for n in names)
+
+
+def test_bench_gpt_pair_computes_the_same_logits_and_runs():
+    """attnkit.bench's GPT training-step row compares like with like: the torch-built twin gives the same logits."""
+    from attnkit import bench
+    model = GPT(V, E, H, L, max_len=N)
+    twin = bench._TorchGPT(model)
+    tokens = torch.randint(0, V, (2, N))
+    for training in (False, True):
+        model.train(training)
+        twin.train(training)
+        torch.testing.assert_close(model(tokens)[0], twin(tokens), atol=1e-5, rtol=1e-5)
+    row = bench.gpt_train_step_row(batch=2, n=8, embed_dim=16, num_heads=2, num_layers=1, vocab_size=V, repeats=2)
+    assert row.module == "gpt" and row.ratio > 0 and len(row.ours_runs_ms) == 2

@@ -1,0 +1,70 @@
+"""Write each chapter's first code cell, which installs attnkit on Colab or Binder.
+
+The repository URL and the release tag live in one place, _config.yml
+(`repository.url` and `course.release`); this script writes them into the chapters:
+
+    .venv/bin/python -m tools.install_cell          # rewrite book/NN_*.ipynb
+    .venv/bin/python -m tools.install_cell --check  # exit 1 if a chapter is stale
+
+The install pins the release tag, not the moving branch, so a reader on Colab gets
+the package the book was built against. tests/test_book.py checks the cells.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import nbformat
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def install_spec(config: dict | None = None) -> str:
+    """'git+URL@TAG' from _config.yml: the pip requirement's URL, without the subdirectory."""
+    config = config or yaml.safe_load((ROOT / "_config.yml").read_text())
+    url = config["repository"]["url"].rstrip("/")
+    release = config["course"]["release"]
+    return f"git+{url}@{release}"
+
+
+def install_cell_source(config: dict | None = None) -> str:
+    """The source of the first code cell of every chapter."""
+    return (
+        "# Install the course package if it is missing (Colab, Binder); a no-op locally.\n"
+        "# Written by tools/install_cell.py from _config.yml: edit the URL and tag there.\n"
+        "try:\n"
+        "    import attnkit\n"
+        "except ImportError:\n"
+        f'    release = "{install_spec(config)}"\n'
+        '    %pip install -q "attnkit @ {release}#subdirectory=solutions"\n'
+        "    import attnkit"
+    )
+
+
+def chapters() -> list[Path]:
+    return sorted((ROOT / "book").glob("[0-9][0-9]_*.ipynb"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="report stale chapters, write nothing")
+    args = parser.parse_args(argv)
+    want, stale = install_cell_source(), []
+    for path in chapters():
+        nb = nbformat.read(path, as_version=4)
+        cell = next(c for c in nb.cells if c.cell_type == "code")
+        if cell.source != want:
+            stale.append(path.relative_to(ROOT))
+            if not args.check:
+                cell.source = want
+                nbformat.write(nb, path)
+    for path in stale:
+        print(("stale: " if args.check else "rewrote: ") + str(path))
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
