@@ -441,6 +441,13 @@ def _process_guard(torch: types.ModuleType) -> Guard:
     return _GUARDS[id(torch)]
 
 
+def prepare_guard(torch: types.ModuleType) -> None:
+    """Do the guard's one-off setup now: the operator list, the wrapped entry points and the plan of the bans
+    every call carries. The zygote calls it once, before it forks, so every sandbox it forks inherits them
+    (its dispatcher is torch's own: no student code has run in the zygote)."""
+    _process_guard(torch)._plan(tuple(torch_names.runtime_fragments(())))
+
+
 # -- the sandbox's loop -----------------------------------------------------------------------------------
 
 

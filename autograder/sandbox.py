@@ -177,8 +177,8 @@ def require_isolation() -> None:
             "--require-isolation to accept running student code unisolated.")
 
 
-def _top_level(paths: list[Path]) -> list[Path]:
-    """Drop paths that lie inside another path of the list."""
+def _outermost_existing(paths: list[Path]) -> list[Path]:
+    """The existing paths of ``paths`` that lie inside no other of them (so one mount covers each)."""
     paths = sorted({p for p in paths if p.exists()}, key=lambda p: len(p.parts))
     out: list[Path] = []
     for p in paths:
@@ -275,9 +275,9 @@ class Sandbox:
     def _visible(self) -> tuple[list[Path], list[Path]]:
         """``(expose, hide)``: the Python installation (read-only) and the folders hidden behind empty mounts."""
         site_dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-        expose = _top_level([Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()]
-                            + [Path(d).resolve() for d in site_dirs])
-        hide = _top_level([Path(p) for p in HIDDEN] + [p.resolve() for p in self.hide])
+        expose = _outermost_existing([Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()]
+                                     + [Path(d).resolve() for d in site_dirs])
+        hide = _outermost_existing([Path(p) for p in HIDDEN] + [p.resolve() for p in self.hide])
         return expose, hide
 
     def _rlimits(self, processes: bool) -> None:

@@ -2,7 +2,8 @@
 
 Starting Python and importing torch takes about two seconds, more than grading a
 notebook. The zygote pays it once per grading process: it imports the harness
-(and with it torch and numpy), runs nothing else, and waits for requests on a
+(and with it torch and numpy), does the harness guard's one-off setup
+(:func:`autograder.harness.prepare_guard`), runs nothing else, and waits for requests on a
 Unix socket. For every submission it forks a child that, before running any
 student code,
 
@@ -265,9 +266,10 @@ def main() -> None:
     os.environ.setdefault("MPLBACKEND", "Agg")
     import torch  # noqa: F401 - the point of the zygote: imported once, inherited by every child
 
-    import harness  # noqa: F401
+    import harness
 
     torch.set_num_threads(1)
+    harness.prepare_guard(torch)  # once here rather than once per sandbox
     sock.sendall(b"ready")
     serve(sock)
 

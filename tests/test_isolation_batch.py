@@ -2,8 +2,8 @@
 
 * Collusion (issue 13): in one batch, a student writes the answers to every place
   outside the scratch folder it can write, every keyring and a SysV segment; a
-  classmate graded after it, who wrote nothing, looks for them in every such
-  place and runs what it finds. The classmate must get 0. A control student who
+  classmate graded after it, who wrote stubs, looks for them in every such
+  place and runs what it finds. The classmate must get no code points. A control student who
   does both in one notebook gets full marks: the reading cell works when the
   answers are there.
 * Without root (issue 12): a few corpus cases graded by an unprivileged user get
@@ -26,7 +26,7 @@ import pytest
 from autograder.batch import run
 from autograder.course import ROOT
 from autograder.sandbox import Limits, can_isolate
-from corpus import A, CASES, FULL, SDPA, SOFTMAX, notebook, write_nb
+from corpus import A, CASES, FULL, SDPA, SDPA_POINTS, SOFTMAX, SOFTMAX_POINTS, notebook, write_nb
 from test_isolation import KERNEL
 
 pytestmark = pytest.mark.slow
@@ -90,7 +90,9 @@ def test_a_classmate_cannot_pick_up_answers_left_by_an_earlier_sandbox(tmp_path)
     assert float(rows["collude_a_writer"]["score"]) == FULL, rows["collude_a_writer"]
     assert float(rows["collude_c_both"]["score"]) == FULL, ("the reading cell does not work even within one "
                                                             f"notebook, so the test proves nothing: {rows}")
-    assert float(rows["collude_b_reader"]["score"]) == 0, f"the reader picked up the writer's answers: {rows}"
+    # The reader keeps only what it answered itself (the corpus notebook's other parts), none of the code points.
+    alone = FULL - SOFTMAX_POINTS - SDPA_POINTS
+    assert float(rows["collude_b_reader"]["score"]) == alone, f"the reader picked up the writer's answers: {rows}"
 
 
 # A few corpus cases, among them those that attack the machine (the course, a marker for the next student).

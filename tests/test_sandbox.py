@@ -229,3 +229,20 @@ def test_a_killed_grader_leaves_nothing_behind():
             pass
         time.sleep(0.2)
     assert not any(p.exists() for p in left), f"left behind: {[p for p in left if p.exists()]}"
+
+
+@isolated
+def test_forked_sandboxes_inherit_the_guards_setup():
+    """The zygote does the run-time guard's one-off setup before it forks (the operator list, the wrapped entry
+    points, the plan of the bans every call carries), so a sandbox starts with it instead of redoing it."""
+    with Sandbox() as box:
+        reply = run(box, "import sys, torch\nguards = sys.modules['harness']._GUARDS.values()\n"
+                         "print(len(guards), sum(len(g._plans) for g in guards))\n"
+                         "def mine(x):\n    return torch.softmax(x, -1)\n")
+        assert reply["output"].split() == ["1", "1"], reply
+        # The inherited guard still refuses what a call bans, and only then.
+        x = np.ones((2, 3), dtype=np.float32)
+        banned = box.request({"op": "call", "target": "mine", "args": [x], "bans": ["softmax"]}, timeout=10)
+        allowed = box.request({"op": "call", "target": "mine", "args": [x]}, timeout=10)
+    assert not banned["ok"] and "torch's own implementation" in banned["error"], banned
+    assert allowed["ok"] and np.allclose(allowed["value"], 1 / 3), allowed
