@@ -1,9 +1,9 @@
 """The grader as a citizen of nbgrader: manual grades survive, written answers reach formgrader, time and
 late penalties, stable grades, feedback nbgrader can release, LMS collect and export, odd file names.
 
-A copy of exercise 01 with a written answer added is graded once (in-process,
-one worker, through the sandbox); each test then checks one behaviour, and the
-later tests change the records (a manual grade, an extension, a changed grader).
+Exercise 01 (with its written answer, ``written_scale``) is graded once (in-process, one worker,
+through the sandbox); each test then checks one behaviour, and the later tests change the records
+(a manual grade, an extension, a changed grader). Points are read from the source notebook.
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ import pytest
 
 from autograder import batch, course
 from autograder.sandbox import Limits
+from autograder.written import is_manual
 from checking import answered_release
 
 pytestmark = pytest.mark.slow
 A, NB = "01_single_head", "single_head.ipynb"
 LIMITS = Limits(cell_timeout=20, call_timeout=10, notebook_timeout=120)
-WRITTEN = "written_why_scale"
+WRITTEN = "written_scale"
 DUE = "2026-10-02 23:59:00 UTC"
 ON_TIME = "2026-10-01 10:00:00.000000 UTC"
 A_DAY_LATE = "2026-10-04 12:00:00.000000 UTC"  # 1 day 12 h late: two started days
-COURSE_SOURCE = course.SOURCE  # the real one (the graded fixture points course.SOURCE at its copy)
 ENV = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
 
 
@@ -46,18 +46,14 @@ def nbgrader(*args: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def add_written_question(source: Path) -> None:
-    """Exercise 01's source with a written answer (the shared format) before its last cell."""
-    nb = json.loads(source.read_text())
-    question = {"cell_type": "markdown", "id": "written-q", "source": "Why divide the scores by sqrt(d_k)?",
-                "metadata": {"nbgrader": {"grade": False, "grade_id": "written_why_scale_md", "locked": True,
-                                          "schema_version": 3, "solution": False, "task": False}}}
-    answer = {"cell_type": "markdown", "id": "written-a",
-              "source": "### BEGIN SOLUTION\nTo keep the variance of the scores near 1.\n### END SOLUTION",
-              "metadata": {"nbgrader": {"solution": True, "grade": True, "locked": False, "points": 2,
-                                        "grade_id": WRITTEN, "schema_version": 3, "task": False}}}
-    nb["cells"][-1:-1] = [question, answer]
-    source.write_text(json.dumps(nb))
+def points(manual: bool) -> float:
+    """Exercise 01's points graded by the judge (``manual=False``) or by hand, from its source notebook."""
+    cells = json.loads((course.SOURCE / A / NB).read_text())["cells"]
+    return sum(float(c["metadata"]["nbgrader"].get("points", 0)) for c in cells
+               if c["metadata"].get("nbgrader", {}).get("grade") and is_manual(c) == manual)
+
+
+AUTO, BY_HAND = points(manual=False), points(manual=True)
 
 
 def submit(subs: Path, student: str, written: str | None = None, timestamp: str | None = None,
@@ -86,26 +82,20 @@ def submit(subs: Path, student: str, written: str | None = None, timestamp: str 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     base = tmp_path_factory.mktemp("records")
-    with pytest.MonkeyPatch.context() as mp:
-        (base / "solutions").mkdir()
-        shutil.copytree(course.SOURCE / A, base / "solutions" / A)
-        add_written_question(base / "solutions" / A / NB)
-        mp.setattr(course, "SOURCE", base / "solutions")
-        mp.setattr(course, "RELEASE", base / "exercises")
-        course.generate_release(A, base / "exercises")
-        subs, work = base / "submitted", base / "grading"
-        submit(subs, "alice", written="Because the dot products grow with d_k.", timestamp=ON_TIME, helper=True)
-        submit(subs, "late", written="No idea.", timestamp=A_DAY_LATE)
-        blank = submit(subs, "blank", answered=False)
-        (blank / os.fsdecode(b"copy of single_h\xe9ad.ipynb")).write_bytes(b"{}")  # a name that is not UTF-8
-        os.mkdir(os.fsencode(subs) + b"/\xff\xfe")  # a student folder whose name is not UTF-8
-        work.mkdir()
-        nbgrader("db", "assignment", "add", A, "--duedate", DUE, f"--db=sqlite:///{work / 'gradebook.db'}")
-        logs: list[str] = []
-        out = base / "grades.csv"
-        grade = lambda **kw: batch.run(subs, A, out, work, LIMITS, workers=1, log=logs.append, **kw)  # noqa: E731
-        grade()
-        yield {"base": base, "subs": subs, "work": work, "out": out, "logs": logs, "grade": grade, "mp": mp}
+    # The course's own exercise 01 (tests/test_exercises_sync.py keeps its release current).
+    subs, work = base / "submitted", base / "grading"
+    submit(subs, "alice", written="Because the dot products grow with d_k.", timestamp=ON_TIME, helper=True)
+    submit(subs, "late", written="No idea.", timestamp=A_DAY_LATE)
+    blank = submit(subs, "blank", answered=False)
+    (blank / os.fsdecode(b"copy of single_h\xe9ad.ipynb")).write_bytes(b"{}")  # a name that is not UTF-8
+    os.mkdir(os.fsencode(subs) + b"/\xff\xfe")  # a student folder whose name is not UTF-8
+    work.mkdir()
+    nbgrader("db", "assignment", "add", A, "--duedate", DUE, f"--db=sqlite:///{work / 'gradebook.db'}")
+    logs: list[str] = []
+    out = base / "grades.csv"
+    grade = lambda **kw: batch.run(subs, A, out, work, LIMITS, workers=1, log=logs.append, **kw)  # noqa: E731
+    grade()
+    yield {"base": base, "subs": subs, "work": work, "out": out, "logs": logs, "grade": grade}
 
 
 def read_csv_by(path: Path, key: str) -> dict[str, dict[str, str]]:
@@ -135,7 +125,7 @@ def test_written_answers_and_added_cells_reach_formgrader(graded):
         sub = gb.find_submission(A, "alice")
         assert sub.needs_manual_grade
         grade = gb.find_grade(WRITTEN, "single_head", A, "alice")
-        assert grade.needs_manual_grade and grade.auto_score is None and grade.max_score == 2
+        assert grade.needs_manual_grade and grade.auto_score is None and grade.max_score == BY_HAND > 0
         assert not gb.find_grade("test_softmax_basic", "single_head", A, "alice").needs_manual_grade
         left_blank = gb.find_grade(WRITTEN, "single_head", A, "blank")  # "YOUR ANSWER HERE": 0, nothing to grade
         assert left_blank.auto_score == 0 and not left_blank.needs_manual_grade
@@ -163,8 +153,8 @@ def test_feedback_files_are_readable_and_release_feedback_succeeds(graded):
 
 def test_late_penalty_and_extension(graded):
     row = read_csv(graded["out"])["late"]
-    assert float(row["late_penalty"]) == pytest.approx(11 * 0.2)  # 10% per started day, two days
-    assert float(row["score"]) == pytest.approx(11 * 0.8)
+    assert float(row["late_penalty"]) == pytest.approx(AUTO * 0.2)  # 10% per started day, two days
+    assert float(row["score"]) == pytest.approx(AUTO * 0.8)
     assert float(read_csv(graded["out"])["alice"]["late_penalty"]) == 0
     with gradebook(graded["work"]) as gb:
         assert str(gb.find_assignment(A).duedate).startswith("2026-10-02 23:59")
@@ -174,7 +164,7 @@ def test_late_penalty_and_extension(graded):
     assert proc.returncode == 0, proc.stderr[-2000:]
     graded["grade"]()
     row = read_csv(graded["out"])["late"]
-    assert float(row["late_penalty"]) == 0 and float(row["score"]) == 11
+    assert float(row["late_penalty"]) == 0 and float(row["score"]) == AUTO
     html = (graded["work"] / "feedback" / "late" / A / "single_head.html").read_text()
     assert "Late submission penalty" not in html or "-0" in html or "(0" in html
 
@@ -198,7 +188,7 @@ def test_manual_grades_and_comments_survive_rerun_regrade_and_resubmission(grade
             assert gb.find_grade("test_softmax_basic", "single_head", A, "alice").extra_credit == 0.5
             assert gb.find_comment(WRITTEN, "single_head", A, "alice").manual_comment.startswith("Right idea")
             assert not gb.find_submission(A, "alice").needs_manual_grade
-        assert float(read_csv(graded["out"])["alice"]["score"]) == 11 + 1.5 + 0.5
+        assert float(read_csv(graded["out"])["alice"]["score"]) == AUTO + 1.5 + 0.5
         html = (work / "feedback" / "alice" / A / "single_head.html").read_text()
         assert "Right idea: say what happens to the softmax." in html
     assert "3 to grade" in summary(graded["logs"])  # --regrade graded everyone again
@@ -230,7 +220,7 @@ def test_roster_and_exports_carry_names_timestamps_and_canvas_columns(graded):
     with open(dest, newline="") as f:
         rows = list(csv.reader(f))
     assert rows[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", A]
-    assert rows[1][0] == "Points Possible" and float(rows[1][5]) == 13  # 11 auto + 2 written
+    assert rows[1][0] == "Points Possible" and float(rows[1][5]) == AUTO + BY_HAND
     by_login = {r[3]: r for r in rows[2:]}
     assert sorted(by_login) == ["alice", "blank", "late"]
     assert by_login["alice"][:2] == ["Liddell, Alice", "98765"]
@@ -269,7 +259,6 @@ def test_changed_grader_keeps_recorded_grades_until_regrade(graded, monkeypatch)
 def test_fingerprint_follows_the_checks_import_closure(tmp_path, monkeypatch):
     closure = {p.name for p in batch.import_closure([batch.HERE / "checks" / "ch03_self_attention.py"])}
     assert {"ch01_single_head.py", "ch02_multi_head.py", "__init__.py", "wire.py"} <= closure
-    monkeypatch.setattr(course, "SOURCE", COURSE_SOURCE)
     copy = tmp_path / "autograder"
     shutil.copytree(batch.HERE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(batch, "HERE", copy)
