@@ -250,6 +250,21 @@ def expect_tensor(value: Any, shape: tuple[int, ...] | None, what: str, dtype: t
     return value
 
 
+def expect_value_error(call: Callable[[], Any], what: str, hint: str) -> None:
+    """``call()`` must raise ValueError in the student's code (not another exception, and not return)."""
+    try:
+        result = call()
+    except StudentError as e:
+        msg = str(e)
+        if msg.startswith("not implemented"):
+            raise
+        if msg.startswith("your code raised ValueError"):
+            return
+        raise CheckFailed(f"{what} should raise a ValueError that says why; {msg}. {hint}") from None
+    shape = tuple(result.shape) if isinstance(result, Tensor) else type(result).__name__
+    raise CheckFailed(f"{what} silently returned {shape}; it should raise a ValueError. {hint}")
+
+
 def expect_pair(value: Any, what: str) -> tuple[Any, Any]:
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         got = f"a {type(value).__name__}" + (f" of length {len(value)}" if isinstance(value, (tuple, list)) else "")

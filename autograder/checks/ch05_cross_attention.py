@@ -33,8 +33,8 @@ import torch
 from torch import Tensor, nn
 
 from attnkit import CrossAttention as RefCrossAttention
-from autograder.checks import (CheckFailed, Obj, StudentError, Suite, Trial, expect_choice, expect_close, expect_number,
-                               expect_pair, expect_tensor, expect_tuple)
+from autograder.checks import (CheckFailed, Obj, StudentError, Suite, Trial, expect_choice, expect_close,
+                               expect_number, expect_pair, expect_tensor, expect_tuple, expect_value_error)
 
 SUITE = Suite("05_cross_attention")
 CROSS = "CrossAttention"
@@ -213,21 +213,6 @@ def cross_attention_properties(t: Trial) -> None:
 # -- source_padding_mask: per-example source lengths -> a (B, m) context mask ----------------------------
 
 
-def _expect_value_error(call, what: str, hint: str) -> None:
-    """``call()`` must raise ValueError in the student's code (not another exception, not silently)."""
-    try:
-        result = call()
-    except StudentError as e:
-        msg = str(e)
-        if msg.startswith("not implemented"):
-            raise
-        if msg.startswith("your code raised ValueError"):
-            return
-        raise CheckFailed(f"{what} should raise a ValueError that says why; {msg}. {hint}") from None
-    shape = tuple(result.shape) if isinstance(result, Tensor) else type(result).__name__
-    raise CheckFailed(f"{what} silently returned {shape}; it should raise a ValueError. {hint}")
-
-
 def _ref_source_mask(lengths: Tensor, m: int) -> Tensor:
     return torch.arange(m)[None, :] < lengths[:, None]  # (B, m)
 
@@ -270,9 +255,9 @@ def source_padding_mask_check(t: Trial) -> None:
 @SUITE.check("test_source_padding_mask_errors", parts=[SOURCE_MASK])
 def source_padding_mask_errors(t: Trial) -> None:
     """A length longer than m or negative raises a ValueError (it cannot describe a source of m positions)."""
-    _expect_value_error(lambda: t.call(SOURCE_MASK, torch.tensor([2, 5]), 4), "source_padding_mask(lengths=[2, 5], m=4)",
+    expect_value_error(lambda: t.call(SOURCE_MASK, torch.tensor([2, 5]), 4), "source_padding_mask(lengths=[2, 5], m=4)",
                         "A length above m means the source does not fit in m positions: check lengths <= m")
-    _expect_value_error(lambda: t.call(SOURCE_MASK, torch.tensor([-1, 2]), 4), "source_padding_mask(lengths=[-1, 2], m=4)",
+    expect_value_error(lambda: t.call(SOURCE_MASK, torch.tensor([-1, 2]), 4), "source_padding_mask(lengths=[-1, 2], m=4)",
                         "A negative length is no length: check lengths >= 0")
     got = t.call(SOURCE_MASK, torch.tensor([4, 0]), 4)  # the bounds themselves are fine
     if not (isinstance(got, Tensor) and torch.equal(got, _ref_source_mask(torch.tensor([4, 0]), 4))):

@@ -36,7 +36,7 @@ from attnkit import apply_rotary_embedding as ref_rope
 from attnkit import position_shift_matrix as ref_shift
 from attnkit import sinusoidal_positional_encoding as ref_pe
 from autograder.checks import (CheckFailed, StudentError, Suite, Trial, close, expect_close, expect_number,
-                               expect_tensor)
+                               expect_tensor, expect_value_error)
 
 SUITE = Suite("06_positional_encoding")
 PE, SHIFT, LEARNED = "sinusoidal_positional_encoding", "position_shift_matrix", "LearnedPositionalEmbedding"
@@ -45,21 +45,6 @@ PE_FROM_1 = ("the positions start at 1: row i is position i, counted from 0 (tor
              "is [sin 0, cos 0, ...] = [0, 1, 0, 1, ...]")
 LEARNED_FROM_1 = ("the positions start at 1: the row of position i is table[i], counted from 0, so a sequence of "
                   "n positions uses rows 0..n-1 (torch.arange(n))")
-
-
-def _expect_value_error(call: Callable[[], object], what: str, hint: str) -> None:
-    """``call()`` must raise ValueError in the student's code."""
-    try:
-        result = call()
-    except StudentError as e:
-        msg = str(e)
-        if msg.startswith("not implemented"):
-            raise
-        if msg.startswith("your code raised ValueError"):
-            return
-        raise CheckFailed(f"{what} should raise a ValueError that says why; {msg}. {hint}") from None
-    shape = tuple(result.shape) if isinstance(result, torch.Tensor) else type(result).__name__
-    raise CheckFailed(f"{what} silently returned {shape}; it should raise a ValueError. {hint}")
 
 
 # -- the sinusoidal table -------------------------------------------------------------------------
@@ -125,7 +110,7 @@ def sinusoidal_values(t: Trial) -> None:
 def sinusoidal_odd_dim(t: Trial) -> None:
     """An odd dim raises a ValueError (the columns come in sin/cos pairs)."""
     for d in (5, 1):
-        _expect_value_error(lambda: t.call(PE, 4, d), f"sinusoidal_positional_encoding(4, {d})",
+        expect_value_error(lambda: t.call(PE, 4, d), f"sinusoidal_positional_encoding(4, {d})",
                             "With an odd dim the last sin column would have no cos partner: check dim % 2 first")
     # the smallest even dim still works (its values are test_sinusoidal_values' business)
     expect_tensor(t.call(PE, 3, 2), (3, 2), "sinusoidal_positional_encoding(3, 2) (the smallest even dim must work)")
@@ -241,7 +226,7 @@ def learned_embedding_max_len(t: Trial) -> None:
                 raise CheckFailed(f"a sequence of exactly max_len = 5 positions fails ({err}): {LEARNED_FROM_1}") from None
         raise
     expect_close(out, x + table, "the output for a sequence of exactly max_len = 5 positions", _learned_mistakes(x, table))
-    _expect_value_error(lambda: obj(t.randn(2, 6, 4)), "LearnedPositionalEmbedding(5, 4) on a sequence of 6 positions",
+    expect_value_error(lambda: obj(t.randn(2, 6, 4)), "LearnedPositionalEmbedding(5, 4) on a sequence of 6 positions",
                         "Position 5 has no learned row: compare x.shape[-2] with max_len and raise a ValueError that "
                         "names both")
     try:
@@ -321,7 +306,7 @@ def rotary_values(t: Trial) -> None:
 @SUITE.check("test_rotary_odd_dim", parts=[ROPE])
 def rotary_odd_dim(t: Trial) -> None:
     """An odd last dimension raises a ValueError (columns are rotated in pairs)."""
-    _expect_value_error(lambda: t.call(ROPE, t.randn(1, 3, 5)), "apply_rotary_embedding(x of shape (1, 3, 5))",
+    expect_value_error(lambda: t.call(ROPE, t.randn(1, 3, 5)), "apply_rotary_embedding(x of shape (1, 3, 5))",
                         "With an odd width the last column has no partner to rotate with: check x.shape[-1] % 2")
 
 
