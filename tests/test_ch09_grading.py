@@ -74,7 +74,8 @@ def test_unusual_correct_answer_gets_full_marks():
     assert_full_marks(A, UNUSUAL)
 
 
-LOSS = "return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))"
+LOSS = ("return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),\n"
+        "                           tokens[:, 1:].reshape(-1))")
 SCALE = "    logits = logits / temperature\n"
 SOFTMAX = "probs = torch.softmax(logits, dim=-1)"
 KTH = "kth = logits.topk(top_k, dim=-1).values[:, -1:]"
