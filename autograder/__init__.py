@@ -12,8 +12,8 @@ file                its one job                                                 
 ==================  ==========================================================  ===========================
 ``__main__``        ``python -m autograder``: calls ``cli.main``                ``cli``
 ``cli``             every command and option (``release``, ``grade``,           ``course``, ``batch``,
-                    ``feedback``, ``extension``)                                ``gradebook``, ``feedback``,
-                                                                                ``sandbox``
+                    ``feedback``, ``extension``, ``similarity``)                ``gradebook``, ``feedback``,
+                                                                                ``sandbox``, ``similarity``
 ``batch``           the class: discover and fingerprint submissions and the     ``course``, ``judge``,
                     grader, schedule ``grade_job`` on processes or Dask         ``notebook``, ``results``,
                                                                                 ``written``, ``gradebook``,
@@ -26,6 +26,8 @@ file                its one job                                                 
                                                                                 ``results``, ``written``
 ``plugins``         nbgrader plugins: late penalty per day, Canvas export,      nbgrader only
                     LMS file names
+``similarity``      the instructor's similarity report (copydetect): ranks      ``course``
+                    answers, changes no grade
 ``course``          where the course keeps its assignments, nbgrader's config,  nbgrader only
                     ``generate_assignment``
 ``nbgrader_config`` the course's nbgrader configuration                         nothing

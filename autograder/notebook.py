@@ -22,7 +22,7 @@ class BadNotebook(ValueError):
     """The submission cannot be read as a notebook."""
 
 
-def _text(source: Any) -> str:
+def cell_text(source: Any) -> str:
     if isinstance(source, list):
         return "".join(s for s in source if isinstance(s, str))
     return source if isinstance(source, str) else ""
@@ -56,7 +56,7 @@ def nbgrader_meta(cell: dict) -> dict:
     return nbg if isinstance(nbg, dict) else {}
 
 
-def _canonical(code: str) -> str:
+def canonical_text(code: str) -> str:
     return "\n".join(line.rstrip() for line in code.strip().splitlines())
 
 
@@ -89,12 +89,12 @@ class SourceNotebook:
     def load(cls, path: Path, release_path: Path | None = None) -> "SourceNotebook":
         nb = json.loads(path.read_text())
         release = json.loads(release_path.read_text()) if release_path and release_path.exists() else None
-        visible = {nbgrader_meta(c).get("grade_id"): _text(c.get("source")) for c in (release or {}).get("cells", [])}
+        visible = {nbgrader_meta(c).get("grade_id"): cell_text(c.get("source")) for c in (release or {}).get("cells", [])}
         cells = []
         for c in nb["cells"]:
             meta = nbgrader_meta(c)
             gid = meta.get("grade_id", "")
-            code = _text(c.get("source"))
+            code = cell_text(c.get("source"))
             if c.get("cell_type") != "code":
                 kind = "markdown"
             elif meta.get("solution"):
@@ -134,9 +134,9 @@ def plan_cells(source: SourceNotebook, student: dict) -> Plan:
     function or class they define.
     """
     tests = {c.grade_id: c for c in source.tests()}
-    test_texts = {_canonical(c.code) for c in tests.values()}
+    test_texts = {canonical_text(c.code) for c in tests.values()}
     setups = {c.grade_id: c for c in source.cells if c.kind == "setup"}
-    setup_texts = {_canonical(c.code): c for c in setups.values()}
+    setup_texts = {canonical_text(c.code): c for c in setups.values()}
     parts = {c.grade_id for c in source.solutions()}
     plan = Plan()
     used_setup: set[str] = set()
@@ -145,12 +145,12 @@ def plan_cells(source: SourceNotebook, student: dict) -> Plan:
     for i, cell in enumerate(student["cells"]):
         if not isinstance(cell, dict) or cell.get("cell_type") != "code":
             continue
-        code = _text(cell.get("source"))
+        code = cell_text(cell.get("source"))
         meta = nbgrader_meta(cell)
         gid = meta.get("grade_id") if isinstance(meta.get("grade_id"), str) else ""
-        if gid in tests or _canonical(code) in test_texts:
+        if gid in tests or canonical_text(code) in test_texts:
             continue
-        setup = setups.get(gid) or setup_texts.get(_canonical(code))
+        setup = setups.get(gid) or setup_texts.get(canonical_text(code))
         if setup is not None and gid not in parts:
             if setup.grade_id not in used_setup:
                 # Source setup cells run in source order up to and including this one.

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from autograder.notebook import defined_names, nbgrader_meta, read_notebook
+from autograder.notebook import canonical_text, cell_text, defined_names, nbgrader_meta, read_notebook
 from autograder.results import StudentCells
 
 MAX_ADDED_CELLS = 50  # added cells carried into the autograded notebook, per notebook
@@ -25,16 +25,6 @@ def is_manual(cell: dict[str, Any]) -> bool:
     """True for a cell nbgrader grades by hand: an answer with points, or a task."""
     meta = nbgrader_meta(cell)
     return bool(meta.get("task") or (meta.get("solution") and meta.get("grade")))
-
-
-def _text(source: Any) -> str:
-    if isinstance(source, list):
-        return "".join(s for s in source if isinstance(s, str))
-    return source if isinstance(source, str) else ""
-
-
-def _norm(text: str) -> str:
-    return "\n".join(line.rstrip() for line in text.strip().splitlines())
 
 
 def student_cells(path: Path | None, release: dict[str, Any]) -> StudentCells:
@@ -53,28 +43,28 @@ def student_cells(path: Path | None, release: dict[str, Any]) -> StudentCells:
     ids = {nbgrader_meta(c).get("grade_id") for c in cells} - {None, ""}
     manual = {nbgrader_meta(c)["grade_id"] for c in cells if is_manual(c) and nbgrader_meta(c).get("grade_id")}
     parts = {nbgrader_meta(c).get("grade_id") for c in cells if nbgrader_meta(c).get("solution")} - manual
-    texts = {_norm(_text(c.get("source"))) for c in cells}
+    texts = {canonical_text(cell_text(c.get("source"))) for c in cells}
     after = ""
     for cell in nb["cells"]:
         if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown"):
             continue
         gid = nbgrader_meta(cell).get("grade_id")
         gid = gid if isinstance(gid, str) else ""
-        source = _text(cell.get("source"))[:MAX_CELL_CHARS]
+        source = cell_text(cell.get("source"))[:MAX_CELL_CHARS]
         if gid in manual:
             out.written.setdefault(gid, source)
         if gid in ids:
             after = gid
             continue
-        if not source.strip() or _norm(source) in texts:
+        if not source.strip() or canonical_text(source) in texts:
             continue
         if cell["cell_type"] == "code" and defined_names(source) & parts:
             continue
         if len(out.added) < MAX_ADDED_CELLS:
             out.added.append((after, cell["cell_type"], source))
-    released = {nbgrader_meta(c)["grade_id"]: _norm(_text(c.get("source"))) for c in cells
+    released = {nbgrader_meta(c)["grade_id"]: canonical_text(cell_text(c.get("source"))) for c in cells
                 if nbgrader_meta(c).get("grade_id") in manual}
     answers = {g for g in manual if not any(nbgrader_meta(c).get("grade_id") == g and nbgrader_meta(c).get("task")
                                             for c in cells)}  # a task is answered elsewhere
-    out.unanswered = sorted(g for g in answers if g not in out.written or _norm(out.written[g]) == released[g])
+    out.unanswered = sorted(g for g in answers if g not in out.written or canonical_text(out.written[g]) == released[g])
     return out
