@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import textwrap
 
+from pathlib import Path
+
 import pytest
 
 from autograder.authorship import delegations
@@ -408,6 +410,20 @@ TAMPERING = {
 
 @pytest.mark.parametrize("attack", list(TAMPERING))
 def test_a_tampered_guard_is_found_and_earns_nothing(attack):
+    """Run in a fresh interpreter: the attacks destroy every torch.library.Library of the process, torch's
+    own meta registrations included, which in the sandbox costs only the student's process but here would
+    break every later test that uses the meta device."""
+    import subprocess
+    import sys
+
+    here = Path(__file__).resolve().parent
+    code = (f"import sys\nsys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]\n"
+            f"import test_authorship\ntest_authorship._tampering_is_found({attack!r})\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _tampering_is_found(attack: str) -> None:
     import numpy as np
 
     from autograder.checks import StudentError
