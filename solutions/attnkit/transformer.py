@@ -7,8 +7,9 @@ positions, ``E`` the model width ``embed_dim``, ``F`` the feed-forward width
 Each block wraps every sublayer in a residual connection and a layer norm
 (Vaswani et al., 2017, section 3.1). Post-norm (the paper, ``norm_first=False``):
 ``x = norm(x + sublayer(x))``. Pre-norm (``norm_first=True``; used by GPT-2, Radford
-et al., 2019, and analysed by Xiong et al., 2020): ``x = x + sublayer(norm(x))``. Both match ``torch.nn.TransformerEncoderLayer`` /
-``TransformerDecoderLayer`` (``batch_first=True``, relu) with the same weights
+et al., 2019, and analysed by Xiong et al., 2020): ``x = x + sublayer(norm(x))``. Both
+match ``torch.nn.TransformerEncoderLayer`` / ``TransformerDecoderLayer``
+(``batch_first=True``, relu) with the same weights
 (:mod:`attnkit.torch_twins` makes those twins).
 
 The blocks are built from chapter 03's :class:`~attnkit.self_attention.SelfAttention`
