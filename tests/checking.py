@@ -51,6 +51,29 @@ def run_checks(assignment: str, code: str, gids: list[str], secret: str = "test"
     return out
 
 
+def assert_checks_name(assignment: str, name: str, code: str, gids: str | list[str], words: str) -> None:
+    """Each check in ``gids``, run alone on ``code`` (a mutant breaking requirement ``name``), fails with a
+    message containing ``words``."""
+    gids = [gids] if isinstance(gids, str) else list(gids)
+    results = run_checks(assignment, code, gids)
+    for gid in gids:
+        assert results[gid], f"{name}: {gid} passed but the mutant breaks it"
+        assert words.lower() in results[gid].lower(), f"{name}: {gid}'s message does not name the mistake: {results[gid]!r}"
+
+
+def with_answer(code: str, name: str, value: str) -> str:
+    """``code`` with the line assigning question ``name`` replaced by ``name = value``."""
+    line = next(line for line in code.splitlines() if line.startswith(f"{name} = "))
+    return mutate(code, line, f"{name} = {value}")
+
+
+def assert_only_question_named(assignment: str, code: str, name: str, questions, words: str) -> None:
+    """Run the checks of ``questions`` on ``code``: ``name``'s fails naming ``words``, every other passes."""
+    results = run_checks(assignment, code, [f"test_{q}" for q in questions])
+    assert words.lower() in results[f"test_{name}"].lower(), results[f"test_{name}"]
+    assert all(msg == "" for gid, msg in results.items() if gid != f"test_{name}"), results
+
+
 def source_code(assignment: str) -> str:
     """The reference answer: setup and solution cells of the source notebook, in order."""
     from autograder.course import source_notebooks

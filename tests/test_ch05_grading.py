@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from autograder.checks import CheckFailed, LocalBackend, Trial, load_suite, seed_for
 import checking
-from checking import namespace, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
+from checking import assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 A = "05_cross_attention"
 REF = source_code(A)
@@ -119,11 +118,6 @@ class CrossAttention(nn.Module):
     assert all(results[g].startswith("earns no points") for g in CROSS_CHECKS), results
 
 
-def run_checks(code: str, gids: list[str]) -> dict[str, str]:
-    """Only the checks ``gids`` of this assignment (see checking.run_checks)."""
-    return checking.run_checks(A, code, gids)
-
-
 # -- stated requirements (issue 13): each one, broken alone, costs points on its check with a named message --
 
 NAN_ROW = ".nan_to_num(0.0)  # an all-padding example: zeros, not NaN"
@@ -170,10 +164,8 @@ REQUIREMENTS = {
 
 @pytest.mark.parametrize("name", list(REQUIREMENTS))
 def test_each_stated_requirement_is_checked(name):
-    code, gid, words = REQUIREMENTS[name]
-    results = run_checks(code, [gid])
-    assert results[gid], f"{name}: {gid} passed but the mutant breaks it"
-    assert words.lower() in results[gid].lower(), f"{name}: {gid}'s message does not name the mistake: {results[gid]!r}"
+    code, gids, words = REQUIREMENTS[name]
+    checking.assert_checks_name(A, name, code, gids, words)
 
 
 # -- conceptual questions (issue 14): the reference's answers pass; each named wrong answer gets its message --
@@ -193,7 +185,4 @@ QUESTIONS = {
 
 @pytest.mark.parametrize("name, wrong, words", [(q, w, m) for q, cases in QUESTIONS.items() for w, m in cases])
 def test_question_wrong_answer_is_named(name, wrong, words):
-    line = next(line for line in REF.splitlines() if line.startswith(f"{name} = "))
-    results = run_checks(mutate(REF, line, f"{name} = {wrong}"), [f"test_{q}" for q in QUESTIONS])
-    assert words.lower() in results[f"test_{name}"].lower(), results[f"test_{name}"]
-    assert all(msg == "" for gid, msg in results.items() if gid != f"test_{name}"), results
+    checking.assert_only_question_named(A, checking.with_answer(REF, name, wrong), name, QUESTIONS, words)

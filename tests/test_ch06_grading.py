@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from autograder.checks import CheckFailed, LocalBackend, Trial, load_suite, seed_for
 import checking
-from checking import namespace, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
+from checking import assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 A = "06_positional_encoding"
 REF = source_code(A)
@@ -169,11 +168,6 @@ def test_importing_attnkit_earns_nothing_for_that_part():
     assert results["test_sinusoidal_values"] == ""
 
 
-def run_checks(code: str, gids: list[str]) -> dict[str, str]:
-    """Only the checks ``gids`` of this assignment (see checking.run_checks)."""
-    return checking.run_checks(A, code, gids)
-
-
 # -- stated requirements (issue 13): each one, broken alone, costs points on its check with a named message --
 
 RETURN_PE = "return P.reshape(num_positions, dim).float()  # (n, dim)"
@@ -224,11 +218,7 @@ REQUIREMENTS = {
 @pytest.mark.parametrize("name", list(REQUIREMENTS))
 def test_each_stated_requirement_is_checked(name):
     code, gids, words = REQUIREMENTS[name]
-    gids = [gids] if isinstance(gids, str) else gids
-    results = run_checks(code, gids)
-    for gid in gids:
-        assert results[gid], f"{name}: {gid} passed but the mutant breaks it"
-        assert words.lower() in results[gid].lower(), f"{name}: {gid}'s message does not name the mistake: {results[gid]!r}"
+    checking.assert_checks_name(A, name, code, gids, words)
 
 
 def test_rope_written_with_complex_numbers_gets_full_marks():
@@ -251,7 +241,4 @@ QUESTIONS = {
 
 @pytest.mark.parametrize("name, wrong, words", [(q, w, m) for q, cases in QUESTIONS.items() for w, m in cases])
 def test_question_wrong_answer_is_named(name, wrong, words):
-    line = next(line for line in REF.splitlines() if line.startswith(f"{name} = "))
-    results = run_checks(mutate(REF, line, f"{name} = {wrong}"), [f"test_{q}" for q in QUESTIONS])
-    assert words.lower() in results[f"test_{name}"].lower(), results[f"test_{name}"]
-    assert all(msg == "" for gid, msg in results.items() if gid != f"test_{name}"), results
+    checking.assert_only_question_named(A, checking.with_answer(REF, name, wrong), name, QUESTIONS, words)

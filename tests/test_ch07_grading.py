@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autograder.checks import CheckFailed, LocalBackend, Trial, load_suite, seed_for
 import checking
-from checking import namespace, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
+from checking import assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 
 @pytest.fixture(autouse=True)
@@ -215,11 +214,6 @@ class TransformerEncoderBlock(nn.Module):
     assert results["test_decoder_block_post_norm"] == ""
 
 
-def run_checks(code: str, gids: list[str]) -> dict[str, str]:
-    """Only the checks ``gids`` of this assignment (see checking.run_checks)."""
-    return checking.run_checks(A, code, gids)
-
-
 # -- stated requirements (issue 13): each one, broken alone, costs points on its check with a named message --
 
 FF_OUT = "return self.linear2(self.dropout(torch.relu(self.linear1(x))))"
@@ -265,11 +259,7 @@ REQUIREMENTS = {
 @pytest.mark.parametrize("name", list(REQUIREMENTS))
 def test_each_stated_requirement_is_checked(name):
     code, gids, words = REQUIREMENTS[name]
-    gids = [gids] if isinstance(gids, str) else gids
-    results = run_checks(code, gids)
-    for gid in gids:
-        assert results[gid], f"{name}: {gid} passed but the mutant breaks it"
-        assert words.lower() in results[gid].lower(), f"{name}: {gid}'s message does not name the mistake: {results[gid]!r}"
+    checking.assert_checks_name(A, name, code, gids, words)
 
 
 # -- conceptual questions (issue 14): the reference's answers pass; each named wrong answer gets its message --
@@ -288,10 +278,7 @@ QUESTIONS = {
 
 @pytest.mark.parametrize("name, wrong, words", [(q, w, m) for q, cases in QUESTIONS.items() for w, m in cases])
 def test_question_wrong_answer_is_named(name, wrong, words):
-    line = next(line for line in REF.splitlines() if line.startswith(f"{name} = "))
-    code = mutate(REF, line, f"{name} = {wrong}")
+    code = checking.with_answer(REF, name, wrong)
     if name == "q_block_params":  # Q3's reference answer divides by Q1's: keep it independent of Q1's mutation
         code = code.replace("/ q_block_params", f"/ {ATTN + FFN + NORMS}")
-    results = run_checks(code, [f"test_{q}" for q in QUESTIONS])
-    assert words.lower() in results[f"test_{name}"].lower(), results[f"test_{name}"]
-    assert all(msg == "" for gid, msg in results.items() if gid != f"test_{name}"), results
+    checking.assert_only_question_named(A, code, name, QUESTIONS, words)

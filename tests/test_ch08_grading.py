@@ -264,10 +264,7 @@ REQUIREMENTS = {
 @pytest.mark.parametrize("name", list(REQUIREMENTS))
 def test_each_stated_requirement_is_checked(name):
     code, gids, words = REQUIREMENTS[name]
-    results = run_checks(code, gids)
-    for gid in gids:
-        assert results[gid], f"{name}: {gid} passed but the mutant breaks it"
-        assert words.lower() in results[gid].lower(), f"{name}: {gid}'s message does not name the mistake: {results[gid]!r}"
+    checking.assert_checks_name(A, name, code, gids, words)
 
 
 def test_tiled_attention_that_keeps_a_stale_maximum_is_named():
@@ -302,10 +299,7 @@ QUESTIONS = {
 
 @pytest.mark.parametrize("name, wrong, words", [(q, w, m) for q, cases in QUESTIONS.items() for w, m in cases])
 def test_question_wrong_answer_is_named(name, wrong, words):
-    line = next(line for line in REF.splitlines() if line.startswith(f"{name} = "))
-    results = run_checks(mutate(REF, line, f"{name} = {wrong}"), [f"test_{q}" for q in QUESTIONS])
-    assert words.lower() in results[f"test_{name}"].lower(), results[f"test_{name}"]
-    assert all(msg == "" for gid, msg in results.items() if gid != f"test_{name}"), results
+    checking.assert_only_question_named(A, checking.with_answer(REF, name, wrong), name, QUESTIONS, words)
 
 
 def test_grouped_query_attention_by_expand_and_reshape_gets_full_marks():
