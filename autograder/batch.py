@@ -8,9 +8,9 @@ student :func:`run`
    it stopped and a re-run changes nothing, while a re-submission is graded again;
 2. grades it with :func:`grade_job` (student code in a sandbox, verdicts here),
    in worker processes or as Dask tasks;
-3. in this process only: saves the :class:`~autograder.results.Result`, records
+3. in this process only: saves the :class:`~autograder.records.results.Result`, records
    it in the gradebook and writes the autograded notebooks and the feedback
-   (:mod:`autograder.gradebook`, :mod:`autograder.feedback`);
+   (:mod:`autograder.records.gradebook`, :mod:`autograder.records.feedback`);
 4. rewrites the CSV from the gradebook.
 
 Grades are stable: the grader's version (:func:`grader_version`) is pinned per
@@ -41,17 +41,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autograder import course
-from autograder.feedback import generate_feedback, write_autograded
-from autograder.gradebook import Records, write_csv
-from autograder.judge import NotebookResult, TestResult, grade_notebook
+from autograder.isolation.sandbox import IsolationUnavailable, Limits, isolation_summary, require_isolation
+from autograder.judging.judge import grade_notebook
 from autograder.notebook import MAX_NOTEBOOK_BYTES, BadNotebook, SourceNotebook
-from autograder.results import Result, StudentCells, clean_text, load_result, save_result
-from autograder.sandbox import IsolationUnavailable, Limits, isolation_summary, require_isolation
-from autograder.written import student_cells
+from autograder.records.feedback import generate_feedback, write_autograded
+from autograder.records.gradebook import Records, write_csv
+from autograder.records.results import (NotebookResult, Result, StudentCells, TestResult, clean_text, load_result,
+                                        save_result)
+from autograder.records.written import student_cells
 
 HERE = Path(__file__).resolve().parent
 STUDENT_ID = re.compile(r"^[A-Za-z0-9_.@+-]{1,128}$")
-GRADING_ROOTS = ("judge.py", "harness.py", "zygote.py")  # what grading runs; their imports are followed
+GRADING_ROOTS = ("judging/judge.py", "in_sandbox/harness.py", "isolation/zygote.py")  # what grading runs; their imports are followed
 
 
 # -- fingerprints ---------------------------------------------------------------------------------------
@@ -137,7 +138,7 @@ def grader_version(assignment: str, limits: Limits | None = None) -> str:
 
     h = hashlib.sha256(repr(limits or Limits()).encode())
     _hash_files(h, course.source_notebooks(assignment))
-    roots = [HERE / name for name in GRADING_ROOTS] + [HERE / "checks" / f"ch{assignment}.py"]
+    roots = [HERE / name for name in GRADING_ROOTS] + [HERE / "judging" / "checks" / f"ch{assignment}.py"]
     for path in import_closure(roots):
         h.update(str(path.relative_to(HERE)).encode() + b"\0" + path.read_bytes() + b"\0")
     _hash_files(h, sorted(Path(attnkit.__file__).parent.glob("*.py")))
@@ -300,7 +301,7 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
     ``force`` or ``regrade`` grade everyone again with the current grader and pin its
     version; without them, grades recorded by an earlier grader are kept and the
     students whose grade the current one would change are reported. Either way
-    manual grades and comments stay (see :mod:`autograder.gradebook`).
+    manual grades and comments stay (see :mod:`autograder.records.gradebook`).
     """
     if assignment not in course.assignments():
         raise SystemExit(f"unknown assignment {assignment!r}; known: {', '.join(course.assignments())}")

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from autograder import course
-from autograder.sandbox import Limits
-from autograder.similarity import add_similarity_parser
+from autograder.isolation.sandbox import Limits
+from autograder.records.similarity import add_similarity_parser
 
 
 def _release(args: argparse.Namespace) -> int:
@@ -36,7 +36,7 @@ def limits_from(args: argparse.Namespace) -> Limits:
 
 def _grade(args: argparse.Namespace) -> int:
     from autograder import batch
-    from autograder.sandbox import IsolationUnavailable, require_isolation
+    from autograder.isolation.sandbox import IsolationUnavailable, require_isolation
 
     if args.require_isolation:
         try:
@@ -53,8 +53,8 @@ def _grade(args: argparse.Namespace) -> int:
 
 def _feedback(args: argparse.Namespace) -> int:
     """Render the feedback again from the gradebook (after manual grading), for every graded student."""
-    from autograder.feedback import generate_feedback
-    from autograder.gradebook import Records
+    from autograder.records.feedback import generate_feedback
+    from autograder.records.gradebook import Records
 
     records = Records(args.workdir, args.assignment)
     failed = 0
@@ -70,7 +70,7 @@ def _extension(args: argparse.Namespace) -> int:
     """Grant (or, with zero, remove) a student's extension in the gradebook; late penalties follow it."""
     from nbgrader.api import Gradebook, MissingEntry
 
-    from autograder.gradebook import Records
+    from autograder.records.gradebook import Records
 
     records = Records(args.workdir, args.assignment)
     records.prepare_gradebook()

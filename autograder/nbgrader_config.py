@@ -34,16 +34,16 @@ c.Execute.timeout = 120
 # Due dates: `nbgrader db assignment add 01_single_head --duedate "2026-10-02 23:59:00 UTC"`; an extension
 # is granted in the gradebook (see autograder/README.md). `c.PercentPerDayLatePenalty.percent_per_day = 0`
 # turns penalties off; nbgrader's own plugin is `nbgrader.plugins.LateSubmissionPlugin`.
-c.AssignLatePenalties.plugin_class = "autograder.plugins.PercentPerDayLatePenalty"
+c.AssignLatePenalties.plugin_class = "autograder.records.plugins.PercentPerDayLatePenalty"
 c.PercentPerDayLatePenalty.percent_per_day = 10.0
 c.PercentPerDayLatePenalty.max_percent = 100.0
 c.PercentPerDayLatePenalty.grace_minutes = 0.0
 
 # `nbgrader zip_collect NN_topic`: put the LMS's bulk download in downloaded/NN_topic/archive/.
-c.ZipCollectApp.collector_plugin = "autograder.plugins.LmsFileNameCollector"
+c.ZipCollectApp.collector_plugin = "autograder.records.plugins.LmsFileNameCollector"
 c.ZipCollectApp.downloaded_directory = "grading/downloaded"
 c.LmsFileNameCollector.lms = ["canvas", "moodle"]
 
-# `nbgrader export --exporter autograder.plugins.CanvasExportPlugin --to canvas.csv`; map assignments to
+# `nbgrader export --exporter autograder.records.plugins.CanvasExportPlugin --to canvas.csv`; map assignments to
 # existing Canvas columns with c.CanvasExportPlugin.assignment_columns = {"01_single_head": "Attention 1 (4321)"}.
 c.CanvasExportPlugin.section = ""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autograder.checks import CheckFailed, load_suite, run_local
+from autograder.judging.checks import CheckFailed, load_suite, run_local
 from autograder.course import SOURCE
 from checking import assert_mistake_named, namespace, reference_answers
 

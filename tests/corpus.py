@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from autograder.checks import load_suite
+from autograder.judging.checks import load_suite
 from autograder.course import RELEASE, ROOT, SOURCE
 from autograder.notebook import nbgrader_meta
 from checking import reference_answers

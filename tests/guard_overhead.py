@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from autograder.checks import CheckFailed, LocalBackend, Trial, load_suite, seed_for, suite_bans  # noqa: E402
+from autograder.judging.checks import CheckFailed, LocalBackend, load_suite, seed_for  # noqa: E402
 from checking import namespace, source_code  # noqa: E402
 
 A = "01_single_head"
@@ -32,8 +32,8 @@ def grade_once(guarded: bool) -> tuple[float, int]:
     suite, ns = load_suite(A), namespace(source_code(A))
     calls = 0
     start = time.perf_counter()
-    for gid, check in suite.checks.items():
-        backend = LocalBackend(ns, suite_bans(suite, check.parts))
+    for gid in suite.checks:
+        backend = LocalBackend(ns)
         if not guarded:
             backend.runner.guard = _NoGuard()
         ask = backend.ask
@@ -45,7 +45,7 @@ def grade_once(guarded: bool) -> tuple[float, int]:
 
         backend.ask = counted  # type: ignore[method-assign]
         try:
-            check.fn(Trial(backend, seed_for("bench", A, gid)))
+            suite.run(gid, backend, seed_for("bench", A, gid))
         except CheckFailed as e:
             raise SystemExit(f"the reference failed {gid}: {e}") from None
     return time.perf_counter() - start, calls

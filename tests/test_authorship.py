@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.authorship import delegations
+from autograder.judging.authorship import delegations
 
 PARTS = ["softmax", "scaled_dot_product_attention", "MultiHeadAttention", "online_softmax_update"]
 FORBIDDEN = {"softmax": {"softmax": "torch's softmax"}}
@@ -178,7 +178,7 @@ CH01 = ["softmax", "scaled_dot_product_attention"]
 
 
 def ch01_scan(code: str) -> dict[str, str]:
-    from autograder.checks import load_suite
+    from autograder.judging.checks import load_suite
 
     return delegations(textwrap.dedent(code), CH01, load_suite("01_single_head").forbidden)
 
@@ -224,7 +224,7 @@ def test_the_harness_refuses_torchs_attention_at_the_dispatcher():
 
     probe = textwrap.dedent('''
         import torch
-        from autograder import harness
+        from autograder.in_sandbox import harness
         guard = harness.Runner(torch, {}).guard
         q = torch.randn(1, 2, 3, 4)
         mha = torch.nn.MultiheadAttention(4, 2, batch_first=True).eval()
@@ -260,7 +260,7 @@ def test_the_harness_refuses_torchs_attention_at_the_dispatcher():
 # -- IPython syntax in the harness: only real magics are touched --------------------------------------
 
 def test_the_harness_transforms_only_real_magics():
-    from autograder.magics import strip_magics as _strip_magics
+    from autograder.in_sandbox.magics import strip_magics as _strip_magics
 
     plain = ("def softmax(x, dim=-1):\n    dim = (dim\n           % x.dim())\n"
              '    """Docs.\n%notamagic\n!nor this\n    """\n    return x\n')
@@ -358,25 +358,28 @@ FORGED_SOFTMAX = {
 
 
 def _local(code: str, bans=("softmax", "log_softmax", "Categorical")):
-    from autograder.checks import LocalBackend
+    from autograder.judging.checks import LocalBackend
 
     ns: dict = {"__name__": "__main__"}
     exec(compile("import torch\n" + code, "<answer>", "exec"), ns)
-    return LocalBackend(ns, bans)
+    backend = LocalBackend(ns)
+    backend.bans = tuple(bans)  # what Suite.run would pass with every call
+    return backend
 
 
 @pytest.mark.parametrize("route", list(FORGED_SOFTMAX))
 def test_a_parts_ban_holds_at_run_time_by_any_route(route):
     import numpy as np
 
-    from autograder.checks import StudentError
+    from autograder.judging.checks import StudentError
 
     x = np.linspace(-3, 3, 8, dtype=np.float32).reshape(2, 4)
     with pytest.raises(StudentError, match="earns no points: .*torch's own implementation"):
-        _local(FORGED_SOFTMAX[route]).call("softmax", [x], {"dim": -1})
+        backend = _local(FORGED_SOFTMAX[route])
+        backend.call("softmax", [x], {"dim": -1}, backend.bans)
     # the same code runs when the part under check allows torch's softmax (another part's check) ...
     if route not in ("mkldnn layout",):
-        out = _local(FORGED_SOFTMAX[route], bans=()).call("softmax", [x], {"dim": -1})
+        out = _local(FORGED_SOFTMAX[route], bans=()).call("softmax", [x], {"dim": -1}, ())
         assert np.allclose(out, __import__("torch").softmax(__import__("torch").from_numpy(x), -1).numpy(), atol=1e-5)
     # ... and outside a judged call, as in Jupyter (a self-check cell)
     import torch
@@ -426,7 +429,7 @@ def test_a_tampered_guard_is_found_and_earns_nothing(attack):
 def _tampering_is_found(attack: str) -> None:
     import numpy as np
 
-    from autograder.checks import StudentError
+    from autograder.judging.checks import StudentError
 
     code, target, bans = TAMPERING[attack]
     q = np.ones((1, 2, 4), np.float32)
@@ -434,7 +437,7 @@ def _tampering_is_found(attack: str) -> None:
     backend = _local(code, bans)
     try:
         with pytest.raises(StudentError, match="earns no points: .*(guard|own implementation)"):
-            backend.call(target, args, {})
+            backend.call(target, args, {}, backend.bans)
     finally:
         lib = backend.runner.ns.get("_lib")
         if lib is not None:
@@ -461,7 +464,7 @@ def test_a_long_chain_of_helpers_is_scanned_in_linear_work_and_named_briefly():
 
 
 def test_the_scan_has_a_size_cap_and_a_time_budget():
-    from autograder.authorship import MAX_SCAN_CHARS, ScanLimit
+    from autograder.judging.authorship import MAX_SCAN_CHARS, ScanLimit
 
     with pytest.raises(ScanLimit, match="more than the grader reads"):
         delegations(["x = 1\n" * (MAX_SCAN_CHARS // 6 + 1)], ["softmax"], {})
@@ -474,7 +477,7 @@ def test_many_magics_are_rewritten_line_by_line_not_by_ipythons_transformer(monk
     magics the cell is rewritten in one linear pass, and still runs as Jupyter would run it."""
     import IPython.core.inputtransformer2 as it2
 
-    from autograder import magics
+    from autograder.in_sandbox import magics
 
     calls = []
     monkeypatch.setattr(it2.TransformerManager, "transform_cell", lambda self, code: calls.append(code) or code)
@@ -490,7 +493,7 @@ def test_many_magics_are_rewritten_line_by_line_not_by_ipythons_transformer(monk
 
 def test_honest_helpers_named_softmax_are_the_students():
     """A helper module written with %%writefile, whose function's name contains "softmax", is the student's."""
-    from autograder.checks import load_suite
+    from autograder.judging.checks import load_suite
 
     forbidden = load_suite("01_single_head").forbidden
     cells = ["%%writefile helpers.py\nimport torch\ndef stable_softmax(x, dim):\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autograder.checks.ch01_single_head import STATED_REQUIREMENTS
+from autograder.judging.checks.ch01_single_head import STATED_REQUIREMENTS
 from chapter_checking import (assert_answer_named, assert_questions_pass, assert_requirement_broken_alone, grade_answer,
                               question_answers)
 from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code

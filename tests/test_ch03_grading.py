@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autograder.checks.ch03_self_attention import STATED_REQUIREMENTS
+from autograder.judging.checks.ch03_self_attention import STATED_REQUIREMENTS
 from chapter_checking import (assert_answer_named, assert_questions_pass, assert_requirement_broken_alone, grade_answer,
                               question_answers)
 from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, namespace, source_code

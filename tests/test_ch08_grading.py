@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autograder.checks import CheckFailed, LocalBackend, Trial, load_suite, seed_for
+from autograder.judging.checks import CheckFailed, LocalBackend, Trial, load_suite, seed_for
 import checking
 from checking import namespace, assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from autograder import course
-from autograder.written import is_manual
+from autograder.records.written import is_manual
 from checking import answered_release
 
 pytestmark = pytest.mark.slow

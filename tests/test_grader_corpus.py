@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from autograder.batch import run
-from autograder.sandbox import Limits, can_isolate
+from autograder.isolation.sandbox import Limits, can_isolate
 from corpus import A, CASES, ESCAPES, FULL, MARKER, TOTAL
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ import pytest
 from autograder import course
 from autograder.batch import run
 from autograder.notebook import SourceNotebook
-from autograder.sandbox import Limits
+from autograder.isolation.sandbox import Limits
 from checking import answered_release, mutate, reference_answers
 
 pytestmark = pytest.mark.slow

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from autograder import batch, course
-from autograder.sandbox import Limits
-from autograder.written import is_manual
+from autograder.isolation.sandbox import Limits
+from autograder.records.written import is_manual
 from checking import answered_release
 
 pytestmark = pytest.mark.slow
@@ -215,7 +215,7 @@ def test_roster_and_exports_carry_names_timestamps_and_canvas_columns(graded):
     assert (row["first_name"], row["last_name"]) == ("Alice", "Liddell")
     assert row["timestamp"].startswith("2026-10-01 10:00:00")
     dest = graded["base"] / "canvas.csv"
-    nbgrader("export", "--exporter=autograder.plugins.CanvasExportPlugin", f"--to={dest}",
+    nbgrader("export", "--exporter=autograder.records.plugins.CanvasExportPlugin", f"--to={dest}",
              f"--db=sqlite:///{graded['work'] / 'gradebook.db'}")
     with open(dest, newline="") as f:
         rows = list(csv.reader(f))
@@ -257,13 +257,13 @@ def test_changed_grader_keeps_recorded_grades_until_regrade(graded, monkeypatch)
 
 
 def test_fingerprint_follows_the_checks_import_closure(tmp_path, monkeypatch):
-    closure = {p.name for p in batch.import_closure([batch.HERE / "checks" / "ch03_self_attention.py"])}
+    closure = {p.name for p in batch.import_closure([batch.HERE / "judging" / "checks" / "ch03_self_attention.py"])}
     assert {"ch01_single_head.py", "ch02_multi_head.py", "__init__.py", "wire.py"} <= closure
     copy = tmp_path / "autograder"
     shutil.copytree(batch.HERE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(batch, "HERE", copy)
     v03, v05 = batch.grader_version("03_self_attention"), batch.grader_version("05_cross_attention")
-    ch01 = copy / "checks" / "ch01_single_head.py"
+    ch01 = copy / "judging" / "checks" / "ch01_single_head.py"
     ch01.write_text(ch01.read_text() + "\n# a change to chapter 01's checks\n")
     assert batch.grader_version("03_self_attention") != v03  # ch03 imports ch02, which imports ch01
     assert batch.grader_version("05_cross_attention") == v05  # ch05 does not

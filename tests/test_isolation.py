@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-import autograder.sandbox as sandbox
-from autograder import bubblewrap
+import autograder.isolation.sandbox as sandbox
+from autograder.isolation import bubblewrap
 from autograder.course import ROOT
-from autograder.sandbox import Sandbox
+from autograder.isolation.sandbox import Sandbox
 
 # Inside a sandbox: try to create a file named after TOKEN in every folder of every mount that is not
 # read-only (a read-only mount refuses every write: the kernel's rule, not ours), and in the host's usual

@@ -25,7 +25,7 @@ import pytest
 
 from autograder.batch import run
 from autograder.course import ROOT
-from autograder.sandbox import Limits, can_isolate
+from autograder.isolation.sandbox import Limits, can_isolate
 from corpus import A, CASES, FULL, SDPA, SDPA_POINTS, SOFTMAX, SOFTMAX_POINTS, notebook, write_nb
 from test_isolation import KERNEL
 

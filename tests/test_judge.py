@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from autograder.checks import load_suite
+from autograder.judging.checks import load_suite
 from autograder.course import RELEASE, SOURCE
-from autograder.judge import grade_notebook
+from autograder.judging.judge import grade_notebook
 from autograder.notebook import SourceNotebook
-from autograder.sandbox import Limits
+from autograder.isolation.sandbox import Limits
 from corpus import A, FULL, NB, notebook
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ def test_a_check_that_raises_fails_alone(tmp_path, monkeypatch):
     ("ValueError: bad", "your code raised ValueError: bad"),
 ])
 def test_error_sentences_name_the_real_error(error, says):
-    from autograder.checks import describe_error
+    from autograder.judging.checks import describe_error
 
     assert describe_error(error).startswith(says)
 
@@ -50,9 +50,9 @@ def test_error_sentences_name_the_real_error(error, says):
 @pytest.mark.parametrize("local", [True, False])
 def test_a_conceptual_answer_is_read_as_a_plain_value(local):
     """``Trial.value`` reads what the student assigned, the same in the sandbox and in a notebook kernel."""
-    from autograder.checks import LocalBackend, StudentError, Trial
-    from autograder.judge import SandboxBackend
-    from autograder.sandbox import Sandbox
+    from autograder.judging.checks import LocalBackend, StudentError, Trial
+    from autograder.judging.judge import SandboxBackend
+    from autograder.isolation.sandbox import Sandbox
 
     code = "import numpy as np, torch\nq1 = 0.25\nq2 = (3, 4)\nq3 = 'b'\nq4 = np.float64(2.5)\nq5 = torch.ones(2)\n"
     if local:
@@ -75,7 +75,7 @@ def test_a_conceptual_answer_is_read_as_a_plain_value(local):
 
 
 def test_conceptual_answer_helpers_name_wrong_answers_and_hide_the_right_one():
-    from autograder.checks import CheckFailed, expect_choice, expect_number, expect_tuple
+    from autograder.judging.checks import CheckFailed, expect_choice, expect_number, expect_tuple
 
     expect_number(0.2500001, 0.25, "q")
     expect_number(torch_scalar := __import__("torch").tensor(0.25), 0.25, "q")  # a 0-d tensor is a number
@@ -158,10 +158,10 @@ def test_the_sandbox_and_a_notebook_kernel_run_student_code_the_same_way():
     """Same values and same errors for the same requests, through the sandbox and through LocalBackend."""
     import numpy as np
 
-    from autograder.checks import LocalBackend, StudentError
-    from autograder.judge import SandboxBackend
-    from autograder.sandbox import Sandbox
-    from autograder.wire import Ref
+    from autograder.judging.checks import LocalBackend, StudentError
+    from autograder.judging.judge import SandboxBackend
+    from autograder.isolation.sandbox import Sandbox
+    from autograder.in_sandbox.wire import Ref
 
     ns: dict = {"__name__": "__main__"}
     exec(compile(RUNNER_CODE, "<answers>", "exec"), ns)
@@ -197,7 +197,7 @@ def test_the_sandbox_and_a_notebook_kernel_run_student_code_the_same_way():
         assert [k for t, k, _ in seen if t == "cheat"][1] == "value"  # no ban: the same call runs
         assert [m for t, k, m in seen if t == "swallow"][0].startswith("earns no points")
         # parameters: same names, same shape errors, same refusal of torch's attention in a method
-        refs = [b.call("Lin", [3], {}, keep=True) for b in (local, remote)]
+        refs = [b.call("Lin", [3], {}, (), keep=True) for b in (local, remote)]
         assert all(isinstance(r, Ref) for r in refs)
         for backend, ref in zip((local, remote), refs):
             assert sorted(backend.params(ref)) == ["proj.bias", "proj.weight"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from autograder.course import ROOT
-from autograder.sandbox import NAMESPACES, Limits, Sandbox, SandboxError, isolation_mode
+from autograder.isolation.sandbox import NAMESPACES, Limits, Sandbox, SandboxError, isolation_mode
 
 # These tests look at the sandbox from the host as root (its user's processes, its cgroup); bubblewrap's
 # isolation without root is tested in test_isolation*.py.
@@ -76,8 +76,8 @@ def test_student_code_dies_with_a_killed_grader():
     import signal
     import sys
 
-    code = (f"import sys, time\nsys.path.insert(0, {str(ROOT)!r})\nfrom autograder import wire\n"
-            "from autograder.sandbox import Sandbox\nbox = Sandbox()\nbox.start()\n"
+    code = (f"import sys, time\nsys.path.insert(0, {str(ROOT)!r})\nfrom autograder.in_sandbox import wire\n"
+            "from autograder.isolation.sandbox import Sandbox\nbox = Sandbox()\nbox.start()\n"
             "print(box.request({'op': 'exec', 'code': 'import os\\nprint(os.getuid())', 'label': 'x'}, 30)['output'], flush=True)\n"
             "wire.send(box._w, {'op': 'exec', 'code': 'while True:\\n    pass', 'label': 'x'})\ntime.sleep(600)\n")
     grader = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -109,7 +109,7 @@ STALL_REQUESTS = ("import os, sys\n_keep = os.dup(int(sys.argv[1]))\n_pr, _pw = 
 def test_a_process_that_stops_reading_or_replying_is_stopped():
     # W5: the request is written with the same deadline as the reply is awaited; before, a large request to
     # a process that stopped reading blocked the grader forever.
-    code = ("import time\nfrom autograder.sandbox import Limits, Sandbox, SandboxError\n"
+    code = ("import time\nfrom autograder.isolation.sandbox import Limits, Sandbox, SandboxError\n"
             "def attempt(box, code, timeout):\n    t = time.monotonic()\n    try:\n"
             "        box.request({'op': 'exec', 'code': code, 'label': 'x'}, timeout=timeout)\n        print('answered')\n"
             "    except SandboxError as e:\n        print(e.kind, round(time.monotonic() - t), e)\n"
@@ -153,7 +153,7 @@ def test_a_stalled_pipe_does_not_stop_the_batch(tmp_path):
 
 
 def _cgroup_or_skip():
-    from autograder.cgroups import cgroup_plan
+    from autograder.isolation.cgroups import cgroup_plan
 
     if isolation_mode() != NAMESPACES or cgroup_plan() is None:
         pytest.skip("needs root, namespaces and a writable cgroup (v2, or v1 memory and pids)")
@@ -176,7 +176,7 @@ def test_memory_limit_counts_every_process_of_the_sandbox():
 
 
 def test_without_cgroup_the_log_says_so(monkeypatch):
-    import autograder.cgroups as cgroups
+    import autograder.isolation.cgroups as cgroups
 
     if isolation_mode() != NAMESPACES:
         pytest.skip("needs root and namespaces")
@@ -208,11 +208,11 @@ def test_a_killed_grader_leaves_nothing_behind():
     import signal
     import sys
 
-    import autograder.cgroups as cgroups
-    import autograder.leftovers as leftovers
+    import autograder.isolation.cgroups as cgroups
+    import autograder.isolation.leftovers as leftovers
 
     code = (f"import sys, time\nsys.path.insert(0, {str(ROOT)!r})\n"
-            "from autograder.sandbox import Sandbox\nbox = Sandbox()\nbox.start()\n"
+            "from autograder.isolation.sandbox import Sandbox\nbox = Sandbox()\nbox.start()\n"
             "print(box.root, *(box.cgroup.dirs if box.cgroup else []), flush=True)\ntime.sleep(600)\n")
     grader = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     left = [Path(p) for p in grader.stdout.readline().split()]

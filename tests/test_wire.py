@@ -12,7 +12,7 @@ import struct
 import numpy as np
 import pytest
 
-from autograder.wire import MAX_DEPTH, Ref, WireError, decode, encode, map_leaves
+from autograder.in_sandbox.wire import MAX_DEPTH, Ref, WireError, decode, encode, map_leaves
 
 
 def frame(body, payloads: list[bytes] = ()) -> bytes:

@@ -1,8 +1,8 @@
 """The names of torch's own attention (and of any other operator an exercise bans), in one place.
 
 Both layers of the authorship defence read these lists: the static scan of the student's
-code (:mod:`autograder.authorship`, in the grading process) and the run-time guard of the
-harness (:mod:`autograder.harness`, in the sandbox), which makes the aten operators whose
+code (:mod:`autograder.judging.authorship`, in the grading process) and the run-time guard of the
+harness (:mod:`autograder.in_sandbox.harness`, in the sandbox), which makes the aten operators whose
 names match refuse to run during a judged call.
 
 This module is copied into the sandbox next to the harness, so it imports only the

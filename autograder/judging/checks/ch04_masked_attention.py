@@ -46,12 +46,12 @@ from attnkit import causal_mask as ref_causal
 from attnkit import padding_mask as ref_padding
 from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
-from autograder.checks import (CheckFailed, StudentError, Suite, Trial, expect_choice, expect_close, expect_number,
+from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, expect_choice, expect_close, expect_number,
                                expect_pair, expect_tensor, expect_tuple, mistakes)
-from autograder.checks.ch01_single_head import MISTAKES as CH01_MISTAKES
-from autograder.checks.ch01_single_head import UNIFORM_ROWS
-from autograder.checks.ch02_multi_head import head_mistakes, random_weights, reference_module
-from autograder.checks.ch03_self_attention import row_set
+from autograder.judging.checks.ch01_single_head import MISTAKES as CH01_MISTAKES
+from autograder.judging.checks.ch01_single_head import UNIFORM_ROWS
+from autograder.judging.checks.ch02_multi_head import head_mistakes, random_weights, reference_module
+from autograder.judging.checks.ch03_self_attention import row_set
 
 SUITE = Suite("04_masked_attention")
 # requirement -> the check that exercises it (the list above, in the order of the notebook)

@@ -3,7 +3,7 @@
 Starting Python and importing torch takes about two seconds, more than grading a
 notebook. The zygote pays it once per grading process: it imports the harness
 (and with it torch and numpy), does the harness guard's one-off setup
-(:func:`autograder.harness.prepare_guard`), runs nothing else, and waits for requests on a
+(:func:`autograder.in_sandbox.harness.prepare_guard`), runs nothing else, and waits for requests on a
 Unix socket. For every submission it forks a child that, before running any
 student code,
 
@@ -12,7 +12,7 @@ student code,
 1. enters new mount, network, PID, IPC and UTS namespaces (a second fork makes
    the sandboxed process PID 1 of its namespace, so killing it ends everything
    it started; the first fork stays behind to report its exit status);
-2. hides what the sandbox asks (:data:`autograder.sandbox.HIDDEN`, the course,
+2. hides what the sandbox asks (:data:`autograder.isolation.sandbox.HIDDEN`, the course,
    the submissions, the grading folder) behind empty tmpfs mounts, leaving only the Python installation
    and the sandbox's folder visible, read-only, with the scratch folder inside it
    on a size-limited tmpfs of its own (a copy of what the student received);
@@ -26,7 +26,7 @@ student code,
 
 No student code ever runs in the zygote, and no child is reused: each
 submission sees a process fresh from the same clean image. Runs as root only;
-without root the sandbox uses bubblewrap (:mod:`autograder.bubblewrap`) or,
+without root the sandbox uses bubblewrap (:mod:`autograder.isolation.bubblewrap`) or,
 failing that, a plain process. Linux only.
 """
 
@@ -266,6 +266,8 @@ def main() -> None:
     os.environ.setdefault("MPLBACKEND", "Agg")
     import torch  # noqa: F401 - the point of the zygote: imported once, inherited by every child
 
+    # The harness and its siblings, as the sandbox runs them: flat modules of ``autograder/in_sandbox``.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "in_sandbox"))
     import harness
 
     torch.set_num_threads(1)

@@ -5,7 +5,7 @@ A sandbox gets a cgroup of its own where a writable cgroup v2 (or the v1
 grader runs as root. :func:`cgroup_plan` finds where (once per process);
 :meth:`Cgroup.create` makes and configures one; the sandbox puts its process in
 it, reads its OOM kills and removes it. Cgroups of dead graders are swept (see
-:mod:`autograder.leftovers`). Imports only the standard library.
+:mod:`autograder.isolation.leftovers`). Imports only the standard library.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from autograder.leftovers import SCRATCH_PREFIX, owner_dead, owner_tag
+from autograder.isolation.leftovers import SCRATCH_PREFIX, owner_dead, owner_tag
 
 
 def _mounts() -> list[tuple[str, str, list[str]]]:

@@ -1,6 +1,6 @@
 """The one way student code is run: a :class:`Runner`, in the sandbox and in a notebook kernel.
 
-In the sandbox, :func:`main` (started by :mod:`autograder.sandbox` or forked by the zygote with two
+In the sandbox, :func:`main` (started by :mod:`autograder.isolation.sandbox` or forked by the zygote with two
 pipe descriptors) answers the judge's requests with a Runner: execute a cell, call a function or
 method defined by the student, compute a gradient, read a plain value, read or load a module's
 parameters, list the names defined. Locally (``checks.run_local``, the grading tests) the judge's
@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-if __package__:  # imported as autograder.harness (the judge's local runner, the tests)
-    from autograder import magics, torch_names, wire
+if __package__:  # imported as autograder.in_sandbox.harness (the judge's local runner, the tests)
+    from autograder.in_sandbox import magics, torch_names, wire
 else:  # run as a script in the sandbox, beside copies of its sibling modules
     import magics  # type: ignore[no-redef]
     import torch_names  # type: ignore[no-redef]

@@ -25,8 +25,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autograder.magics import cell_magic, strip_magics
-from autograder.torch_names import ATEN_ATTENTION, is_torch_attention, squash
+from autograder.in_sandbox.magics import cell_magic, strip_magics
+from autograder.in_sandbox.torch_names import ATEN_ATTENTION, is_torch_attention, squash
 
 STRING_HINTS = ("attnkit", "multiheadattention", "transformerencoderlayer", "transformerdecoderlayer", *ATEN_ATTENTION)
 

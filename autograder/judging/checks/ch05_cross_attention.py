@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit import CrossAttention as RefCrossAttention
-from autograder.checks import (CheckFailed, Obj, StudentError, Suite, Trial, expect_choice, expect_close,
+from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, expect_choice, expect_close,
                                expect_number, expect_pair, expect_tensor, expect_tuple, expect_value_error)
 
 SUITE = Suite("05_cross_attention")

@@ -35,7 +35,7 @@ import torch
 from attnkit import apply_rotary_embedding as ref_rope
 from attnkit import position_shift_matrix as ref_shift
 from attnkit import sinusoidal_positional_encoding as ref_pe
-from autograder.checks import (CheckFailed, StudentError, Suite, Trial, close, expect_close, expect_number,
+from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, close, expect_close, expect_number,
                                expect_tensor, expect_value_error)
 
 SUITE = Suite("06_positional_encoding")

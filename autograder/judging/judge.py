@@ -4,7 +4,7 @@ The flow for one notebook:
 
 1. read it defensively (:mod:`autograder.notebook`); a broken file scores 0 with a reason;
 2. plan the cells: the student's answers, with read-only cells from the source and no test cells;
-3. scan the answers for delegation to ``attnkit`` or torch's attention (:mod:`autograder.authorship`);
+3. scan the answers for delegation to ``attnkit`` or torch's attention (:mod:`autograder.judging.authorship`);
 4. start a sandbox, run the planned cells one by one (a cell that hangs or kills the process
    is skipped on a fresh sandbox, so later answers still count);
 5. run each check of the assignment's suite against the sandbox; a check that hangs or crashes
@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autograder import authorship
-from autograder.checks import Backend, CheckFailed, Trial, load_suite, reply_value, seed_for, suite_bans
+from autograder.isolation.sandbox import Limits, Sandbox, SandboxError
+from autograder.judging import authorship
+from autograder.judging.checks import Backend, CheckFailed, load_suite, reply_value, seed_for
 from autograder.notebook import BadNotebook, Plan, SourceNotebook, plan_cells, read_notebook
-from autograder.sandbox import Limits, Sandbox, SandboxError
+from autograder.records.results import NotebookResult, TestResult
 
 # Fresh sandboxes after a crash or time-out, per notebook (each costs ~0.1 s). Parts that stopped the process
 # share these; a part that never did may go past them by one per part, so its points are not lost to another's crashes.
@@ -30,33 +30,11 @@ MAX_RESTARTS = 8
 RETRY_TIMEOUT = 5.0  # seconds per call for a part that already timed out once
 
 
-@dataclass
-class TestResult:
-    grade_id: str
-    description: str
-    points: float
-    max_points: float
-    message: str = ""  # empty when passed
-
-
-@dataclass
-class NotebookResult:
-    notebook: str
-    tests: list[TestResult] = field(default_factory=list)
-    reason: str = ""  # why the submission could not be graded normally ("" when it could)
-    log: list[str] = field(default_factory=list)
-    answers: dict[str, str] = field(default_factory=dict)  # part -> the student's code, for the feedback
-
-    def to_json(self) -> dict[str, Any]:
-        return {"notebook": self.notebook, "reason": self.reason, "log": self.log, "answers": self.answers,
-                "tests": [asdict(t) for t in self.tests]}
-
-
 class SandboxBackend(Backend):
-    """Forwards a check's requests to the student's process (a :class:`~autograder.harness.Runner` there)."""
+    """Forwards a check's requests to the student's process (a :class:`~autograder.in_sandbox.harness.Runner` there)."""
 
-    def __init__(self, box: Sandbox, limits: Limits, call_timeout: float | None = None, bans: tuple[str, ...] = ()) -> None:
-        self.box, self.limits, self.bans = box, limits, tuple(bans)
+    def __init__(self, box: Sandbox, limits: Limits, call_timeout: float | None = None) -> None:
+        self.box, self.limits = box, limits
         self.call_timeout = call_timeout or limits.call_timeout
 
     def ask(self, request: dict[str, Any]) -> Any:
@@ -164,7 +142,7 @@ def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *
         for cell in tests:
             check = suite.checks.get(cell.grade_id)
             if check is None:
-                raise KeyError(f"test cell {cell.grade_id!r} has no check in autograder/checks/ch{assignment}.py")
+                raise KeyError(f"test cell {cell.grade_id!r} has no check in autograder/judging/checks/ch{assignment}.py")
             bad = [delegated[p] for p in check.parts if p in delegated]
             if bad:
                 result.tests.append(TestResult(cell.grade_id, check.doc, 0.0, cell.points,
@@ -179,10 +157,8 @@ def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *
                 continue
             # A part that already hung once gets a short leash, so one infinite loop costs one time-out.
             timeout = min(limits.call_timeout, RETRY_TIMEOUT) if set(check.parts) & hung_parts else None
-            trial = Trial(SandboxBackend(box, limits, timeout, suite_bans(suite, check.parts)),
-                          seed_for(secret, assignment, cell.grade_id))
             try:
-                check.fn(trial)
+                suite.run(cell.grade_id, SandboxBackend(box, limits, timeout), seed_for(secret, assignment, cell.grade_id))
                 result.tests.append(TestResult(cell.grade_id, check.doc, cell.points, cell.points))
             except CheckFailed as e:
                 message = str(e)

@@ -33,9 +33,9 @@ import torch
 from torch import Tensor
 
 from attnkit import softmax as ref_softmax
-from autograder.checks import (CheckFailed, StudentError, Suite, Trial, expect_close, expect_number, expect_pair,
+from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, expect_close, expect_number, expect_pair,
                                expect_tensor, expect_tuple)
-from autograder.checks.ch02_multi_head import expect_layer, random_weights, reference
+from autograder.judging.checks.ch02_multi_head import expect_layer, random_weights, reference
 
 SUITE = Suite("03_self_attention")
 # requirement -> the check that exercises it (the list above, in the order of the notebook)

@@ -8,7 +8,7 @@ nbgrader's own machinery:
 * :class:`LmsFileNameCollector` through ``ZipCollectApp.collector_plugin``
   (``nbgrader zip_collect``), for Canvas's and Moodle's bulk-download names;
 * :class:`CanvasExportPlugin` through ``nbgrader export --exporter
-  autograder.plugins.CanvasExportPlugin --to canvas.csv``.
+  autograder.records.plugins.CanvasExportPlugin --to canvas.csv``.
 
 Imports: nbgrader only.
 """

@@ -2,7 +2,7 @@
 
 Where the kernel lets an ordinary user create user namespaces (most Linux
 distributions, JupyterHub servers included), ``bwrap`` gives a non-root grader
-the isolation the root path builds by hand in :mod:`autograder.zygote`: its own
+the isolation the root path builds by hand in :mod:`autograder.isolation.zygote`: its own
 user, network (nothing but a private loopback), PID, IPC, UTS and cgroup
 namespaces, and a file system in which
 
@@ -17,7 +17,7 @@ namespaces, and a file system in which
 
 Each sandbox has its own user namespace, so the kernel state keyed by user id
 (keyrings, IPC) is its own too; the session keyring it would inherit is left
-behind in :func:`autograder.zygote.fresh_keyrings`. Debian package:
+behind in :func:`autograder.isolation.zygote.fresh_keyrings`. Debian package:
 ``bubblewrap``. Imports only the standard library.
 """
 

@@ -46,7 +46,7 @@ from attnkit import FeedForward as RefFeedForward
 from attnkit import TransformerDecoderBlock as RefDecoder
 from attnkit import TransformerEncoderBlock as RefEncoder
 from attnkit import causal_mask
-from autograder.checks import (CheckFailed, Obj, StudentError, Suite, Trial, close, expect_choice, expect_close,
+from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, close, expect_choice, expect_close,
                                expect_number, expect_tensor)
 
 SUITE = Suite("07_transformer_block")

@@ -5,18 +5,18 @@ what the student received, and talks to it over two pipes (see :mod:`wire`).
 How it is isolated depends on the machine (:func:`isolation_mode`):
 
 * as root (``namespaces``), the process is forked by the zygote
-  (:mod:`autograder.zygote`) into its own network (no network), PID, IPC, UTS
+  (:mod:`autograder.isolation.zygote`) into its own network (no network), PID, IPC, UTS
   and mount namespaces; the folders of :data:`HIDDEN`, the course, the
   submissions and the grading folder are hidden behind empty tmpfs mounts, the
   Python installation is visible, and every mount is read-only but the scratch
   folder; it runs as a user id of its own (:func:`sandbox_uid`, no new
   privileges) with fresh keyrings, and where a writable cgroup is available
-  (:mod:`autograder.cgroups`) the memory limit (without swap) and the process
+  (:mod:`autograder.isolation.cgroups`) the memory limit (without swap) and the process
   limit count all its processes together, an OOM kill stops the request with a
   clear reason, and the cgroup is removed with the sandbox;
 * without root, where user namespaces are allowed (``bubblewrap``), the same
   namespaces, hidden folders and read-only file system through ``bwrap``
-  (:mod:`autograder.bubblewrap`), in a user namespace of its own; memory and
+  (:mod:`autograder.isolation.bubblewrap`), in a user namespace of its own; memory and
   processes are limited per process (rlimits);
 * elsewhere (``none``), a plain process with rlimits only:
   :func:`isolation_summary` says so before grading, every result's log records
@@ -33,7 +33,7 @@ on the whole notebook, enforced from outside with SIGKILL, and a byte cap on
 what it prints. Writing a request and reading its reply share the request's
 deadline (the pipes are non-blocking), so a process that stops reading or
 stalls mid-reply is stopped like one that hangs. Scratch folders and cgroups
-are named after their grading process (see :mod:`autograder.leftovers`): a
+are named after their grading process (see :mod:`autograder.isolation.leftovers`): a
 grader killed before cleaning up leaves them to the next one, which removes
 them. :attr:`Sandbox.isolation` lists what was applied, for the grading log.
 """
@@ -55,13 +55,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autograder import bubblewrap, wire
-from autograder.cgroups import Cgroup
-from autograder.leftovers import SCRATCH_PREFIX, owner_tag, sweep_stale_scratch
-from autograder.zygote import fresh_keyrings
-from autograder.zygote_client import ZygoteChild, ZygoteError, zygote_spawn
+from autograder.isolation import bubblewrap
+from autograder.in_sandbox import wire
+from autograder.isolation.cgroups import Cgroup
+from autograder.isolation.leftovers import SCRATCH_PREFIX, owner_tag, sweep_stale_scratch
+from autograder.isolation.zygote import fresh_keyrings
+from autograder.isolation.zygote_client import ZygoteChild, ZygoteError, zygote_spawn
 
 HERE = Path(__file__).resolve().parent
+IN_SANDBOX = HERE.parent / "in_sandbox"  # what is copied into every sandbox
 
 
 def sandbox_uid() -> int:
@@ -70,7 +72,7 @@ def sandbox_uid() -> int:
     Every sandbox runs as an id of its own, so what the kernel keys by user id
     (process limits, keyrings) is not shared with a classmate graded before,
     after or beside it; the keyrings of the id are emptied before student code
-    runs in any case (:func:`autograder.zygote.fresh_keyrings`), so even a
+    runs in any case (:func:`autograder.isolation.zygote.fresh_keyrings`), so even a
     repeated draw inherits nothing.
     """
     return 100_000 + secrets.randbelow((1 << 31) - 200_000)
@@ -128,8 +130,8 @@ _MODE: dict[int, str] = {}
 def isolation_mode() -> str:
     """How sandboxes are isolated here (checked once per process).
 
-    ``"namespaces"``: as root, namespaces, cgroups and a user per sandbox set up by :mod:`autograder.zygote`;
-    ``"bubblewrap"``: without root, the same namespaces through ``bwrap`` (:mod:`autograder.bubblewrap`);
+    ``"namespaces"``: as root, namespaces, cgroups and a user per sandbox set up by :mod:`autograder.isolation.zygote`;
+    ``"bubblewrap"``: without root, the same namespaces through ``bwrap`` (:mod:`autograder.isolation.bubblewrap`);
     ``"none"``: neither is possible, student code runs as a plain process under rlimits.
     ``AUTOGRADER_NO_NAMESPACES`` and ``AUTOGRADER_NO_BWRAP`` switch the first two off.
     """
@@ -243,8 +245,9 @@ class Sandbox:
         os.chmod(self.root, 0o755)
         tools = self.root / "harness"
         tools.mkdir()
-        for name in ("harness.py", "wire.py", "torch_names.py", "magics.py"):
-            shutil.copy2(HERE / name, tools / name)
+        for module in IN_SANDBOX.glob("*.py"):  # the whole subpackage, as flat modules
+            if module.name != "__init__.py":
+                shutil.copy2(module, tools / module.name)
         work = self.root / "work"
         if self.files is not None and self.files.is_dir():
             shutil.copytree(self.files, work, ignore=shutil.ignore_patterns("*.ipynb", ".*", "__pycache__"))
@@ -317,7 +320,7 @@ class Sandbox:
         self.request({"op": "names"}, timeout=self.limits.start_timeout)
 
     def _start_zygote(self, work: Path, env: dict[str, str], fds: list[int]) -> None:
-        """As root: a process forked by the zygote, which isolates it (see :mod:`autograder.zygote`)."""
+        """As root: a process forked by the zygote, which isolates it (see :mod:`autograder.isolation.zygote`)."""
         uid = sandbox_uid()
         expose, hide = self._visible()
         try:

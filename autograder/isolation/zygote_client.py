@@ -1,4 +1,4 @@
-"""The grader's side of the zygote (see :mod:`autograder.zygote`): start it, ask it for a sandboxed process.
+"""The grader's side of the zygote (see :mod:`autograder.isolation.zygote`): start it, ask it for a sandboxed process.
 
 :func:`zygote_spawn` sends one sandbox's spec and its pipes over the zygote's
 socket and returns a :class:`ZygoteChild`, which the sandbox waits on and kills

@@ -46,9 +46,9 @@ from attnkit import merge_heads as ref_merge
 from attnkit import softmax as ref_softmax
 from attnkit import split_heads as ref_split
 from attnkit.torch_twins import to_torch_multihead
-from autograder.checks import (CheckFailed, StudentError, Suite, Trial, expect_close, expect_number, expect_pair,
+from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, expect_close, expect_number, expect_pair,
                                expect_tensor, expect_tuple, mistakes)
-from autograder.checks.ch01_single_head import UNIFORM_ROWS
+from autograder.judging.checks.ch01_single_head import UNIFORM_ROWS
 
 SUITE = Suite("02_multi_head")
 # requirement -> the check that exercises it (the list above, in the order of the notebook)

@@ -60,7 +60,7 @@ from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit.efficient import append_to_cache as ref_append
 from attnkit.efficient import online_softmax_update as ref_update
 from attnkit.efficient import tiled_attention as ref_tiled
-from autograder.checks import CheckFailed, StudentError, Suite, Trial, close, expect_number, expect_tensor
+from autograder.judging.checks import CheckFailed, StudentError, Suite, Trial, close, expect_number, expect_tensor
 
 SUITE = Suite("08_efficient_attention")
 UPDATE, APPEND, CACHED, TILED = "online_softmax_update", "append_to_cache", "cached_attention", "tiled_attention"

@@ -11,8 +11,8 @@ every file it expects (files 0644).
 
 Hidden tests never appear: the cells come from the released notebook.
 
-Imports: :mod:`autograder.course`, :mod:`autograder.notebook`, :mod:`autograder.results`,
-:mod:`autograder.written`.
+Imports: :mod:`autograder.course`, :mod:`autograder.notebook`, :mod:`autograder.records.results`,
+:mod:`autograder.records.written`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any
 
 from autograder import course
 from autograder.notebook import nbgrader_meta
-from autograder.results import Result, atomic_write, total
-from autograder.written import is_manual
+from autograder.records.results import Result, atomic_write, total
+from autograder.records.written import is_manual
 
 TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S.%f %Z"  # nbgrader's timestamp.txt
 

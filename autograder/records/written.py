@@ -6,7 +6,7 @@ never grades these; the batch carries the student's text for them, and the
 cells the student added (helpers, notes), into the autograded notebook, where
 formgrader shows them with a manual score and comment box.
 
-Imports: :mod:`autograder.notebook` (reading a submission), :mod:`autograder.results`.
+Imports: :mod:`autograder.notebook` (reading a submission), :mod:`autograder.records.results`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from autograder.notebook import canonical_text, cell_text, defined_names, nbgrader_meta, read_notebook
-from autograder.results import StudentCells
+from autograder.records.results import StudentCells
 
 MAX_ADDED_CELLS = 50  # added cells carried into the autograded notebook, per notebook
 MAX_CELL_CHARS = 20000  # characters kept of each carried cell

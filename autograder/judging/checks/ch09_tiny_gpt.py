@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from autograder.checks import (CheckFailed, Suite, Trial, close, expect_choice, expect_close, expect_number,
+from autograder.judging.checks import (CheckFailed, Suite, Trial, close, expect_choice, expect_close, expect_number,
                                expect_tensor)
 
 SUITE = Suite("09_tiny_gpt")

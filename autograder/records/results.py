@@ -2,11 +2,18 @@
 
 A :class:`Result` is made by :func:`autograder.batch.grade_job`, saved as JSON
 under ``WORKDIR/results/<assignment>/<student>.json``, recorded in the
-gradebook (:mod:`autograder.gradebook`) and rendered as feedback
-(:mod:`autograder.feedback`). Its score is computed in one place,
-:func:`total`.
+gradebook (:mod:`autograder.records.gradebook`) and rendered as feedback
+(:mod:`autograder.records.feedback`). The verdict types the judge fills in,
+:class:`TestResult` and :class:`NotebookResult`, live here too, so the records
+never import the judging.
 
-Imports: :mod:`autograder.judge` (the verdict types) only.
+Where a score comes from: each check is all or nothing (the judge,
+:func:`autograder.judging.judge.grade_notebook`, gives a test cell its points
+when its check passes); :func:`total` adds a result's points up; the late
+penalty and hand grades are applied in nbgrader's gradebook
+(:mod:`autograder.records.gradebook`), which the CSV reads.
+
+Imports: the standard library only.
 """
 
 from __future__ import annotations
@@ -14,11 +21,36 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autograder.judge import NotebookResult, TestResult
+
+
+# -- the judge's verdicts on one notebook (made by autograder.judging.judge) --------------------------
+
+
+@dataclass
+class TestResult:
+    grade_id: str
+    description: str
+    points: float
+    max_points: float
+    message: str = ""  # empty when passed
+
+
+@dataclass
+class NotebookResult:
+    notebook: str
+    tests: list[TestResult] = field(default_factory=list)
+    reason: str = ""  # why the submission could not be graded normally ("" when it could)
+    log: list[str] = field(default_factory=list)
+    answers: dict[str, str] = field(default_factory=dict)  # part -> the student's code, for the feedback
+
+    def to_json(self) -> dict[str, Any]:
+        return {"notebook": self.notebook, "reason": self.reason, "log": self.log, "answers": self.answers,
+                "tests": [asdict(t) for t in self.tests]}
+
 
 
 def atomic_write(path: Path, data: str | bytes, mode: int = 0o644) -> None:

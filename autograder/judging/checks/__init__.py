@@ -26,10 +26,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from autograder.harness import Runner
-from autograder.wire import Ref, map_leaves
+from autograder.in_sandbox.harness import Runner
+from autograder.in_sandbox.wire import Ref, map_leaves
 
-__all__ = ["CheckFailed", "Suite", "Trial", "load_suite", "run_local", "suite_bans", "expect_number", "expect_tuple", "expect_choice"]
+__all__ = ["CheckFailed", "Suite", "Trial", "load_suite", "run_local", "expect_number", "expect_tuple", "expect_choice"]
 
 
 class CheckFailed(AssertionError):
@@ -66,11 +66,25 @@ class Suite:
 
         return register
 
+    def bans(self, parts: Iterable[str]) -> tuple[str, ...]:
+        """The names banned while a check of ``parts`` runs: every ban of every part it exercises."""
+        return tuple(sorted({name for p in parts for name in self.forbidden.get(p, {})}))
+
+    def run(self, grade_id: str, backend: "Backend", seed: int) -> None:
+        """Run the check of test cell ``grade_id`` on the student's code behind ``backend``.
+
+        The one way a check is run, by the judge, by the source notebooks' hidden tests
+        (:func:`run_local`) and by the tests: every call the check makes carries the bans of the
+        parts it exercises. Returns when the check passes; raises :class:`CheckFailed` (or
+        :class:`StudentError`) with the student-facing message when it does not."""
+        check = self.checks[grade_id]
+        check.fn(Trial(backend, seed, self.bans(check.parts)))
+
 
 def load_suite(assignment: str) -> Suite:
-    """The suite of ``assignment`` (``01_single_head`` -> ``autograder.checks.ch01_single_head``)."""
+    """The suite of ``assignment`` (``01_single_head`` -> ``autograder.judging.checks.ch01_single_head``)."""
     try:
-        module = importlib.import_module(f"autograder.checks.ch{assignment}")
+        module = importlib.import_module(f"autograder.judging.checks.ch{assignment}")
     except ModuleNotFoundError as e:
         raise KeyError(f"no checks for assignment {assignment!r}") from e
     return module.SUITE
@@ -80,29 +94,29 @@ def load_suite(assignment: str) -> Suite:
 
 
 class Backend:
-    """Sends the judge's requests to a :class:`autograder.harness.Runner` that holds the student's code.
+    """Sends the judge's requests to a :class:`autograder.in_sandbox.harness.Runner` that holds the student's code.
 
-    Values in and out are wire values (numpy arrays, scalars, tuples, lists, dicts, refs). ``bans``:
-    the names the parts under check may not use (``Suite.forbidden``); the runner refuses the matching
-    torch operators, and torch's attention, while each call runs.
+    Values in and out are wire values (numpy arrays, scalars, tuples, lists, dicts, refs). ``bans``
+    (given by the :class:`Trial`, from :meth:`Suite.bans`): the names the parts under check may not use;
+    the runner refuses the matching torch operators, and torch's attention, while each call runs.
     """
-
-    bans: tuple[str, ...] = ()
 
     def ask(self, request: dict[str, Any]) -> Any:
         """Send one request; the reply's value, or :class:`StudentError` saying what went wrong."""
         raise NotImplementedError
 
-    def call(self, target: str | Ref, args: list, kwargs: dict, attr: str | None = None, keep: bool = False) -> Any:
+    def call(self, target: str | Ref, args: list, kwargs: dict, bans: tuple[str, ...], attr: str | None = None,
+             keep: bool = False) -> Any:
         value = self.ask({"op": "call", "target": target, "attr": attr, "args": args, "kwargs": kwargs,
-                          "keep": keep, "bans": list(self.bans)})
+                          "keep": keep, "bans": list(bans)})
         if keep and not isinstance(value, Ref):
             raise StudentError("the object could not be created")
         return value
 
-    def grad(self, target: str | Ref, args: list, kwargs: dict, wrt: int, probe: np.ndarray, attr: str | None = None) -> Any:
+    def grad(self, target: str | Ref, args: list, kwargs: dict, wrt: int, probe: np.ndarray, bans: tuple[str, ...],
+             attr: str | None = None) -> Any:
         return self.ask({"op": "call", "target": target, "attr": attr, "args": args, "kwargs": kwargs, "grad": wrt,
-                         "probe": probe, "bans": list(self.bans)})
+                         "probe": probe, "bans": list(bans)})
 
     def value(self, name: str) -> Any:
         """The plain value (number, string, tuple, list, tensor as array) the student assigned to ``name``."""
@@ -127,19 +141,13 @@ def reply_value(reply: Mapping[str, Any]) -> Any:
 
 class LocalBackend(Backend):
     """Runs the student's code in this process, from a namespace (a notebook's ``globals()``), with the
-    same :class:`~autograder.harness.Runner` the sandbox uses: same values, same errors, same bans."""
+    same :class:`~autograder.in_sandbox.harness.Runner` the sandbox uses: same values, same errors, same bans."""
 
-    def __init__(self, namespace: dict[str, Any], bans: Iterable[str] = ()) -> None:
+    def __init__(self, namespace: dict[str, Any]) -> None:
         self.runner = Runner(torch, namespace)
-        self.bans = tuple(bans)
 
     def ask(self, request: dict[str, Any]) -> Any:
         return reply_value(self.runner.handle(request))
-
-
-def suite_bans(suite: "Suite", parts: Iterable[str]) -> tuple[str, ...]:
-    """The names banned while a check of ``parts`` runs: every ban of every part it exercises."""
-    return tuple(sorted({name for p in parts for name in suite.forbidden.get(p, {})}))
 
 
 def describe_error(error: str) -> str:
@@ -193,8 +201,8 @@ def _received(v: Any) -> Any:
 class Trial:
     """One run of one check: a private random generator and access to the student's code."""
 
-    def __init__(self, backend: Backend, seed: int) -> None:
-        self.backend = backend
+    def __init__(self, backend: Backend, seed: int, bans: tuple[str, ...] = ()) -> None:
+        self.backend, self.bans = backend, tuple(bans)
         self.gen = torch.Generator().manual_seed(seed)
 
     # inputs ---------------------------------------------------------------------------------
@@ -209,7 +217,7 @@ class Trial:
 
     # the student's code ----------------------------------------------------------------------
     def _call(self, target: str | Ref, args: tuple, kwargs: dict, attr: str | None = None) -> Any:
-        return _received(self.backend.call(target, list(_sendable(args)), _sendable(kwargs), attr=attr))
+        return _received(self.backend.call(target, list(_sendable(args)), _sendable(kwargs), self.bans, attr=attr))
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Call the student's function ``name`` on copies of ``args``; tensors come back as tensors."""
@@ -217,7 +225,7 @@ class Trial:
 
     def new(self, name: str, *args: Any, **kwargs: Any) -> Obj:
         """Construct the student's class ``name``; the object stays in the student's process."""
-        ref = self.backend.call(name, list(_sendable(args)), _sendable(kwargs), keep=True)
+        ref = self.backend.call(name, list(_sendable(args)), _sendable(kwargs), self.bans, keep=True)
         return Obj(self, ref)
 
     def value(self, name: str) -> Any:
@@ -228,7 +236,8 @@ class Trial:
     def grad(self, target: str | Obj, *args: Any, wrt: int, probe: Tensor, **kwargs: Any) -> Tensor:
         """Gradient of ``sum(f(*args)[0] * probe)`` with respect to ``args[wrt]``, computed by the student's code."""
         t = target.ref if isinstance(target, Obj) else target
-        return _received(self.backend.grad(t, list(_sendable(args)), _sendable(kwargs), wrt, probe.detach().numpy()))
+        return _received(self.backend.grad(t, list(_sendable(args)), _sendable(kwargs), wrt, probe.detach().numpy(),
+                                           self.bans))
 
 
 # -- comparisons (run in the judge) ---------------------------------------------------------------
@@ -359,7 +368,5 @@ def seed_for(secret: str, assignment: str, grade_id: str) -> int:
 
 def run_local(assignment: str, grade_id: str, namespace: Mapping[str, Any], secret: str = "local") -> None:
     """Run one check against the functions in ``namespace`` (a notebook's ``globals()``)."""
-    suite = load_suite(assignment)
-    check = suite.checks[grade_id]
-    check.fn(Trial(LocalBackend(dict(namespace) if not isinstance(namespace, dict) else namespace,
-                                suite_bans(suite, check.parts)), seed_for(secret, assignment, grade_id)))
+    backend = LocalBackend(dict(namespace) if not isinstance(namespace, dict) else namespace)
+    load_suite(assignment).run(grade_id, backend, seed_for(secret, assignment, grade_id))

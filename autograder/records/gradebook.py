@@ -9,7 +9,7 @@ gradebook, and late penalties are assigned by nbgrader's own
 ``AssignLatePenalties`` with the plugin configured in ``nbgrader_config.py``
 (extensions granted in the gradebook count).
 
-Imports: :mod:`autograder.course`, :mod:`autograder.results`.
+Imports: :mod:`autograder.course`, :mod:`autograder.records.results`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from autograder import course
-from autograder.results import Result, atomic_write, load_result, save_result
+from autograder.records.results import Result, atomic_write, load_result, save_result
 
 
 class Records:

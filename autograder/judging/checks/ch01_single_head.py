@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
-from autograder.checks import (CheckFailed, Suite, Trial, close, expect_close, expect_number, expect_pair, expect_tensor,
+from autograder.judging.checks import (CheckFailed, Suite, Trial, close, expect_close, expect_number, expect_pair, expect_tensor,
                                expect_tuple, mistakes)
 
 SUITE = Suite("01_single_head")

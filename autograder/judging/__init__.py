@@ -1,0 +1,14 @@
+"""The trusted judge: everything that decides a verdict, run where no student code runs.
+
+==================  ==========================================================================
+file                its one job
+==================  ==========================================================================
+``judge``           grades one notebook: plan, scan, sandbox, then each check through
+                    ``Suite.run``
+``authorship``      the static authorship scan (delegation to attnkit or torch's attention)
+``checks``          what a check sees (``Trial``), ``Suite`` and its one ``run``, the backends,
+                    the shared comparison and ``expect_*`` helpers
+``checks.mistakes`` attention's classic mistakes, computed once
+``checks.chNN_*``   one chapter's checks, one per test cell, and its stated requirements
+==================  ==========================================================================
+"""
