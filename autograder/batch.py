@@ -241,6 +241,11 @@ def grade_job(job: Job, ctx: Context) -> Result:
                 except BadNotebook:
                     pass  # the judge's result already says why
         reasons = [r.reason for r in results if r.reason]
+        blank = sorted({gid for c in cells.values() for gid in c.unanswered})
+        if blank and len(blank) < sum(len(c.answer_ids) for c in cells.values()):
+            notes.append("unanswered (left as released): " + ", ".join(blank))
+        elif blank:
+            notes.append("nothing answered: every answer cell is as released")
         reason = "; ".join(([reason] if reason else []) + notes + reasons)
     except Exception:  # noqa: BLE001 - a grader bug must not stop the class
         tb = traceback.format_exc()
@@ -311,7 +316,7 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
             require_isolation()
         except IsolationUnavailable as e:
             raise SystemExit(str(e)) from None
-    workdir = (workdir or out.resolve().parent / "grading").resolve()
+    workdir = (workdir or course.grading_dir()).resolve()  # the course's one gradebook by default
     records = Records(workdir, assignment)
     records.prepare_gradebook()
     release = course.RELEASE / assignment
@@ -320,6 +325,7 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
     ctx = Context(assignment, sources, release, sorted({course.ROOT, submissions.resolve(), workdir}),
                   limits or Limits(), records.secret(), version, workdir)
     pinned = records.pinned_version(version, replace=regrade or force)
+    before = records.final_scores()  # to say which recorded scores this run changes
     jobs, skipped = discover(submissions, assignment, own=[workdir, out])
     if students is not None:
         unknown = sorted(set(students) - {j.student for j in jobs})
@@ -364,9 +370,10 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
         results[result.student] = result
         if len(results) % 10 == 0:
             write_csv(out, records, results, final=False)
-        score, max_score = result.total
-        log(f"  {result.student}: {score:g}/{max_score:g} in {result.seconds:.1f} s" +
-            (f" ({result.reason[:120]})" if result.reason else ""))
+        score, max_score, penalty = records.final_scores().get(result.student, (*result.total, 0.0))
+        late = f", late penalty {penalty:g} subtracted" if penalty else ""
+        log(f"  {result.student}: {score:g} / {max_score:g}{late} in {result.seconds:.1f} s" +
+            (f" ({result.reason[:200]})" if result.reason else ""))
 
     def keep_candidate(result: Result) -> None:
         save_result(candidates / f"{result.student}.json", result)
@@ -385,6 +392,8 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
     for student in sorted(results):  # feedback where the gradebook changed since it was rendered
         publish(records, results[student], submissions / student / assignment, log)
 
+    for line in records.changes(before):
+        log(line)
     everyone = dict(results)
     for path in records.results.glob("*.json"):  # students graded in earlier runs (for example with --student)
         if path.stem not in everyone and (old := records.load(path.stem)) is not None:

@@ -9,7 +9,10 @@ verdict as the output of each test cell), ``timestamp.txt`` and
 grades, comments and late penalties, and ``nbgrader release_feedback`` finds
 every file it expects (files 0644).
 
-Hidden tests never appear: the cells come from the released notebook.
+Hidden tests never appear: the cells come from the released notebook. Students' markdown
+(written answers, cells they added) is made inert with :func:`autograder.written.clean_markdown`
+before it is written, so formgrader and the feedback page show it as text; the feedback
+template (``autograder/templates/feedback``) cleans the rendered HTML once more.
 
 Imports: :mod:`autograder.course`, :mod:`autograder.notebook`, :mod:`autograder.results`,
 :mod:`autograder.written`.
@@ -27,7 +30,7 @@ from typing import Any
 from autograder import course
 from autograder.notebook import nbgrader_meta
 from autograder.results import Result, atomic_write, total
-from autograder.written import is_manual
+from autograder.written import clean_markdown, is_manual
 
 TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S.%f %Z"  # nbgrader's timestamp.txt
 
@@ -42,15 +45,19 @@ def autograded_notebook(result: Result, notebook: int) -> str:
     cells = result.cells.get(nb.notebook)
     written = cells.written if cells else {}
     added: dict[str, list[Any]] = {}
-    for after, kind, source in (cells.added if cells else []):
-        new = nbformat.v4.new_code_cell(source) if kind == "code" else nbformat.v4.new_markdown_cell(source)
+    unanswered = set(cells.unanswered) if cells else set()
+    for after, kind, source in (cells.added if cells else []):  # the student's markdown is made inert
+        new = nbformat.v4.new_code_cell(source) if kind == "code" else nbformat.v4.new_markdown_cell(
+            clean_markdown(source))
         added.setdefault(after, []).append(new)
     out = list(added.get("", []))
     for cell in book.cells:
         meta = nbgrader_meta(cell)
         gid = meta.get("grade_id")
         if gid in written and is_manual(cell):
-            cell.source = written[gid]
+            cell.source = clean_markdown(written[gid]) if cell.cell_type == "markdown" else written[gid]
+        if gid in unanswered:
+            cell.metadata["attn_unanswered"] = True  # the feedback page says "unanswered"
         elif meta.get("solution") and gid in nb.answers:
             cell.source = nb.answers[gid]
         if cell.cell_type == "code":

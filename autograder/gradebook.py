@@ -176,23 +176,52 @@ class Records:
 
     def scores(self) -> dict[str, tuple[float, float, float]]:
         """``student -> (score, max_score, late penalty)`` as the gradebook has them (manual grades included)."""
-        from nbgrader.api import Gradebook
+        from nbgrader.api import Gradebook, MissingEntry
 
         with Gradebook(f"sqlite:///{self.db}") as gb:
+            try:
+                submissions = gb.find_assignment(self.assignment).submissions
+            except MissingEntry:
+                return {}
             return {sub.student.id: (float(sub.score), float(sub.max_score), float(sub.late_submission_penalty or 0))
-                    for sub in gb.find_assignment(self.assignment).submissions}
+                    for sub in submissions}
+
+    def final_scores(self) -> dict[str, tuple[float, float, float]]:
+        """``student -> (score after the late penalty, max_score, penalty)``: the one score every place shows
+        (console, CSV, feedback, ``nbgrader export``, the Canvas file); ``max_score`` includes hand-graded points."""
+        return {s: (max(0.0, score - penalty), max_score, penalty) for s, (score, max_score, penalty)
+                in self.scores().items()}
+
+    def changes(self, before: dict[str, tuple[float, float, float]]) -> list[str]:
+        """Say which recorded scores differ from ``before`` (a :meth:`final_scores`), and by how much."""
+        after = self.final_scores()
+        moved = [(s, before[s][0], after[s][0]) for s in sorted(before) if s in after and
+                 abs(before[s][0] - after[s][0]) > 1e-9]
+        if not moved:
+            return []
+        return [f"{self.assignment}: {len(moved)} recorded score(s) changed:"] + [
+            f"  {s}: {old:g} -> {new:g} ({new - old:+g})" for s, old, new in moved]
+
+
+# The CSV's columns (documented in autograder/README.md, "The CSV"):
+#   score         points after the late penalty (hand grades included): what the feedback, `nbgrader export`
+#                 and the Canvas file show
+#   max_score     every point of the assignment, the hand-graded ones included
+#   reason        why a submission could not be graded normally, and what needs a look (unanswered cells)
+#   late_penalty  points taken for lateness (already subtracted from score)
+CSV_COLUMNS = ["student", "assignment", "score", "max_score", "reason", "late_penalty"]
 
 
 def write_csv(path: Path, records: Records, results: dict[str, Result], final: bool = True) -> None:
     """One row per student. The final CSV takes its scores from the gradebook, so the two agree (score
     after the late penalty); the progress CSVs written during a batch take them from the results."""
-    scores = records.scores() if final else {s: (*r.total, 0.0) for s, r in results.items()}
+    scores = records.final_scores() if final else {s: (*r.total, 0.0) for s, r in results.items()}
     buf = io.StringIO()
     writer = csv.writer(buf)
-    writer.writerow(["student", "assignment", "score", "max_score", "reason", "late_penalty"])
+    writer.writerow(CSV_COLUMNS)
     for student in sorted(results):
         score, max_score, penalty = scores.get(student, (0.0, 0.0, 0.0))
-        writer.writerow([student, records.assignment, f"{max(0.0, score - penalty):g}", f"{max_score:g}",
+        writer.writerow([student, records.assignment, f"{score:g}", f"{max_score:g}",
                          results[student].reason, f"{penalty:g}"])
     atomic_write(path, buf.getvalue(), mode=0o600)
 

@@ -10,9 +10,19 @@ gradebook) lives under ``grading/``, which git ignores, where
 ``python -m autograder grade grading/submitted --out grading/grades.csv`` writes it.
 """
 
+import os
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# nbgrader runs alembic as a subprocess (`nbgrader db ...` upgrades the gradebook with it): put this Python's
+# scripts on PATH, so `.venv/bin/nbgrader db ...` works without activating the virtual environment.
+_BIN = str(Path(sys.executable).parent)
+if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
+# The course's own plugins (this folder's package), whatever else is installed.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 c = get_config()  # noqa: F821 - provided by traitlets when nbgrader loads this file
 
@@ -27,6 +37,18 @@ c.CourseDirectory.db_url = f"sqlite:///{ROOT / 'grading' / 'gradebook.db'}"
 (ROOT / "grading" / "exchange").mkdir(parents=True, exist_ok=True)  # the gradebook's and the exchange's folders
 c.Exchange.root = str(ROOT / "grading" / "exchange")  # an exchange for release_feedback; no JupyterHub needed
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", ".*"]
+# Feedback and formgrader pages render students' text: nbconvert's sanitiser on, and the course's feedback
+# template (autograder/templates/feedback: "awaiting a hand grade", "unanswered", a strict HTML allow-list,
+# MathJax embedded for offline reading) in front of nbgrader's (formgrader keeps its own).
+import nbgrader  # noqa: E402
+
+c.HTMLExporter.sanitize_html = True
+c.HTMLExporter.extra_template_basedirs = [
+    str(ROOT / "autograder" / "templates"),
+    str(Path(nbgrader.__file__).parent / "server_extensions" / "formgrader" / "templates")]
+c.HTMLExporter.filters = {"clean_html": "autograder.written.clean_html"}
+c.GenerateFeedback.preprocessors = ["autograder.plugins.FeedbackGrades",
+                                    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor"]
 c.ExecutePreprocessor.timeout = 120
 c.Execute.timeout = 120
 

@@ -8,21 +8,30 @@ nbgrader's own machinery:
 * :class:`LmsFileNameCollector` through ``ZipCollectApp.collector_plugin``
   (``nbgrader zip_collect``), for Canvas's and Moodle's bulk-download names;
 * :class:`CanvasExportPlugin` through ``nbgrader export --exporter
-  autograder.plugins.CanvasExportPlugin --to canvas.csv``.
+  autograder.plugins.CanvasExportPlugin --to canvas.csv``;
+* :class:`FeedbackGrades` through ``GenerateFeedback.preprocessors`` (``nbgrader
+  generate_feedback`` and ``python -m autograder feedback``): the grades as nbgrader's
+  ``GetGrades`` reads them, plus which ones still await a hand grade, and the course's
+  MathJax for the page.
 
 Imports: nbgrader only.
 """
 
 from __future__ import annotations
 
+import base64
 import csv
+import functools
+import gzip
 import math
 import os
 import re
+from pathlib import Path
 from typing import Any
 
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.plugins import ExportPlugin, FileNameCollectorPlugin, LateSubmissionPlugin
+from nbgrader.preprocessors import GetGrades
 from traitlets import Dict, Float, List, Unicode
 
 DAY = 86400.0
@@ -117,4 +126,39 @@ class CanvasExportPlugin(ExportPlugin):
                 writer.writerow(row)
 
 
-__all__ = ["CanvasExportPlugin", "LmsFileNameCollector", "PercentPerDayLatePenalty"]
+MATHJAX = Path(__file__).resolve().parent.parent / "_vendor" / "mathjax" / "tex-svg.js"  # `make install`
+
+
+@functools.cache
+def embedded_mathjax() -> str:
+    """The course's MathJax (SVG output: no font files to fetch), gzipped and base64-encoded for the feedback
+    page to unpack in the browser; "" when ``_vendor/mathjax`` is missing (then nbconvert's CDN copy is used)."""
+    try:
+        return base64.b64encode(gzip.compress(MATHJAX.read_bytes(), 9, mtime=0)).decode("ascii")
+    except OSError:
+        return ""
+
+
+class FeedbackGrades(GetGrades):
+    """nbgrader's ``GetGrades`` for the feedback page, plus: a grade neither the judge nor an instructor has
+    given is marked ``awaiting`` (the page says "awaiting a hand grade", not "Score: 0"), the notebook's
+    awaiting points are in ``resources["nbgrader"]["awaiting"]``, and the course's MathJax is in
+    ``resources["attn_mathjax"]``."""
+
+    def preprocess(self, nb: Any, resources: Any) -> Any:
+        resources["nbgrader"]["awaiting"] = 0.0
+        resources["attn_mathjax"] = embedded_mathjax()
+        return super().preprocess(nb, resources)
+
+    def _get_score(self, cell: Any, resources: Any) -> None:
+        super()._get_score(cell, resources)
+        grade = self.gradebook.find_grade(cell.metadata["nbgrader"]["grade_id"], self.notebook_id,
+                                          self.assignment_id, self.student_id)
+        awaiting = grade.auto_score is None and grade.manual_score is None
+        cell.metadata.nbgrader["awaiting"] = awaiting
+        if awaiting:
+            resources["nbgrader"]["awaiting"] += float(grade.max_score or 0)
+
+
+__all__ = ["CanvasExportPlugin", "FeedbackGrades", "LmsFileNameCollector", "PercentPerDayLatePenalty",
+           "embedded_mathjax"]

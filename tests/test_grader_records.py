@@ -159,7 +159,8 @@ def test_late_penalty_and_extension(graded):
     with gradebook(graded["work"]) as gb:
         assert str(gb.find_assignment(A).duedate).startswith("2026-10-02 23:59")
     proc = subprocess.run([sys.executable, "-m", "autograder", "extension", "--assignment", A, "--student", "late",
-                           "--days", "2", "--workdir", str(graded["work"])], cwd=course.ROOT, env=ENV,
+                           "--days", "2", "--workdir", str(graded["work"]),
+                           "--separate-gradebook"], cwd=course.ROOT, env=ENV,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     graded["grade"]()
