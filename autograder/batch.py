@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import concurrent.futures as cf
+import datetime
 import hashlib
 import multiprocessing as mp
 import os
@@ -258,8 +259,9 @@ def grade_job(job: Job, ctx: Context) -> Result:
         fp = fingerprint(job, ctx)
     except Exception as e:  # noqa: BLE001 - an unreadable submission still gets its result
         fp = f"unreadable:{type(e).__name__}"
+    seen = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None).isoformat()
     return Result(job.student, ctx.assignment, fp, ctx.version, clean_text(reason[:1000]),
-                  round(time.monotonic() - started, 2), results, cells, clean_text(stamp))
+                  round(time.monotonic() - started, 2), results, cells, clean_text(stamp), seen)
 
 
 # -- the class ------------------------------------------------------------------------------------------
@@ -361,10 +363,14 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
             "(pass --regrade to apply the new grader)")
 
     def finish(result: Result) -> None:
+        old = records.load(result.student)  # a --force or --regrade of the same submission keeps when it came
+        if old is not None and old.first_seen and old.fingerprint == result.fingerprint:
+            result.first_seen = old.first_seen
         records.save(result)  # first: a result on disk is never lost
         try:
             records.record(result, resubmitted=result.student in previous)
-            write_autograded(records.workdir, result, submissions / result.student / assignment)
+            write_autograded(records.workdir, result, submissions / result.student / assignment,
+                             records.submission_time(result).text)
         except Exception:  # noqa: BLE001 - the result is saved; the next run records it again
             log(f"  {result.student}: could not be recorded: {traceback.format_exc()}")
         results[result.student] = result
@@ -374,6 +380,8 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
         late = f", late penalty {penalty:g} subtracted" if penalty else ""
         log(f"  {result.student}: {score:g} / {max_score:g}{late} in {result.seconds:.1f} s" +
             (f" ({result.reason[:200]})" if result.reason else ""))
+        for flag in records.submission_time(result).flags:
+            log(f"  {result.student}: time to review: {flag}")
 
     def keep_candidate(result: Result) -> None:
         save_result(candidates / f"{result.student}.json", result)
@@ -394,6 +402,10 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
 
     for line in records.changes(before):
         log(line)
+    review = {s: t.flags for s in sorted(results) if (t := records.submission_time(results[s])).flags}
+    if review:
+        log(f"{assignment}: {len(review)} submission time(s) to review (policy {records.time_policy!r}; "
+            "the CSV's time_review column): " + "; ".join(f"{s}: {', '.join(f)}" for s, f in review.items()))
     everyone = dict(results)
     for path in records.results.glob("*.json"):  # students graded in earlier runs (for example with --student)
         if path.stem not in everyone and (old := records.load(path.stem)) is not None:
@@ -435,7 +447,7 @@ def publish(records: Records, result: Result, folder: Path, log: Callable[[str],
         if feedback.is_dir() and records.feedback_state(result.student) == state:
             return
         if not (records.workdir / "autograded" / result.student / records.assignment).is_dir():
-            write_autograded(records.workdir, result, folder)
+            write_autograded(records.workdir, result, folder, records.submission_time(result).text)
         error = generate_feedback(records.config, records.assignment, result.student)
         if not error:
             records.set_feedback_state(result.student, state)

@@ -84,17 +84,18 @@ def autograded_notebook(result: Result, notebook: int) -> str:
     return buf.getvalue()
 
 
-def write_autograded(workdir: Path, result: Result, submission: Path) -> Path:
+def write_autograded(workdir: Path, result: Result, submission: Path, stamp: str = "") -> Path:
     """Write the student's autograded folder (notebooks, ``timestamp.txt``, ``submission_secret.txt``).
 
-    ``timestamp.txt`` is the submission's own; without one, the time its newest
-    notebook was written. ``submission_secret.txt`` is the submission's own
+    ``timestamp.txt`` is ``stamp``, the time recorded in the gradebook
+    (:meth:`autograder.gradebook.Records.submission_time`: the collector's), so the two
+    records agree; without one, the submission's own, else the time its newest notebook was written. ``submission_secret.txt`` is the submission's own
     (nbgrader's ``collect`` copies it) or a fresh random one.
     """
     folder = workdir / "autograded" / result.student / result.assignment
     for i, nb in enumerate(result.notebooks):
         atomic_write(folder / f"{nb.notebook}.ipynb", autograded_notebook(result, i))
-    stamp = result.timestamp
+    stamp = stamp or result.timestamp
     if not stamp:
         times = [p.stat().st_mtime for p in _notebooks(submission)]
         moment = datetime.datetime.fromtimestamp(max(times), datetime.timezone.utc) if times else \

@@ -9,7 +9,10 @@ gradebook, and late penalties are assigned by nbgrader's own
 ``AssignLatePenalties`` with the plugin configured in ``nbgrader_config.py``
 (extensions granted in the gradebook count).
 
-Imports: :mod:`autograder.course`, :mod:`autograder.results`.
+The submission's time is the collector's (:mod:`autograder.collector`): the LMS download or
+nbgrader's exchange; ``timestamp.txt`` is checked against it and every doubt is flagged.
+
+Imports: :mod:`autograder.course`, :mod:`autograder.collector`, :mod:`autograder.results`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from autograder import course
+from autograder.collector import SubmissionTime, collected_record, decide, exchange_time
 from autograder.results import Result, atomic_write, load_result, save_result
 
 
@@ -82,6 +86,19 @@ class Records:
     def set_feedback_state(self, student: str, state: str) -> None:
         atomic_write(self.results / "feedback_state" / f"{student}.txt", state, mode=0o600)
 
+    @property
+    def time_policy(self) -> str:
+        """``c.SubmissionTime.policy`` of the course's config (see :mod:`autograder.collector`)."""
+        return str(self.config.SubmissionTime.get("policy", "collector"))
+
+    def submission_time(self, result: Result) -> SubmissionTime:
+        """The time to record for ``result``: the collector's (LMS download or nbgrader's exchange), checked
+        against the student's ``timestamp.txt``, with the flags an instructor should see."""
+        collected = collected_record(self.workdir, self.assignment, result.student) or exchange_time(
+            Path(str(self.config.Exchange.root)), str(self.config.CourseDirectory.course_id), self.assignment,
+            result.student)
+        return decide(result.timestamp, collected, self.time_policy, result.first_seen)
+
     # -- the gradebook --------------------------------------------------------------------------------
 
     def prepare_gradebook(self) -> None:
@@ -106,15 +123,9 @@ class Records:
         before, so grades set by hand are flagged for review.
         """
         from nbgrader.api import Gradebook, MissingEntry
-        from nbgrader.utils import parse_utc
 
         student = result.student
-        timestamp = None
-        if result.timestamp:
-            try:
-                timestamp = parse_utc(result.timestamp)
-            except Exception:  # noqa: BLE001 - a student's file: unreadable means no timestamp
-                timestamp = None
+        timestamp = self.submission_time(result).when
         with Gradebook(f"sqlite:///{self.db}") as gb, warnings.catch_warnings():
             # nbgrader's add_submission trips SQLAlchemy's autoflush warnings; they are harmless here.
             warnings.simplefilter("ignore")
@@ -209,7 +220,13 @@ class Records:
 #   max_score     every point of the assignment, the hand-graded ones included
 #   reason        why a submission could not be graded normally, and what needs a look (unanswered cells)
 #   late_penalty  points taken for lateness (already subtracted from score)
-CSV_COLUMNS = ["student", "assignment", "score", "max_score", "reason", "late_penalty"]
+#   submitted_at  the time recorded in the gradebook (UTC), which the late penalty is computed from
+#   time_source   where that time came from: "Canvas download", "Moodle download", "nbgrader exchange",
+#                 "timestamp.txt" (unconfirmed), "first seen by the grader"
+#   time_review   why the time needs a look ("" when nothing does): a missing, unparsable or implausible
+#                 timestamp.txt, one that disagrees with the collector's time, the LMS's late marker
+CSV_COLUMNS = ["student", "assignment", "score", "max_score", "reason", "late_penalty", "submitted_at",
+               "time_source", "time_review"]
 
 
 def write_csv(path: Path, records: Records, results: dict[str, Result], final: bool = True) -> None:
@@ -221,8 +238,9 @@ def write_csv(path: Path, records: Records, results: dict[str, Result], final: b
     writer.writerow(CSV_COLUMNS)
     for student in sorted(results):
         score, max_score, penalty = scores.get(student, (0.0, 0.0, 0.0))
+        when = records.submission_time(results[student])
         writer.writerow([student, records.assignment, f"{score:g}", f"{max_score:g}",
-                         results[student].reason, f"{penalty:g}"])
+                         results[student].reason, f"{penalty:g}", when.text, when.source, "; ".join(when.flags)])
     atomic_write(path, buf.getvalue(), mode=0o600)
 
 

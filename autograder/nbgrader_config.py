@@ -60,11 +60,19 @@ c.AssignLatePenalties.plugin_class = "autograder.plugins.PercentPerDayLatePenalt
 c.PercentPerDayLatePenalty.percent_per_day = 10.0
 c.PercentPerDayLatePenalty.max_percent = 100.0
 c.PercentPerDayLatePenalty.grace_minutes = 0.0
+# The submission's time is the collector's (the LMS download, nbgrader's exchange), never the student's own
+# timestamp.txt alone; every doubt is flagged in the console and the CSV's time_review column. Policy
+# (autograder/collector.py): "collector" (default: the collector's time; without one a sound timestamp.txt,
+# flagged, else the time the grader first saw it), "latest" (the later of the two) or "timestamp".
+c.SubmissionTime.policy = "collector"
 
-# `nbgrader zip_collect NN_topic`: put the LMS's bulk download in downloaded/NN_topic/archive/.
+# `nbgrader zip_collect NN_topic`: put the LMS's bulk download in downloaded/NN_topic/archive/. Files are
+# filed under the roster's id of the student whose lms_user_id the file name carries (an id not in the
+# roster is listed and skipped); the zip entry's time (read in zip_timezone) is the submission's time.
 c.ZipCollectApp.collector_plugin = "autograder.plugins.LmsFileNameCollector"
 c.ZipCollectApp.downloaded_directory = "grading/downloaded"
 c.LmsFileNameCollector.lms = ["canvas", "moodle"]
+c.LmsFileNameCollector.zip_timezone = "UTC"
 
 # `nbgrader export --exporter autograder.plugins.CanvasExportPlugin --to canvas.csv`; map assignments to
 # existing Canvas columns with c.CanvasExportPlugin.assignment_columns = {"01_single_head": "Attention 1 (4321)"}.

@@ -89,6 +89,7 @@ class Result:
     notebooks: list[NotebookResult]
     cells: dict[str, StudentCells] = field(default_factory=dict)  # notebook name -> the student's other cells
     timestamp: str = ""  # the submission's timestamp.txt (nbgrader's format), "" when it had none
+    first_seen: str = ""  # when the grader first graded this submission (ISO, naive UTC)
 
     @property
     def total(self) -> tuple[float, float]:
@@ -98,6 +99,7 @@ class Result:
         return clean_text({
             "student": self.student, "assignment": self.assignment, "fingerprint": self.fingerprint,
             "version": self.version, "reason": self.reason, "seconds": self.seconds, "timestamp": self.timestamp,
+            "first_seen": self.first_seen,
             "notebooks": [nb.to_json() for nb in self.notebooks],
             "cells": {name: {"written": c.written, "added": [list(a) for a in c.added], "unanswered": c.unanswered,
                              "answer_ids": c.answer_ids} for name, c in self.cells.items()},
@@ -117,7 +119,7 @@ class Result:
                  for name, c in dict(data.get("cells", {})).items()}
         return cls(str(data["student"]), str(data["assignment"]), str(data["fingerprint"]), str(data.get("version", "")),
                    str(data.get("reason", "")), float(data.get("seconds", 0.0)), notebooks, cells,
-                   str(data.get("timestamp", "")))
+                   str(data.get("timestamp", "")), str(data.get("first_seen", "")))
 
 
 def load_result(path: Path, student: str) -> Result | None:
