@@ -133,6 +133,27 @@ def _extension(args: argparse.Namespace) -> int:
     return 0
 
 
+def formgrader_command(port: int = 8888, root: Path | None = None) -> list[str]:
+    """The ``jupyter server`` command line that serves nbgrader's formgrader for the course, on loopback."""
+    cmd = [sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+           f"--ServerApp.root_dir={root or course.ROOT}",
+           '--ServerApp.jpserver_extensions={"nbgrader.server_extensions.formgrader": True}']
+    if os.geteuid() == 0:  # a container or a server run as root: Jupyter refuses without it
+        cmd.append("--allow-root")
+    return cmd
+
+
+def _formgrader(args: argparse.Namespace) -> int:
+    """Serve formgrader from the course root (its nbgrader_config.py, its gradebook); runs until stopped."""
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
+    cmd = formgrader_command(args.port)
+    print("serving formgrader: open the /formgrader page of the address below (Ctrl-C stops it)\n  " +
+          " ".join(cmd), file=sys.stderr, flush=True)
+    os.chdir(course.ROOT)
+    os.execve(sys.executable, cmd, env)
+    return 0  # not reached
+
+
 def add_grade_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("grade", help="grade every SUBMISSIONS/<student>/<assignment>/*.ipynb")
     p.add_argument("submissions", type=Path, help="folder of student folders (nbgrader's layout)")
@@ -192,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     ext.add_argument("--hours", type=float, default=0.0, help="hours added to the due date")
     add_workdir_options(ext)
     ext.set_defaults(func=_extension)
+    fg = sub.add_parser("formgrader", help="serve nbgrader's formgrader for the course (loopback, with a token)")
+    fg.add_argument("--port", type=int, default=8888, help="port on 127.0.0.1 (default: 8888)")
+    fg.set_defaults(func=_formgrader)
     add_similarity_parser(sub)
     return parser
 
