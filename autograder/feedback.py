@@ -65,7 +65,10 @@ def autograded_notebook(result: Result, notebook: int) -> str:
             cell.execution_count = None
         if gid in tests:
             t = tests[gid]
-            head = f"{t.description}\n{min(t.points, t.max_points):g} / {t.max_points:g} points"
+            # The verdict is the judge's for this whole test cell (its visible tests and the hidden checks):
+            # say so, rather than set a hidden check's description under a visible test that reads otherwise.
+            head = (f"Grader's verdict for {gid} (this cell's tests and the grader's hidden checks): "
+                    f"{min(t.points, t.max_points):g} / {t.max_points:g} points\nChecked: {t.description}")
             if t.message:
                 cell.outputs = [nbformat.v4.new_output("error", ename="Failed", evalue=t.message,
                                                        traceback=[head, "Failed: " + t.message])]
