@@ -20,8 +20,10 @@ file                its one job                                                 
                                                                                 ``feedback``, ``sandbox``
 ``results``         the typed ``Result`` carried end to end, atomic JSON        ``judge``
 ``written``         cells graded by hand: which, and what the student wrote     ``notebook``, ``results``
-``gradebook``       nbgrader's gradebook (auto scores only), the pinned         ``course``, ``results``
-                    grader version, the CSV
+``gradebook``       nbgrader's gradebook (auto scores only), the pinned         ``course``, ``results``,
+                    grader version, the CSV                                     ``collector``
+``collector``       the submission's time: the collector's (LMS download,       nbgrader only
+                    exchange), the student's timestamp.txt checked against it
 ``feedback``        the autograded folder and ``nbgrader generate_feedback``    ``course``, ``notebook``,
                                                                                 ``results``, ``written``
 ``plugins``         nbgrader plugins: late penalty per day, Canvas export,      nbgrader only
