@@ -19,7 +19,8 @@ folder or module    its job
 ``notebook``        a notebook read defensively as data; the grading plan (shared foundation)
 ``course``          where the course keeps its assignments; nbgrader's config (shared foundation)
 ``batch``           the class: discover and fingerprint submissions, schedule the judge, record
-``cli``             every command (``release``, ``grade``, ``feedback``, ``extension``, ...)
+``cli``             every command (``release``, ``grade``, ``feedback``, ``extension``, ``formgrader``,
+                    ``similarity``)
 ``__main__``        ``python -m autograder``
 ``nbgrader_config`` the course's nbgrader configuration
 ==================  ==============================================================================

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import concurrent.futures as cf
+import datetime
 import hashlib
 import multiprocessing as mp
 import os
@@ -242,6 +243,11 @@ def grade_job(job: Job, ctx: Context) -> Result:
                 except BadNotebook:
                     pass  # the judge's result already says why
         reasons = [r.reason for r in results if r.reason]
+        blank = sorted({gid for c in cells.values() for gid in c.unanswered})
+        if blank and len(blank) < sum(len(c.answer_ids) for c in cells.values()):
+            notes.append("unanswered (left as released): " + ", ".join(blank))
+        elif blank:
+            notes.append("nothing answered: every answer cell is as released")
         reason = "; ".join(([reason] if reason else []) + notes + reasons)
     except Exception:  # noqa: BLE001 - a grader bug must not stop the class
         tb = traceback.format_exc()
@@ -254,8 +260,9 @@ def grade_job(job: Job, ctx: Context) -> Result:
         fp = fingerprint(job, ctx)
     except Exception as e:  # noqa: BLE001 - an unreadable submission still gets its result
         fp = f"unreadable:{type(e).__name__}"
+    seen = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None).isoformat()
     return Result(job.student, ctx.assignment, fp, ctx.version, clean_text(reason[:1000]),
-                  round(time.monotonic() - started, 2), results, cells, clean_text(stamp))
+                  round(time.monotonic() - started, 2), results, cells, clean_text(stamp), seen)
 
 
 # -- the class ------------------------------------------------------------------------------------------
@@ -312,7 +319,7 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
             require_isolation()
         except IsolationUnavailable as e:
             raise SystemExit(str(e)) from None
-    workdir = (workdir or out.resolve().parent / "grading").resolve()
+    workdir = (workdir or course.grading_dir()).resolve()  # the course's one gradebook by default
     records = Records(workdir, assignment)
     records.prepare_gradebook()
     release = course.RELEASE / assignment
@@ -321,6 +328,7 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
     ctx = Context(assignment, sources, release, sorted({course.ROOT, submissions.resolve(), workdir}),
                   limits or Limits(), records.secret(), version, workdir)
     pinned = records.pinned_version(version, replace=regrade or force)
+    before = records.final_scores()  # to say which recorded scores this run changes
     jobs, skipped = discover(submissions, assignment, own=[workdir, out])
     if students is not None:
         unknown = sorted(set(students) - {j.student for j in jobs})
@@ -356,18 +364,25 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
             "(pass --regrade to apply the new grader)")
 
     def finish(result: Result) -> None:
+        old = records.load(result.student)  # a --force or --regrade of the same submission keeps when it came
+        if old is not None and old.first_seen and old.fingerprint == result.fingerprint:
+            result.first_seen = old.first_seen
         records.save(result)  # first: a result on disk is never lost
         try:
             records.record(result, resubmitted=result.student in previous)
-            write_autograded(records.workdir, result, submissions / result.student / assignment)
+            write_autograded(records.workdir, result, submissions / result.student / assignment,
+                             records.submission_time(result).text)
         except Exception:  # noqa: BLE001 - the result is saved; the next run records it again
             log(f"  {result.student}: could not be recorded: {traceback.format_exc()}")
         results[result.student] = result
         if len(results) % 10 == 0:
             write_csv(out, records, results, final=False)
-        score, max_score = result.total
-        log(f"  {result.student}: {score:g}/{max_score:g} in {result.seconds:.1f} s" +
-            (f" ({result.reason[:120]})" if result.reason else ""))
+        score, max_score, penalty = records.final_scores().get(result.student, (*result.total, 0.0))
+        late = f", late penalty {penalty:g} subtracted" if penalty else ""
+        log(f"  {result.student}: {score:g} / {max_score:g}{late} in {result.seconds:.1f} s" +
+            (f" ({result.reason[:200]})" if result.reason else ""))
+        for flag in records.submission_time(result).flags:
+            log(f"  {result.student}: time to review: {flag}")
 
     def keep_candidate(result: Result) -> None:
         save_result(candidates / f"{result.student}.json", result)
@@ -386,6 +401,12 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
     for student in sorted(results):  # feedback where the gradebook changed since it was rendered
         publish(records, results[student], submissions / student / assignment, log)
 
+    for line in records.changes(before):
+        log(line)
+    review = {s: t.flags for s in sorted(results) if (t := records.submission_time(results[s])).flags}
+    if review:
+        log(f"{assignment}: {len(review)} submission time(s) to review (policy {records.time_policy!r}; "
+            "the CSV's time_review column): " + "; ".join(f"{s}: {', '.join(f)}" for s, f in review.items()))
     everyone = dict(results)
     for path in records.results.glob("*.json"):  # students graded in earlier runs (for example with --student)
         if path.stem not in everyone and (old := records.load(path.stem)) is not None:
@@ -427,7 +448,7 @@ def publish(records: Records, result: Result, folder: Path, log: Callable[[str],
         if feedback.is_dir() and records.feedback_state(result.student) == state:
             return
         if not (records.workdir / "autograded" / result.student / records.assignment).is_dir():
-            write_autograded(records.workdir, result, folder)
+            write_autograded(records.workdir, result, folder, records.submission_time(result).text)
         error = generate_feedback(records.config, records.assignment, result.student)
         if not error:
             records.set_feedback_state(result.student, state)

@@ -1,4 +1,8 @@
-"""Command line: ``python -m autograder {release,grade,feedback,extension} ...``, every option in one place.
+"""Command line: ``python -m autograder {release,grade,feedback,extension,similarity} ...``.
+
+Every command works in the course's one grading folder, the one holding the gradebook that
+``nbgrader_config.py`` names (``grading/``), unless ``--workdir`` names another one together
+with ``--separate-gradebook``.
 
 Imports: course, batch, gradebook, feedback, sandbox (``Limits``, ``require_isolation``).
 """
@@ -13,6 +17,12 @@ from pathlib import Path
 from autograder import course
 from autograder.isolation.sandbox import Limits
 from autograder.records.similarity import add_similarity_parser
+
+
+DESCRIPTION = """Grade the attention course's exercises with nbgrader's gradebook, formgrader and feedback.
+
+Every command works in the course's grading folder (grading/, where nbgrader_config.py puts
+the gradebook) and prints what it changed. See book/instructors.md for a term, step by step."""
 
 
 def _release(args: argparse.Namespace) -> int:
@@ -34,9 +44,23 @@ def limits_from(args: argparse.Namespace) -> Limits:
                   require_isolation=args.require_isolation)
 
 
+def _workdir(args: argparse.Namespace) -> Path | None:
+    """The grading folder the command works in (see :func:`course.check_workdir`); None after printing why not."""
+    try:
+        return course.check_workdir(args.workdir, args.separate_gradebook)
+    except ValueError as e:
+        print(f"nothing was done: {e}", file=sys.stderr)
+        return None
+
+
 def _grade(args: argparse.Namespace) -> int:
     from autograder import batch
     from autograder.isolation.sandbox import IsolationUnavailable, require_isolation
+
+    workdir = _workdir(args)
+    if workdir is None:
+        return 2
+    out = args.out or workdir / "grades.csv"
 
     if args.require_isolation:
         try:
@@ -44,25 +68,42 @@ def _grade(args: argparse.Namespace) -> int:
         except IsolationUnavailable as e:
             print(f"--require-isolation: nothing was graded. {e}", file=sys.stderr)
             return 3
-    results = batch.run(args.submissions, args.assignment, args.out, args.workdir, limits_from(args), args.workers,
+    results = batch.run(args.submissions, args.assignment, out, workdir, limits_from(args), args.workers,
                         args.force, log=lambda s: print(s, file=sys.stderr, flush=True), scheduler=args.scheduler,
                         students=args.students, regrade=args.regrade)
-    print(f"wrote {args.out} ({len(results)} students)")
+    print(f"wrote {out} ({len(results)} students)")
     return 0
 
 
 def _feedback(args: argparse.Namespace) -> int:
-    """Render the feedback again from the gradebook (after manual grading), for every graded student."""
+    """After grading by hand: reassign the late penalties on the totals (hand grades included), render the
+    feedback again from the gradebook and rewrite the CSV, so every place shows the same score."""
     from autograder.records.feedback import generate_feedback
-    from autograder.records.gradebook import Records
+    from autograder.records.gradebook import Records, write_csv
 
-    records = Records(args.workdir, args.assignment)
+    workdir = _workdir(args)
+    if workdir is None:
+        return 2
+    records = Records(workdir, args.assignment)
+    results = {p.stem: r for p in sorted(records.results.glob("*.json")) if (r := records.load(p.stem)) is not None}
+    before = records.final_scores()
     failed = 0
-    for path in sorted(records.results.glob("*.json")):
-        if (records.workdir / "autograded" / path.stem / args.assignment).is_dir():
-            error = generate_feedback(records.config, args.assignment, path.stem)
-            print(f"{path.stem}: {error or 'feedback written'}", file=sys.stderr)
+    for student, result in sorted(results.items()):
+        records.assign_late_penalties(result)
+        if (records.workdir / "autograded" / student / args.assignment).is_dir():
+            error = generate_feedback(records.config, args.assignment, student)
+            if not error:
+                records.set_feedback_state(student, records.grades_state(student))
             failed += bool(error)
+            score = records.final_scores().get(student)
+            shown = f"{score[0]:g} / {score[1]:g}" if score else "not in the gradebook"
+            print(f"  {student}: {shown}, " + (f"feedback NOT written: {error}" if error else "feedback written"),
+                  file=sys.stderr)
+    for line in records.changes(before):
+        print(line, file=sys.stderr)
+    out = args.out or records.workdir / "grades.csv"
+    write_csv(out, records, results)
+    print(f"wrote {out} ({len(results)} students)")
     return 1 if failed else 0
 
 
@@ -72,7 +113,10 @@ def _extension(args: argparse.Namespace) -> int:
 
     from autograder.records.gradebook import Records
 
-    records = Records(args.workdir, args.assignment)
+    workdir = _workdir(args)
+    if workdir is None:
+        return 2
+    records = Records(workdir, args.assignment)
     records.prepare_gradebook()
     with Gradebook(f"sqlite:///{records.db}") as gb:
         try:
@@ -89,12 +133,33 @@ def _extension(args: argparse.Namespace) -> int:
     return 0
 
 
+def formgrader_command(port: int = 8888, root: Path | None = None) -> list[str]:
+    """The ``jupyter server`` command line that serves nbgrader's formgrader for the course, on loopback."""
+    cmd = [sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+           f"--ServerApp.root_dir={root or course.ROOT}",
+           '--ServerApp.jpserver_extensions={"nbgrader.server_extensions.formgrader": True}']
+    if os.geteuid() == 0:  # a container or a server run as root: Jupyter refuses without it
+        cmd.append("--allow-root")
+    return cmd
+
+
+def _formgrader(args: argparse.Namespace) -> int:
+    """Serve formgrader from the course root (its nbgrader_config.py, its gradebook); runs until stopped."""
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
+    cmd = formgrader_command(args.port)
+    print("serving formgrader: open the /formgrader page of the address below (Ctrl-C stops it)\n  " +
+          " ".join(cmd), file=sys.stderr, flush=True)
+    os.chdir(course.ROOT)
+    os.execve(sys.executable, cmd, env)
+    return 0  # not reached
+
+
 def add_grade_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("grade", help="grade every SUBMISSIONS/<student>/<assignment>/*.ipynb")
     p.add_argument("submissions", type=Path, help="folder of student folders (nbgrader's layout)")
     p.add_argument("--assignment", required=True, help="assignment name, e.g. 01_single_head")
-    p.add_argument("--out", type=Path, required=True, help="CSV file to write")
-    p.add_argument("--workdir", type=Path, help="grading state: gradebook, results, feedback (default: OUT's folder/grading)")
+    p.add_argument("--out", type=Path, help="CSV file to write (default: grades.csv in the grading folder)")
+    add_workdir_options(p)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                    help="submissions graded at once on this machine (default: the number of cores)")
     p.add_argument("--scheduler", help="Dask distributed scheduler address: grade each submission as a Dask task")
@@ -117,8 +182,18 @@ def add_grade_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_grade)
 
 
+def add_workdir_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workdir", type=Path,
+                   help="grading folder: gradebook, results, feedback (default: the course's, where "
+                        "nbgrader_config.py puts the gradebook: grading/)")
+    p.add_argument("--separate-gradebook", action="store_true",
+                   help="allow a --workdir whose gradebook is not the course's (formgrader and `nbgrader "
+                        "export` will not see those grades)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m autograder", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     rel = sub.add_parser("release", help="generate exercises/ from solutions/assignments/ with nbgrader")
     rel.add_argument("assignment", nargs="*", help="assignment names (NN_topic)")
@@ -128,15 +203,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_grade_parser(sub)
     fb = sub.add_parser("feedback", help="render the feedback again from the gradebook (after manual grading)")
     fb.add_argument("--assignment", required=True, help="assignment name, e.g. 01_single_head")
-    fb.add_argument("--workdir", type=Path, default=course.ROOT / "grading", help="the grading folder (default: grading/)")
+    fb.add_argument("--out", type=Path, help="CSV file to rewrite (default: grades.csv in the grading folder)")
+    add_workdir_options(fb)
     fb.set_defaults(func=_feedback)
     ext = sub.add_parser("extension", help="grant a student an extension (stored in nbgrader's gradebook)")
     ext.add_argument("--assignment", required=True, help="assignment name, e.g. 01_single_head")
     ext.add_argument("--student", required=True, help="the student's id")
     ext.add_argument("--days", type=float, default=0.0, help="days added to the due date")
     ext.add_argument("--hours", type=float, default=0.0, help="hours added to the due date")
-    ext.add_argument("--workdir", type=Path, default=course.ROOT / "grading", help="the grading folder (default: grading/)")
+    add_workdir_options(ext)
     ext.set_defaults(func=_extension)
+    fg = sub.add_parser("formgrader", help="serve nbgrader's formgrader for the course (loopback, with a token)")
+    fg.add_argument("--port", type=int, default=8888, help="port on 127.0.0.1 (default: 8888)")
+    fg.set_defaults(func=_formgrader)
     add_similarity_parser(sub)
     return parser
 

@@ -45,6 +45,40 @@ def nbgrader_config(**overrides: str) -> Config:
     return config
 
 
+def gradebook_path() -> Path:
+    """The course's one gradebook: the SQLite file ``nbgrader_config.py`` names (``grading/gradebook.db``)."""
+    url = str(nbgrader_config().CourseDirectory.db_url)
+    if not url.startswith("sqlite:///"):
+        raise ValueError(f"the course's gradebook must be an SQLite file (sqlite:///PATH); nbgrader_config.py "
+                         f"names {url!r}")
+    path = Path(url.removeprefix("sqlite:///"))
+    return (path if path.is_absolute() else ROOT / path).resolve()
+
+
+def grading_dir() -> Path:
+    """The course's grading folder: the one holding its gradebook (submissions, results, feedback, secret)."""
+    return gradebook_path().parent
+
+
+def check_workdir(workdir: Path | None, separate: bool = False) -> Path:
+    """The grading folder a command works in: the course's unless ``workdir`` names another one.
+
+    A folder whose gradebook is not the course's is refused (``ValueError`` naming both) unless
+    ``separate``: grades recorded there would not be seen by formgrader, ``nbgrader export`` or
+    the Canvas export, which read the course's gradebook.
+    """
+    course_dir = grading_dir()
+    if workdir is None:
+        return course_dir
+    workdir = workdir.resolve()
+    if workdir != course_dir and not separate:
+        raise ValueError(f"--workdir {workdir} holds the gradebook {workdir / 'gradebook.db'}, but the course's "
+                         f"gradebook (named by nbgrader_config.py) is {gradebook_path()}: grades recorded there "
+                         "would not reach formgrader, `nbgrader export` or the Canvas file. Leave out --workdir, "
+                         "or pass --separate-gradebook if a second gradebook is what you want.")
+    return workdir
+
+
 def generate_release(assignment: str, out_dir: Path, db_path: Path | None = None) -> Path:
     """Run ``nbgrader generate_assignment`` for ``assignment`` into ``out_dir/assignment``.
 

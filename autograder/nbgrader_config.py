@@ -10,9 +10,19 @@ gradebook) lives under ``grading/``, which git ignores, where
 ``python -m autograder grade grading/submitted --out grading/grades.csv`` writes it.
 """
 
+import os
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# nbgrader runs alembic as a subprocess (`nbgrader db ...` upgrades the gradebook with it): put this Python's
+# scripts on PATH, so `.venv/bin/nbgrader db ...` works without activating the virtual environment.
+_BIN = str(Path(sys.executable).parent)
+if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
+# The course's own plugins (this folder's package), whatever else is installed.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 c = get_config()  # noqa: F821 - provided by traitlets when nbgrader loads this file
 
@@ -27,6 +37,18 @@ c.CourseDirectory.db_url = f"sqlite:///{ROOT / 'grading' / 'gradebook.db'}"
 (ROOT / "grading" / "exchange").mkdir(parents=True, exist_ok=True)  # the gradebook's and the exchange's folders
 c.Exchange.root = str(ROOT / "grading" / "exchange")  # an exchange for release_feedback; no JupyterHub needed
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", ".*"]
+# Feedback and formgrader pages render students' text: nbconvert's sanitiser on, and the course's feedback
+# template (autograder/records/templates/feedback: "awaiting a hand grade", "unanswered", a strict HTML allow-list,
+# MathJax embedded for offline reading) in front of nbgrader's (formgrader keeps its own).
+import nbgrader  # noqa: E402
+
+c.HTMLExporter.sanitize_html = True
+c.HTMLExporter.extra_template_basedirs = [
+    str(ROOT / "autograder" / "records" / "templates"),
+    str(Path(nbgrader.__file__).parent / "server_extensions" / "formgrader" / "templates")]
+c.HTMLExporter.filters = {"clean_html": "autograder.records.written.clean_html"}
+c.GenerateFeedback.preprocessors = ["autograder.records.plugins.FeedbackGrades",
+                                    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor"]
 c.ExecutePreprocessor.timeout = 120
 c.Execute.timeout = 120
 
@@ -38,11 +60,19 @@ c.AssignLatePenalties.plugin_class = "autograder.records.plugins.PercentPerDayLa
 c.PercentPerDayLatePenalty.percent_per_day = 10.0
 c.PercentPerDayLatePenalty.max_percent = 100.0
 c.PercentPerDayLatePenalty.grace_minutes = 0.0
+# The submission's time is the collector's (the LMS download, nbgrader's exchange), never the student's own
+# timestamp.txt alone; every doubt is flagged in the console and the CSV's time_review column. Policy
+# (autograder/collector.py): "collector" (default: the collector's time; without one a sound timestamp.txt,
+# flagged, else the time the grader first saw it), "latest" (the later of the two) or "timestamp".
+c.SubmissionTime.policy = "collector"
 
-# `nbgrader zip_collect NN_topic`: put the LMS's bulk download in downloaded/NN_topic/archive/.
+# `nbgrader zip_collect NN_topic`: put the LMS's bulk download in downloaded/NN_topic/archive/. Files are
+# filed under the roster's id of the student whose lms_user_id the file name carries (an id not in the
+# roster is listed and skipped); the zip entry's time (read in zip_timezone) is the submission's time.
 c.ZipCollectApp.collector_plugin = "autograder.records.plugins.LmsFileNameCollector"
 c.ZipCollectApp.downloaded_directory = "grading/downloaded"
 c.LmsFileNameCollector.lms = ["canvas", "moodle"]
+c.LmsFileNameCollector.zip_timezone = "UTC"
 
 # `nbgrader export --exporter autograder.records.plugins.CanvasExportPlugin --to canvas.csv`; map assignments to
 # existing Canvas columns with c.CanvasExportPlugin.assignment_columns = {"01_single_head": "Attention 1 (4321)"}.

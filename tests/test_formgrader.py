@@ -1,9 +1,14 @@
 """The formgrader round trip in a real browser: an instructor grades a written answer by hand in nbgrader's
 formgrader (served on loopback with a token, Chromium through Playwright), the grader runs again and with
-``--regrade``, and the manual score and comment are still there and shown in the student's feedback."""
+``--regrade``, and the manual score and comment are still there and shown in the student's feedback.
+
+And students' text is inert: mallory's written answer and a markdown cell she added carry a <script>, an
+<img onerror>, javascript: links and an <iframe srcdoc>; formgrader's page of her submission and her feedback
+page are opened in the browser, links clicked, and no script may run, no handler fire, no dialog open."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -20,6 +25,16 @@ from autograder import batch, course
 from test_grader_records import A, AUTO, LIMITS, ON_TIME, WRITTEN, read_csv, submit
 
 pytestmark = pytest.mark.slow
+NB = "single_head.ipynb"
+# Each payload would set window.__pwned and the page title if it ran.
+PAYLOAD = "\n\n".join([
+    '<script>window.__pwned = 1; document.title = "pwned"</script>',
+    '<img src="x" onerror="window.__pwned = 2; document.title = \'pwned\'">',
+    "[click me](javascript:window.__pwned=3;document.title='pwned')",
+    '<a href="javascript:window.__pwned=4;document.title=\'pwned\'">or me</a>',
+    '<iframe srcdoc="<script>parent.__pwned = 5; parent.document.title = \'pwned\'</script>"></iframe>',
+    "The scores grow with d_k.",
+])
 CHROMIUM = Path(os.environ.get("ATTN_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
@@ -47,6 +62,10 @@ def course_root(tmp_path_factory):
             f"c.CourseDirectory.release_directory = {str(root / 'release')!r}\n"
             f"c.CourseDirectory.db_url = 'sqlite:///{root / 'grading' / 'gradebook.db'}'\n")
         submit(root / "grading" / "submitted", "alice", written="The scores grow with d_k.", timestamp=ON_TIME)
+        nb_path = submit(root / "grading" / "submitted", "mallory", written=PAYLOAD, timestamp=ON_TIME) / NB
+        nb = json.loads(nb_path.read_text())
+        nb["cells"].insert(1, {"cell_type": "markdown", "metadata": {}, "source": "My notes\n\n" + PAYLOAD})
+        nb_path.write_text(json.dumps(nb))
         out, work = root / "grading" / "grades.csv", root / "grading"
         grade = lambda **kw: batch.run(work / "submitted", A, out, work, LIMITS, workers=1, log=print, **kw)  # noqa: E731
         grade()
@@ -151,3 +170,42 @@ def test_manual_grade_set_in_formgrader_survives_the_grader(course_root, formgra
     assert page.input_value(f"#{WRITTEN}") == "1.5"
     assert page.input_value(f"#{WRITTEN}-comment").startswith("Good start")
     page.close()
+
+
+def assert_inert(page, what: str) -> None:
+    """Nothing of PAYLOAD ran on ``page``: no flag, no title, no dialog; no live handler, frame or script link."""
+    page.wait_for_timeout(1000)
+    for link in page.query_selector_all("a"):  # a javascript: link would run when clicked
+        href = link.get_attribute("href") or ""
+        if "pwned" in href or "unsafe-link" in href:
+            link.click(no_wait_after=True)
+    page.wait_for_timeout(500)
+    found = page.evaluate("""() => ({pwned: window.__pwned === undefined ? null : window.__pwned,
+        title: document.title,
+        handlers: document.querySelectorAll('[onerror], [onload]:not(body)').length,
+        frames: document.querySelectorAll('iframe[srcdoc]').length,
+        scripts: Array.from(document.scripts).filter(s => s.text.includes('__pwned')).length,
+        jslinks: Array.from(document.querySelectorAll('a[href]')).filter(
+            a => a.getAttribute('href').replace(/\\s/g, '').toLowerCase().startsWith('javascript:')).length})""")
+    assert found == {"pwned": None, "title": found["title"], "handlers": 0, "frames": 0, "scripts": 0,
+                     "jslinks": 0}, (what, found)
+    assert found["title"] != "pwned", what
+    assert "grow with d_k" in page.content(), f"{what}: the answer's text is not shown"
+
+
+def test_students_html_is_inert_in_formgrader_and_feedback(course_root, formgrader, browser):
+    with gradebook(course_root["work"]) as gb:
+        notebook_id = gb.find_submission_notebook("single_head", A, "mallory").id
+    dialogs: list[str] = []
+    for what, url in (
+            ("formgrader", f"{formgrader['base']}/formgrader/submissions/{notebook_id}/?token={formgrader['token']}"),
+            ("feedback", (course_root["work"] / "feedback" / "mallory" / A / "single_head.html").as_uri())):
+        page = browser.new_page()
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        page.goto(url)
+        if what == "formgrader":
+            page.wait_for_selector(f"#{WRITTEN}", timeout=30000)
+        assert_inert(page, what)
+        assert "&lt;script&gt;" in page.content() or "<script>window.__pwned" not in page.content()
+        page.close()
+    assert not dialogs, dialogs

@@ -49,7 +49,7 @@ def test_reference_full_marks_blank_zero(assignment, tmp_path):
     make_student(subs, "reference", assignment, answered=True)
     make_student(subs, "blank", assignment, answered=False)
     out = subs / "grades.csv"  # inside the submissions folder: its grading/ must not be taken for a student
-    proc = grade(subs, assignment, out, "--workers", "2")
+    proc = grade(subs, assignment, out, "--workers", "2", "--workdir", str(subs / "grading"), "--separate-gradebook")
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = rows(out)
     assert sorted(got) == ["blank", "reference"]
@@ -70,11 +70,11 @@ def test_killed_batch_resumes_to_the_same_grades(tmp_path):
     for i in range(6):
         make_student(subs, f"s{i}", assignment, answered=i % 2 == 0)
     # An uninterrupted run, for comparison.
-    straight = grade(subs, assignment, tmp_path / "straight.csv", "--workdir", str(tmp_path / "w1"))
+    straight = grade(subs, assignment, tmp_path / "straight.csv", "--workdir", str(tmp_path / "w1"), "--separate-gradebook")
     assert straight.returncode == 0, straight.stderr[-2000:]
     # A run killed (SIGKILL, no chance to clean up) once two results are on disk.
     out, work = tmp_path / "resumed.csv", tmp_path / "w2"
-    proc = grade(subs, assignment, out, "--workdir", str(work), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    proc = grade(subs, assignment, out, "--workdir", str(work), "--separate-gradebook", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                  start_new_session=True)
     results = work / "results" / assignment
     deadline = time.monotonic() + 300
@@ -84,7 +84,7 @@ def test_killed_batch_resumes_to_the_same_grades(tmp_path):
     proc.wait()
     done = len(list(results.glob("*.json")))
     assert 2 <= done < 6, f"the batch was not killed mid-way ({done} results)"
-    resumed = grade(subs, assignment, out, "--workdir", str(work))
+    resumed = grade(subs, assignment, out, "--workdir", str(work), "--separate-gradebook")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"{done} already graded, {6 - done} to grade" in resumed.stderr
     strip = lambda r: {s: (v["score"], v["max_score"], v["reason"]) for s, v in r.items()}  # noqa: E731

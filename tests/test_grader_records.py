@@ -159,7 +159,8 @@ def test_late_penalty_and_extension(graded):
     with gradebook(graded["work"]) as gb:
         assert str(gb.find_assignment(A).duedate).startswith("2026-10-02 23:59")
     proc = subprocess.run([sys.executable, "-m", "autograder", "extension", "--assignment", A, "--student", "late",
-                           "--days", "2", "--workdir", str(graded["work"])], cwd=course.ROOT, env=ENV,
+                           "--days", "2", "--workdir", str(graded["work"]),
+                           "--separate-gradebook"], cwd=course.ROOT, env=ENV,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     graded["grade"]()
@@ -269,20 +270,38 @@ def test_fingerprint_follows_the_checks_import_closure(tmp_path, monkeypatch):
     assert batch.grader_version("05_cross_attention") == v05  # ch05 does not
 
 
-def test_zip_collect_reads_a_canvas_and_a_moodle_download(tmp_path):
-    nb = json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
-    archive = tmp_path / "grading" / "downloaded" / A / "archive"
-    archive.mkdir(parents=True)
+def test_zip_collect_maps_lms_ids_through_the_roster_and_keeps_the_collectors_time(tmp_path):
+    """Canvas and Moodle file names carry the LMS id: it is looked up in the roster's lms_user_id, an id not in
+    the roster is listed and skipped (no invented student), and the zip entry's time (not a file the student
+    wrote) becomes timestamp.txt, with Canvas's _LATE_ marker kept for the grader."""
     import zipfile
 
+    nb = json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+    db = f"--CourseDirectory.db_url=sqlite:///{tmp_path / 'grading' / 'gradebook.db'}"
+    (tmp_path / "grading").mkdir()
+    roster = tmp_path / "roster.csv"
+    roster.write_text("id,first_name,last_name,email,lms_user_id\njdoe,Jane,Doe,,4242\nrsmith,Rob,Smith,,4343\n"
+                      "alee,Ann,Lee,,5151\n")
+    nbgrader("db", "student", "import", str(roster), db)
+    archive = tmp_path / "grading" / "downloaded" / A / "archive"
+    archive.mkdir(parents=True)
     with zipfile.ZipFile(archive / "submissions.zip", "w") as z:
-        z.writestr("doejane_4242_991_single_head.ipynb", nb)
-        z.writestr("roesmith_LATE_4343_992_single_head-1.ipynb", nb)
-        z.writestr("Ann Lee_5151_assignsubmission_file_/single_head.ipynb", nb)
-    nbgrader("zip_collect", A, f"--CourseDirectory.root={tmp_path}")
-    got = sorted(p.relative_to(tmp_path / "grading" / "submitted").as_posix()
-                 for p in (tmp_path / "grading" / "submitted").rglob("*.ipynb"))
-    assert got == [f"4242/{A}/{NB}", f"4343/{A}/{NB}", f"5151/{A}/{NB}"]
+        z.writestr(zipfile.ZipInfo("doejane_4242_991_single_head.ipynb", (2026, 10, 1, 9, 30, 0)), nb)
+        z.writestr(zipfile.ZipInfo("smithrob_LATE_4343_992_single_head-1.ipynb", (2026, 10, 3, 8, 0, 0)), nb)
+        z.writestr(zipfile.ZipInfo("Ann Lee_5151_assignsubmission_file_/single_head.ipynb", (2026, 10, 2, 1, 0, 0)), nb)
+        z.writestr(zipfile.ZipInfo("strangerx_9999_993_single_head.ipynb", (2026, 10, 1, 0, 0, 0)), nb)
+    proc = nbgrader("zip_collect", A, f"--CourseDirectory.root={tmp_path}", db)
+    submitted = tmp_path / "grading" / "submitted"
+    got = sorted(p.relative_to(submitted).as_posix() for p in submitted.rglob("*.ipynb"))
+    assert got == [f"alee/{A}/{NB}", f"jdoe/{A}/{NB}", f"rsmith/{A}/{NB}"]  # roster ids, no "9999"
+    assert "9999" in proc.stdout + proc.stderr and "not the lms_user_id" in proc.stdout + proc.stderr
+    collected = tmp_path / "grading" / "collected" / A
+    assert json.loads((collected / "unknown.json").read_text())["lms_user_ids"] == {
+        "9999": ["strangerx_9999_993_single_head.ipynb"]}
+    assert (submitted / "jdoe" / A / "timestamp.txt").read_text().startswith("2026-10-01 09:30:00")
+    late = json.loads((collected / "rsmith.json").read_text())
+    assert late["late_marker"] and late["time"] == "2026-10-03T08:00:00" and late["source"] == "Canvas download"
+    assert json.loads((collected / "alee.json").read_text())["source"] == "Moodle download"
 
 
 def test_require_isolation_refuses_before_grading(tmp_path):

@@ -131,7 +131,7 @@ def _grade_as_nobody_and_as_root(base: Path) -> None:
     MARKER.unlink(missing_ok=True)
     grade = [sys.executable, "-m", "autograder", "grade", str(subs), "--assignment", A, "--workers", "1",
              "--cell-timeout", "8", "--call-timeout", "4", "--notebook-timeout", "120", "--memory-mb", "3072",
-             "--max-processes", "128"]
+             "--max-processes", "128", "--workdir", str(base / "grading"), "--separate-gradebook"]
     done = _as_nobody(grade + ["--out", str(base / "nobody.csv"), "--require-isolation"], env, 900)
     if done.returncode != 0:
         # Only acceptable failure: no isolation without root here, and the refusal says so clearly.

@@ -141,7 +141,7 @@ def test_a_stalled_pipe_does_not_stop_the_batch(tmp_path):
     out = tmp_path / "grades.csv"
     try:
         done = subprocess.run([sys.executable, "-m", "autograder", "grade", str(subs), "--assignment", A, "--out", str(out),
-                               "--workers", "1", "--notebook-timeout", "12", "--cell-timeout", "3", "--call-timeout", "2"],
+                               "--workdir", str(tmp_path / "grading"), "--separate-gradebook", "--workers", "1", "--notebook-timeout", "12", "--cell-timeout", "3", "--call-timeout", "2"],
                               cwd=ROOT, capture_output=True, text=True, timeout=150)
     except subprocess.TimeoutExpired:
         pytest.fail("the batch hung on a submission that stopped reading its requests")

@@ -17,7 +17,8 @@ import pytest
 
 pytest.importorskip("copydetect", reason="copydetect is in requirements.txt: run `make install`")
 
-from autograder import course, similarity  # noqa: E402
+from autograder import course  # noqa: E402
+from autograder.records import similarity  # noqa: E402
 from autograder.cli import main  # noqa: E402
 
 ASSIGNMENT = "01_single_head"
@@ -179,3 +180,22 @@ def test_missing_folder_is_a_clear_error(tmp_path, capsys):
     code = main(["similarity", str(tmp_path / "nowhere"), "--assignment", ASSIGNMENT,
                  "--out", str(tmp_path / "x.html")])
     assert code == 2 and "nbgrader's layout" in capsys.readouterr().err
+
+
+def test_a_copy_of_the_reference_solution_is_found(class_folder, tmp_path):
+    """frank hands in the published reference solution verbatim: near 100% similar to it."""
+    import json
+    import shutil
+
+    from checking import answered_release
+
+    folder = tmp_path / "submitted"
+    shutil.copytree(class_folder, folder, ignore=shutil.ignore_patterns("gradebook.db"))
+    for path in sorted((course.RELEASE / ASSIGNMENT).glob("*.ipynb")):
+        target = folder / "frank" / ASSIGNMENT / path.name
+        target.parent.mkdir(parents=True)
+        target.write_text(json.dumps(answered_release(ASSIGNMENT, path.name)))
+    _, against = similarity.run(folder, ASSIGNMENT, tmp_path / "report.html")
+    frank = [p for p in against if p.left == "frank"]
+    assert frank and frank[0].right.startswith("course__solution_"), [(p.right, p.score) for p in frank]
+    assert frank[0].score >= 0.95, frank[0].score

@@ -8,6 +8,8 @@ file                its one job
 ``written``         cells graded by hand: which, and what the student wrote
 ``gradebook``       nbgrader's gradebook (auto scores only), the pinned grader version, the CSV
 ``feedback``        the autograded folder and ``nbgrader generate_feedback``
+``collector``       the submission's time: the collector's (LMS download, exchange), the
+                    student's ``timestamp.txt`` checked against it
 ``plugins``         nbgrader plugins: late penalty per day, Canvas export, LMS file names
 ``similarity``      the instructor's similarity report (copydetect): ranks answers, changes no
                     grade

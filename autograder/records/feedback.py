@@ -9,7 +9,10 @@ verdict as the output of each test cell), ``timestamp.txt`` and
 grades, comments and late penalties, and ``nbgrader release_feedback`` finds
 every file it expects (files 0644).
 
-Hidden tests never appear: the cells come from the released notebook.
+Hidden tests never appear: the cells come from the released notebook. Students' markdown
+(written answers, cells they added) is made inert with :func:`autograder.records.written.clean_markdown`
+before it is written, so formgrader and the feedback page show it as text; the feedback
+template (``autograder/records/templates/feedback``) cleans the rendered HTML once more.
 
 Imports: :mod:`autograder.course`, :mod:`autograder.notebook`, :mod:`autograder.records.results`,
 :mod:`autograder.records.written`.
@@ -27,7 +30,7 @@ from typing import Any
 from autograder import course
 from autograder.notebook import nbgrader_meta
 from autograder.records.results import Result, atomic_write, total
-from autograder.records.written import is_manual
+from autograder.records.written import clean_markdown, is_manual
 
 TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S.%f %Z"  # nbgrader's timestamp.txt
 
@@ -42,15 +45,19 @@ def autograded_notebook(result: Result, notebook: int) -> str:
     cells = result.cells.get(nb.notebook)
     written = cells.written if cells else {}
     added: dict[str, list[Any]] = {}
-    for after, kind, source in (cells.added if cells else []):
-        new = nbformat.v4.new_code_cell(source) if kind == "code" else nbformat.v4.new_markdown_cell(source)
+    unanswered = set(cells.unanswered) if cells else set()
+    for after, kind, source in (cells.added if cells else []):  # the student's markdown is made inert
+        new = nbformat.v4.new_code_cell(source) if kind == "code" else nbformat.v4.new_markdown_cell(
+            clean_markdown(source))
         added.setdefault(after, []).append(new)
     out = list(added.get("", []))
     for cell in book.cells:
         meta = nbgrader_meta(cell)
         gid = meta.get("grade_id")
         if gid in written and is_manual(cell):
-            cell.source = written[gid]
+            cell.source = clean_markdown(written[gid]) if cell.cell_type == "markdown" else written[gid]
+        if gid in unanswered:
+            cell.metadata["attn_unanswered"] = True  # the feedback page says "unanswered"
         elif meta.get("solution") and gid in nb.answers:
             cell.source = nb.answers[gid]
         if cell.cell_type == "code":
@@ -58,7 +65,10 @@ def autograded_notebook(result: Result, notebook: int) -> str:
             cell.execution_count = None
         if gid in tests:
             t = tests[gid]
-            head = f"{t.description}\n{min(t.points, t.max_points):g} / {t.max_points:g} points"
+            # The verdict is the judge's for this whole test cell (its visible tests and the hidden checks):
+            # say so, rather than set a hidden check's description under a visible test that reads otherwise.
+            head = (f"Grader's verdict for {gid} (this cell's tests and the grader's hidden checks): "
+                    f"{min(t.points, t.max_points):g} / {t.max_points:g} points\nChecked: {t.description}")
             if t.message:
                 cell.outputs = [nbformat.v4.new_output("error", ename="Failed", evalue=t.message,
                                                        traceback=[head, "Failed: " + t.message])]
@@ -77,17 +87,18 @@ def autograded_notebook(result: Result, notebook: int) -> str:
     return buf.getvalue()
 
 
-def write_autograded(workdir: Path, result: Result, submission: Path) -> Path:
+def write_autograded(workdir: Path, result: Result, submission: Path, stamp: str = "") -> Path:
     """Write the student's autograded folder (notebooks, ``timestamp.txt``, ``submission_secret.txt``).
 
-    ``timestamp.txt`` is the submission's own; without one, the time its newest
-    notebook was written. ``submission_secret.txt`` is the submission's own
+    ``timestamp.txt`` is ``stamp``, the time recorded in the gradebook
+    (:meth:`autograder.records.gradebook.Records.submission_time`: the collector's), so the two
+    records agree; without one, the submission's own, else the time its newest notebook was written. ``submission_secret.txt`` is the submission's own
     (nbgrader's ``collect`` copies it) or a fresh random one.
     """
     folder = workdir / "autograded" / result.student / result.assignment
     for i, nb in enumerate(result.notebooks):
         atomic_write(folder / f"{nb.notebook}.ipynb", autograded_notebook(result, i))
-    stamp = result.timestamp
+    stamp = stamp or result.timestamp
     if not stamp:
         times = [p.stat().st_mtime for p in _notebooks(submission)]
         moment = datetime.datetime.fromtimestamp(max(times), datetime.timezone.utc) if times else \

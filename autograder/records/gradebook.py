@@ -9,7 +9,10 @@ gradebook, and late penalties are assigned by nbgrader's own
 ``AssignLatePenalties`` with the plugin configured in ``nbgrader_config.py``
 (extensions granted in the gradebook count).
 
-Imports: :mod:`autograder.course`, :mod:`autograder.records.results`.
+The submission's time is the collector's (:mod:`autograder.records.collector`): the LMS download or
+nbgrader's exchange; ``timestamp.txt`` is checked against it and every doubt is flagged.
+
+Imports: :mod:`autograder.course`, :mod:`autograder.records.collector`, :mod:`autograder.records.results`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from autograder import course
+from autograder.records.collector import SubmissionTime, collected_record, decide, exchange_time
 from autograder.records.results import Result, atomic_write, load_result, save_result
 
 
@@ -82,6 +86,19 @@ class Records:
     def set_feedback_state(self, student: str, state: str) -> None:
         atomic_write(self.results / "feedback_state" / f"{student}.txt", state, mode=0o600)
 
+    @property
+    def time_policy(self) -> str:
+        """``c.SubmissionTime.policy`` of the course's config (see :mod:`autograder.records.collector`)."""
+        return str(self.config.SubmissionTime.get("policy", "collector"))
+
+    def submission_time(self, result: Result) -> SubmissionTime:
+        """The time to record for ``result``: the collector's (LMS download or nbgrader's exchange), checked
+        against the student's ``timestamp.txt``, with the flags an instructor should see."""
+        collected = collected_record(self.workdir, self.assignment, result.student) or exchange_time(
+            Path(str(self.config.Exchange.root)), str(self.config.CourseDirectory.course_id), self.assignment,
+            result.student)
+        return decide(result.timestamp, collected, self.time_policy, result.first_seen)
+
     # -- the gradebook --------------------------------------------------------------------------------
 
     def prepare_gradebook(self) -> None:
@@ -106,15 +123,9 @@ class Records:
         before, so grades set by hand are flagged for review.
         """
         from nbgrader.api import Gradebook, MissingEntry
-        from nbgrader.utils import parse_utc
 
         student = result.student
-        timestamp = None
-        if result.timestamp:
-            try:
-                timestamp = parse_utc(result.timestamp)
-            except Exception:  # noqa: BLE001 - a student's file: unreadable means no timestamp
-                timestamp = None
+        timestamp = self.submission_time(result).when
         with Gradebook(f"sqlite:///{self.db}") as gb, warnings.catch_warnings():
             # nbgrader's add_submission trips SQLAlchemy's autoflush warnings; they are harmless here.
             warnings.simplefilter("ignore")
@@ -176,24 +187,60 @@ class Records:
 
     def scores(self) -> dict[str, tuple[float, float, float]]:
         """``student -> (score, max_score, late penalty)`` as the gradebook has them (manual grades included)."""
-        from nbgrader.api import Gradebook
+        from nbgrader.api import Gradebook, MissingEntry
 
         with Gradebook(f"sqlite:///{self.db}") as gb:
+            try:
+                submissions = gb.find_assignment(self.assignment).submissions
+            except MissingEntry:
+                return {}
             return {sub.student.id: (float(sub.score), float(sub.max_score), float(sub.late_submission_penalty or 0))
-                    for sub in gb.find_assignment(self.assignment).submissions}
+                    for sub in submissions}
+
+    def final_scores(self) -> dict[str, tuple[float, float, float]]:
+        """``student -> (score after the late penalty, max_score, penalty)``: the one score every place shows
+        (console, CSV, feedback, ``nbgrader export``, the Canvas file); ``max_score`` includes hand-graded points."""
+        return {s: (max(0.0, score - penalty), max_score, penalty) for s, (score, max_score, penalty)
+                in self.scores().items()}
+
+    def changes(self, before: dict[str, tuple[float, float, float]]) -> list[str]:
+        """Say which recorded scores differ from ``before`` (a :meth:`final_scores`), and by how much."""
+        after = self.final_scores()
+        moved = [(s, before[s][0], after[s][0]) for s in sorted(before) if s in after and
+                 abs(before[s][0] - after[s][0]) > 1e-9]
+        if not moved:
+            return []
+        return [f"{self.assignment}: {len(moved)} recorded score(s) changed:"] + [
+            f"  {s}: {old:g} -> {new:g} ({new - old:+g})" for s, old, new in moved]
+
+
+# The CSV's columns (documented in autograder/README.md, "The CSV"):
+#   score         points after the late penalty (hand grades included): what the feedback, `nbgrader export`
+#                 and the Canvas file show
+#   max_score     every point of the assignment, the hand-graded ones included
+#   reason        why a submission could not be graded normally, and what needs a look (unanswered cells)
+#   late_penalty  points taken for lateness (already subtracted from score)
+#   submitted_at  the time recorded in the gradebook (UTC), which the late penalty is computed from
+#   time_source   where that time came from: "Canvas download", "Moodle download", "nbgrader exchange",
+#                 "timestamp.txt" (unconfirmed), "first seen by the grader"
+#   time_review   why the time needs a look ("" when nothing does): a missing, unparsable or implausible
+#                 timestamp.txt, one that disagrees with the collector's time, the LMS's late marker
+CSV_COLUMNS = ["student", "assignment", "score", "max_score", "reason", "late_penalty", "submitted_at",
+               "time_source", "time_review"]
 
 
 def write_csv(path: Path, records: Records, results: dict[str, Result], final: bool = True) -> None:
     """One row per student. The final CSV takes its scores from the gradebook, so the two agree (score
     after the late penalty); the progress CSVs written during a batch take them from the results."""
-    scores = records.scores() if final else {s: (*r.total, 0.0) for s, r in results.items()}
+    scores = records.final_scores() if final else {s: (*r.total, 0.0) for s, r in results.items()}
     buf = io.StringIO()
     writer = csv.writer(buf)
-    writer.writerow(["student", "assignment", "score", "max_score", "reason", "late_penalty"])
+    writer.writerow(CSV_COLUMNS)
     for student in sorted(results):
         score, max_score, penalty = scores.get(student, (0.0, 0.0, 0.0))
-        writer.writerow([student, records.assignment, f"{max(0.0, score - penalty):g}", f"{max_score:g}",
-                         results[student].reason, f"{penalty:g}"])
+        when = records.submission_time(results[student])
+        writer.writerow([student, records.assignment, f"{score:g}", f"{max_score:g}",
+                         results[student].reason, f"{penalty:g}", when.text, when.source, "; ".join(when.flags)])
     atomic_write(path, buf.getvalue(), mode=0o600)
 
 

@@ -8,22 +8,32 @@ nbgrader's own machinery:
 * :class:`LmsFileNameCollector` through ``ZipCollectApp.collector_plugin``
   (``nbgrader zip_collect``), for Canvas's and Moodle's bulk-download names;
 * :class:`CanvasExportPlugin` through ``nbgrader export --exporter
-  autograder.records.plugins.CanvasExportPlugin --to canvas.csv``.
+  autograder.records.plugins.CanvasExportPlugin --to canvas.csv``;
+* :class:`FeedbackGrades` through ``GenerateFeedback.preprocessors`` (``nbgrader
+  generate_feedback`` and ``python -m autograder feedback``): the grades as nbgrader's
+  ``GetGrades`` reads them, plus which ones still await a hand grade, and the course's
+  MathJax for the page.
 
 Imports: nbgrader only.
 """
 
 from __future__ import annotations
 
+import base64
 import csv
+import functools
+import gzip
+import json
 import math
 import os
 import re
+from pathlib import Path
 from typing import Any
 
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.plugins import ExportPlugin, FileNameCollectorPlugin, LateSubmissionPlugin
-from traitlets import Dict, Float, List, Unicode
+from nbgrader.preprocessors import GetGrades
+from traitlets import Bool, Dict, Float, List, Unicode
 
 DAY = 86400.0
 
@@ -45,23 +55,88 @@ class PercentPerDayLatePenalty(LateSubmissionPlugin):
 
 
 # Canvas: "doejane_12345_678901_single_head.ipynb", "doejane_LATE_12345_678901_single_head-1.ipynb"
-# (user id, then submission id; "-N" when the student uploaded the file again).
-CANVAS = re.compile(r"^[^_/]+_(?:late_)?(?P<student_id>\d+)_\d+_(?P<file_id>.+?)(?:-\d+)?(?P<ext>\.[A-Za-z0-9]+)$",
+# (user id, then submission id; "-N" when the student uploaded the file again; "LATE" when Canvas found it late).
+CANVAS = re.compile(r"^[^_/]+_(?P<late>late_)?(?P<student_id>\d+)_\d+_(?P<file_id>.+?)(?:-\d+)?(?P<ext>\.[A-Za-z0-9]+)$",
                     re.IGNORECASE)
 # Moodle: "Jane Doe_4321_assignsubmission_file_/single_head.ipynb" (a folder per student) or the same
 # without the slash (flat download); the number is the participant id.
 MOODLE = re.compile(r"^[^/]+?_(?P<student_id>\d+)_assignsubmission_file_/?(?P<file_id>[^/]+?)(?P<ext>\.[A-Za-z0-9]+)$")
+SOURCES = {"canvas": "Canvas download", "moodle": "Moodle download"}
 
 
 class LmsFileNameCollector(FileNameCollectorPlugin):
     """Read the student and the notebook from the file names of a Canvas or Moodle bulk download.
 
-    The student id is the LMS's numeric user (Canvas) or participant (Moodle) id;
-    import the roster with the same ids (``nbgrader db student import``, column
-    ``id``, and ``lms_user_id`` for the export).
+    The number in the file name is the LMS's user (Canvas) or participant (Moodle) id: it is
+    looked up in the roster's ``lms_user_id`` (``nbgrader db student import roster.csv``) and the
+    file is filed under that student's roster id. An id that is not in the roster is listed
+    (console and ``GRADING/collected/<assignment>/unknown.json``) and its files are skipped, never
+    filed under an invented student; with ``require_roster = False`` and an empty roster the LMS
+    id is used as the student id.
+
+    The submission's time is the zip entry's (read in ``zip_timezone``), the collector's time,
+    which ``zip_collect`` writes to ``timestamp.txt``; it, Canvas's ``_LATE_`` marker and the LMS
+    id go to ``GRADING/collected/<assignment>/<student>.json`` (``GRADING`` is the gradebook's
+    folder), where the grader reads them (:mod:`autograder.records.collector`).
     """
 
     lms = List(["canvas", "moodle"], help="download formats tried, in order").tag(config=True)
+    zip_timezone = Unicode("UTC", help="time zone of the zip entries' times (the LMS server's)").tag(config=True)
+    require_roster = Bool(True, help="skip files whose LMS id is not a roster's lms_user_id").tag(config=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._roster: dict[str, str] | None = None
+        self._times: dict[str, Any] | None = None
+        self._seen: dict[str, dict[str, Any]] = {}
+        self._unknown: dict[str, list[str]] = {}
+
+    # -- where things are --------------------------------------------------------------------------
+
+    def _coursedir(self) -> Any:
+        return getattr(self.parent, "coursedir", None)
+
+    def _collected(self) -> Path | None:
+        coursedir = self._coursedir()
+        if coursedir is None or not str(coursedir.db_url).startswith("sqlite:///"):
+            return None
+        return Path(str(coursedir.db_url)[len("sqlite:///"):]).parent / "collected" / coursedir.assignment_id
+
+    def roster(self) -> dict[str, str]:
+        """``lms_user_id -> roster id`` from the course's gradebook."""
+        if self._roster is None:
+            self._roster = {}
+            coursedir = self._coursedir()
+            if coursedir is not None:
+                with Gradebook(coursedir.db_url) as gb:
+                    self._roster = {str(s.lms_user_id): s.id for s in gb.students if s.lms_user_id}
+        return self._roster
+
+    def entry_times(self) -> dict[str, Any]:
+        """Zip entry name (and its base name) -> the entry's time as naive UTC, for every archive downloaded."""
+        if self._times is None:
+            import datetime as dt
+            import zipfile
+
+            import dateutil.tz
+
+            self._times = {}
+            tz = dateutil.tz.gettz(self.zip_timezone)
+            coursedir = self._coursedir()
+            archive = Path(self.parent._format_collect_path(self.parent.archive_directory)) if coursedir else None
+            for path in sorted(archive.rglob("*.zip")) if archive and archive.is_dir() else []:
+                try:
+                    with zipfile.ZipFile(path) as z:
+                        for info in z.infolist():
+                            local = dt.datetime(*info.date_time, tzinfo=tz)
+                            utc = local.astimezone(dt.timezone.utc).replace(tzinfo=None)
+                            self._times[info.filename] = utc
+                            self._times.setdefault(os.path.basename(info.filename), utc)
+                except (OSError, zipfile.BadZipFile) as e:
+                    self.log.warning("could not read the entry times of %s: %s", path, e)
+        return self._times
+
+    # -- the plugin --------------------------------------------------------------------------------
 
     def collect(self, submitted_file: str) -> dict[str, Any] | None:
         parent, name = os.path.split(submitted_file)
@@ -72,9 +147,39 @@ class LmsFileNameCollector(FileNameCollectorPlugin):
             pattern, text = candidates[lms]
             m = pattern.match(text) or (pattern.match(name) if lms == "moodle" else None)
             if m:
-                return {"student_id": m["student_id"], "file_id": m["file_id"] + m["ext"]}
-        self.log.warning("not a Canvas or Moodle submission file name: %s", name)
-        return None
+                break
+        else:
+            self.log.warning("not a Canvas or Moodle submission file name: %s", name)
+            return None
+        lms_id = m["student_id"]
+        roster = self.roster()
+        student = roster.get(lms_id) or (lms_id if not roster and not self.require_roster else None)
+        if student is None:
+            self._unknown.setdefault(lms_id, []).append(name)
+            self.log.warning("LMS id %s (%s) is not the lms_user_id of any student in the roster: skipped. "
+                             "Import the roster first: nbgrader db student import roster.csv", lms_id, name)
+            self._write("unknown", {"lms_user_ids": self._unknown})
+            return None
+        when = self.entry_times().get(f"{os.path.basename(parent)}/{name}") or self.entry_times().get(name)
+        late = bool(m.groupdict().get("late"))
+        record = self._seen.setdefault(student, {"source": SOURCES[lms], "lms_user_id": lms_id, "time": None,
+                                                 "late_marker": False, "files": []})
+        record["files"].append(name)
+        record["late_marker"] = record["late_marker"] or late
+        if when is not None and (record["time"] is None or when.isoformat() > record["time"]):
+            record["time"] = when.isoformat()
+        self._write(student, record)
+        info = {"student_id": student, "file_id": m["file_id"] + m["ext"]}
+        if when is not None:
+            info["timestamp"] = when.isoformat(" ") + "+00:00"
+        return info
+
+    def _write(self, name: str, data: dict[str, Any]) -> None:
+        folder = self._collected()
+        if folder is None:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.json").write_text(json.dumps(data, indent=1))
 
 
 class CanvasExportPlugin(ExportPlugin):
@@ -117,4 +222,39 @@ class CanvasExportPlugin(ExportPlugin):
                 writer.writerow(row)
 
 
-__all__ = ["CanvasExportPlugin", "LmsFileNameCollector", "PercentPerDayLatePenalty"]
+MATHJAX = Path(__file__).resolve().parent.parent / "_vendor" / "mathjax" / "tex-svg.js"  # `make install`
+
+
+@functools.cache
+def embedded_mathjax() -> str:
+    """The course's MathJax (SVG output: no font files to fetch), gzipped and base64-encoded for the feedback
+    page to unpack in the browser; "" when ``_vendor/mathjax`` is missing (then nbconvert's CDN copy is used)."""
+    try:
+        return base64.b64encode(gzip.compress(MATHJAX.read_bytes(), 9, mtime=0)).decode("ascii")
+    except OSError:
+        return ""
+
+
+class FeedbackGrades(GetGrades):
+    """nbgrader's ``GetGrades`` for the feedback page, plus: a grade neither the judge nor an instructor has
+    given is marked ``awaiting`` (the page says "awaiting a hand grade", not "Score: 0"), the notebook's
+    awaiting points are in ``resources["nbgrader"]["awaiting"]``, and the course's MathJax is in
+    ``resources["attn_mathjax"]``."""
+
+    def preprocess(self, nb: Any, resources: Any) -> Any:
+        resources["nbgrader"]["awaiting"] = 0.0
+        resources["attn_mathjax"] = embedded_mathjax()
+        return super().preprocess(nb, resources)
+
+    def _get_score(self, cell: Any, resources: Any) -> None:
+        super()._get_score(cell, resources)
+        grade = self.gradebook.find_grade(cell.metadata["nbgrader"]["grade_id"], self.notebook_id,
+                                          self.assignment_id, self.student_id)
+        awaiting = grade.auto_score is None and grade.manual_score is None
+        cell.metadata.nbgrader["awaiting"] = awaiting
+        if awaiting:
+            resources["nbgrader"]["awaiting"] += float(grade.max_score or 0)
+
+
+__all__ = ["CanvasExportPlugin", "FeedbackGrades", "LmsFileNameCollector", "PercentPerDayLatePenalty",
+           "embedded_mathjax"]

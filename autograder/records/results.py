@@ -97,12 +97,15 @@ class StudentCells:
 
     ``written``: the student's text of each manually graded answer cell (``grade_id -> source``);
     ``added``: cells the student added, as ``(grade_id of the cell they follow, cell_type, source)``;
-    ``unanswered``: manual cells missing or left as released (nbgrader gives those 0 without a manual grade).
+    ``unanswered``: answer cells (by hand or by the judge) missing or left as released; a manual one gets 0
+    without a hand grade, as nbgrader's autograde gives it, and every one is listed in the result's reason;
+    ``answer_ids``: every answer cell of the notebook.
     """
 
     written: dict[str, str] = field(default_factory=dict)
     added: list[tuple[str, str, str]] = field(default_factory=list)
-    unanswered: list[str] = field(default_factory=list)  # manual cells left as released: 0 points, nothing to grade
+    unanswered: list[str] = field(default_factory=list)  # answer cells left as released (or missing)
+    answer_ids: list[str] = field(default_factory=list)  # every answer cell of the notebook, graded either way
 
 
 @dataclass
@@ -118,6 +121,7 @@ class Result:
     notebooks: list[NotebookResult]
     cells: dict[str, StudentCells] = field(default_factory=dict)  # notebook name -> the student's other cells
     timestamp: str = ""  # the submission's timestamp.txt (nbgrader's format), "" when it had none
+    first_seen: str = ""  # when the grader first graded this submission (ISO, naive UTC)
 
     @property
     def total(self) -> tuple[float, float]:
@@ -127,9 +131,10 @@ class Result:
         return clean_text({
             "student": self.student, "assignment": self.assignment, "fingerprint": self.fingerprint,
             "version": self.version, "reason": self.reason, "seconds": self.seconds, "timestamp": self.timestamp,
+            "first_seen": self.first_seen,
             "notebooks": [nb.to_json() for nb in self.notebooks],
-            "cells": {name: {"written": c.written, "added": [list(a) for a in c.added], "unanswered": c.unanswered}
-                      for name, c in self.cells.items()},
+            "cells": {name: {"written": c.written, "added": [list(a) for a in c.added], "unanswered": c.unanswered,
+                             "answer_ids": c.answer_ids} for name, c in self.cells.items()},
         })
 
     def __getitem__(self, key: str) -> Any:
@@ -142,11 +147,11 @@ class Result:
         notebooks = [NotebookResult(nb["notebook"], [TestResult(**t) for t in nb["tests"]], nb.get("reason", ""),
                                     list(nb.get("log", [])), dict(nb.get("answers", {}))) for nb in data["notebooks"]]
         cells = {name: StudentCells(dict(c.get("written", {})), [tuple(a) for a in c.get("added", [])],
-                                    list(c.get("unanswered", [])))
+                                    list(c.get("unanswered", [])), list(c.get("answer_ids", [])))
                  for name, c in dict(data.get("cells", {})).items()}
         return cls(str(data["student"]), str(data["assignment"]), str(data["fingerprint"]), str(data.get("version", "")),
                    str(data.get("reason", "")), float(data.get("seconds", 0.0)), notebooks, cells,
-                   str(data.get("timestamp", "")))
+                   str(data.get("timestamp", "")), str(data.get("first_seen", "")))
 
 
 def load_result(path: Path, student: str) -> Result | None:

@@ -5,9 +5,10 @@
 Each student's answers to assignment ``A`` (the nbgrader solution cells of their
 notebooks, and any code cells they added) are compared with ``copydetect`` (winnowed
 fingerprints of the token stream, so renamed variables and reformatting do not hide a
-copy) against every other student's answers and against the course's own code: the
-book's chapter cells and the ``attnkit`` package, which a student may legitimately have
-read. The code the release notebook gives every student (stubs, visible tests) is
+copy) against every other student's answers and against the course's published code:
+the assignment's reference solutions (``solutions/assignments/<A>``, public in the open
+course), the book's chapter cells and the ``attnkit`` package, which a student may
+legitimately have read. The code the release notebook gives every student (stubs, visible tests) is
 boilerplate and is not counted.
 
 The result is one HTML page: pairs of students ranked by similarity, then answers
@@ -99,8 +100,24 @@ def collect_answers(submissions: Path, assignment: str, into: Path) -> dict[str,
     return problems
 
 
-def collect_references(root: Path, into: Path) -> None:
-    """The course's own code: each book chapter's cells and each attnkit module."""
+def _solution_cells(path: Path) -> list[str]:
+    """The reference answers of a source notebook: its solution cells, nbgrader's markers removed."""
+    nb = nbformat.read(path, as_version=4)
+    cells = []
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution"):
+            lines = [line for line in cell.source.splitlines()
+                     if line.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION")]
+            cells.append("\n".join(lines))
+    return cells
+
+
+def collect_references(root: Path, into: Path, assignment: str | None = None) -> None:
+    """The course's published code: the assignment's reference solutions (``solutions/assignments``),
+    each book chapter's cells and each attnkit module."""
+    for source in sorted((root / "solutions" / "assignments" / (assignment or "")).glob("*.ipynb")
+                         if assignment else []):
+        (into / f"{REFERENCE_PREFIX}solution_{source.stem}.py").write_text(_python(_solution_cells(source)))
     for chapter in sorted((root / "book").glob("[0-9][0-9]_*.ipynb")):
         text = _python(_code_cells(chapter, answers_only=False))
         (into / f"{REFERENCE_PREFIX}book_{chapter.stem}.py").write_text(text)
@@ -189,7 +206,7 @@ to read both answers, not evidence of copying: short exercises have few good sol
 {f"<h2>Not compared</h2><ul>{notes}</ul>" if notes else ""}
 <h2>Pairs of students</h2>
 {_rows(students, "student")}
-<h2>Answers and the course's code (book chapters, attnkit)</h2>
+<h2>Answers and the course's published code (reference solutions, book chapters, attnkit)</h2>
 {_rows(against_course, "course file")}
 </body></html>
 """
@@ -210,7 +227,7 @@ def run(submissions: Path, assignment: str, out: Path, root: Path = course.ROOT,
         count = len(list(students.glob("*.py")))
         if count == 0:
             raise FileNotFoundError(f"no answers found under {submissions}/<student>/{assignment}/*.ipynb")
-        collect_references(root, refs)
+        collect_references(root, refs, assignment)
         collect_boilerplate(release, given)
         between, against = rank(compare(students, refs, given, noise, guarantee))
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -6,11 +6,19 @@ never grades these; the batch carries the student's text for them, and the
 cells the student added (helpers, notes), into the autograded notebook, where
 formgrader shows them with a manual score and comment box.
 
+Students' text is inert wherever the grader writes it: :func:`clean_markdown` escapes
+every HTML tag and attribute outside a strict allow-list in a markdown cell (``<script>``,
+``<img onerror>``, ``<iframe srcdoc>`` show as text) and disables ``javascript:`` and other
+active link targets; :func:`clean_html` does the same to rendered HTML (the feedback
+template's ``attn_clean`` filter).
+
 Imports: :mod:`autograder.notebook` (reading a submission), :mod:`autograder.records.results`.
+Third party: bleach (a dependency of nbconvert).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +27,45 @@ from autograder.records.results import StudentCells
 
 MAX_ADDED_CELLS = 50  # added cells carried into the autograded notebook, per notebook
 MAX_CELL_CHARS = 20000  # characters kept of each carried cell
+
+# What a student's markdown may contain as HTML: text formatting only. No images, frames, forms, styles,
+# scripts or event handlers; links only to http, https and mailto.
+SAFE_TAGS = frozenset({"a", "abbr", "b", "blockquote", "br", "code", "dd", "del", "div", "dl", "dt", "em",
+                       "h1", "h2", "h3", "h4", "h5", "h6", "hr", "i", "kbd", "li", "ol", "p", "pre", "s", "span",
+                       "strong", "sub", "sup", "table", "tbody", "td", "th", "thead", "tr", "ul"})
+SAFE_ATTRIBUTES = {"a": ["href", "title"], "abbr": ["title"], "td": ["align", "colspan", "rowspan"],
+                   "th": ["align", "colspan", "rowspan"], "*": ["class", "id"]}
+SAFE_PROTOCOLS = frozenset({"http", "https", "mailto"})
+# A markdown link or reference definition whose target is not one of SAFE_PROTOCOLS (nor relative).
+_LINK_TARGET = re.compile(r"(\]\(\s*<?|^\s{0,3}\[[^\]]*\]:\s*<?)([^\s)>]*)", re.MULTILINE)
+_SCHEME = re.compile(r"^([a-z][a-z0-9+.\-]*):", re.IGNORECASE)
+
+
+def _bleach(text: str) -> str:
+    import bleach
+
+    return bleach.clean(text, tags=SAFE_TAGS, attributes=SAFE_ATTRIBUTES, protocols=SAFE_PROTOCOLS,
+                        strip=False, strip_comments=True)
+
+
+def _safe_target(m: re.Match) -> str:
+    target = re.sub(r"[\x00-\x20]|&#?\w+;?", "", m.group(2))  # what a browser would read as the scheme
+    scheme = _SCHEME.match(target)
+    if scheme and scheme.group(1).lower() not in SAFE_PROTOCOLS:
+        return m.group(1) + "#unsafe-link-removed"
+    return m.group(0)
+
+
+def clean_markdown(text: str) -> str:
+    """A student's markdown made inert: HTML outside :data:`SAFE_TAGS` is escaped (shown as text, so the
+    grader sees what was written), and link targets with a scheme outside :data:`SAFE_PROTOCOLS`
+    (``javascript:``, ``data:``, ...) are replaced."""
+    return _LINK_TARGET.sub(_safe_target, _bleach(text))
+
+
+def clean_html(html_text: str) -> str:
+    """Rendered HTML restricted to :data:`SAFE_TAGS`, :data:`SAFE_ATTRIBUTES` and :data:`SAFE_PROTOCOLS`."""
+    return _bleach(str(html_text))
 
 
 def is_manual(cell: dict[str, Any]) -> bool:
@@ -63,8 +110,17 @@ def student_cells(path: Path | None, release: dict[str, Any]) -> StudentCells:
         if len(out.added) < MAX_ADDED_CELLS:
             out.added.append((after, cell["cell_type"], source))
     released = {nbgrader_meta(c)["grade_id"]: canonical_text(cell_text(c.get("source"))) for c in cells
-                if nbgrader_meta(c).get("grade_id") in manual}
+                if nbgrader_meta(c).get("grade_id") in manual | parts}
     answers = {g for g in manual if not any(nbgrader_meta(c).get("grade_id") == g and nbgrader_meta(c).get("task")
                                             for c in cells)}  # a task is answered elsewhere
     out.unanswered = sorted(g for g in answers if g not in out.written or canonical_text(out.written[g]) == released[g])
+    # Parts the judge grades: the student's cell with the part's grade_id, else a code cell defining its name.
+    code = [c for c in nb["cells"] if isinstance(c, dict) and c.get("cell_type") == "code"]
+    for gid in sorted(parts):
+        mine = [cell_text(c.get("source")) for c in code if nbgrader_meta(c).get("grade_id") == gid] or \
+               [cell_text(c.get("source")) for c in code if gid in defined_names(cell_text(c.get("source")))]
+        if not mine or all(canonical_text(m) == released[gid] for m in mine):
+            out.unanswered.append(gid)
+    out.unanswered.sort()
+    out.answer_ids = sorted(answers | parts)
     return out
