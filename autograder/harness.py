@@ -411,6 +411,18 @@ class Runner:
             v = tuple(v)
         return self.to_wire(v, expected=f"{name} to hold a plain number, string, bool, tuple or list")
 
+    def op_trusted(self, req: Mapping[str, Any]) -> wire.Ref:
+        """Build a fixture from the judge's own source (``source``: a module's text; ``target``: the name in
+        it to call with ``args``, ``kwargs``), executed into a fresh namespace of its own: never a name
+        looked up in the student's namespace, so redefining it in a cell changes nothing. The object is
+        kept here and sent back as a reference, for the judge to hand to the student's code."""
+        ns: dict[str, Any] = {"__name__": "trusted_fixture", "__builtins__": __builtins__}
+        exec(compile(str(req["source"]), "<the grader's fixture>", "exec"), ns)
+        obj = ns[str(req["target"])](*self.to_torch(list(req.get("args", []))),
+                                     **self.to_torch(dict(req.get("kwargs", {}))))
+        self.refs[len(self.refs) + 1] = obj
+        return wire.Ref(len(self.refs))
+
     def op_params(self, req: Mapping[str, Any]) -> dict[str, Any]:
         return {k: self.to_wire(v) for k, v in self.resolve(req["target"]).state_dict().items()}
 
