@@ -3,7 +3,8 @@
 In the sandbox, :func:`main` (started by :mod:`autograder.sandbox` or forked by the zygote with two
 pipe descriptors) answers the judge's requests with a Runner: execute a cell, call a function or
 method defined by the student, compute a gradient, read a plain value, read or load a module's
-parameters, list the names defined. Locally (``checks.run_local``, the grading tests) the judge's
+parameters, list the names defined, build a fixture from the judge's own source (never from a name the
+student defined). Locally (``checks.run_local``, the grading tests) the judge's
 ``LocalBackend`` hands the same requests to a Runner over a notebook's ``globals()``, so both give
 the same values and the same errors. The Runner never decides a grade: every result goes back as
 plain arrays (:mod:`wire`), and the judge compares them with the reference in a process the

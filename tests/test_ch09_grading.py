@@ -264,13 +264,13 @@ def test_other_correct_ways_get_full_marks(code):
 def test_the_cache_shows_in_the_tokens_and_the_reference_is_the_judges():
     """The grader's model gives the cached loop's tokens only to a loop that uses the cache, and those are the
     tokens of recomputing everything on TinyLM's positions; the student's namespace is never consulted."""
-    from autograder.checks.ch09_tiny_gpt import _greedy_loops
+    from autograder.checks.ch09_tiny_gpt import _greedy_tokens
     from autograder.checks.trusted_lm import CacheProbeLM
 
     prompt = torch.tensor([[3, 1, 4], [1, 5, 9]])
     model = CacheProbeLM(3, seed=5)
-    loops = _greedy_loops(model, prompt, 6)
-    assert not torch.equal(loops["cached"], loops["recomputed"])
+    cached = _greedy_tokens(model, prompt, 6, "cached")
+    assert not torch.equal(cached, _greedy_tokens(model, prompt, 6, "recomputed"))
     plain = CacheProbeLM(3, seed=5)
     plain.recomputed = plain.pos  # no mark: recomputing equals the cache, as on TinyLM
-    assert torch.equal(_greedy_loops(plain, prompt, 6)["recomputed"], loops["cached"])
+    assert torch.equal(_greedy_tokens(plain, prompt, 6, "recomputed"), cached)

@@ -226,6 +226,7 @@ def sample_distribution(t: Trial) -> None:
 
 # -- generation ---------------------------------------------------------------------------------------------
 
+VOCAB = 12  # CacheProbeLM's default vocabulary, which the prompts are drawn from
 LOOPS = ("cached", "recomputed", "dropped", "re-fed", "twice")  # the right loop, then the classic mistakes'
 LOOP_MISTAKES = {"recomputed": NEVER_USED, "dropped": NEVER_USED, "re-fed": RE_FED, "twice": TWICE}
 
@@ -259,26 +260,24 @@ def _greedy(step: int, logits: Tensor) -> Tensor:
     return logits.argmax(-1, keepdim=True)
 
 
-def _greedy_loops(model: CacheProbeLM, prompt: Tensor, max_new: int) -> dict[str, Tensor]:
-    """Greedy tokens of each loop of ``LOOPS`` that runs on this model (a mistake may run out of positions)."""
-    out = {}
-    for way in LOOPS:
-        try:
-            out[way] = _loop(model, prompt, max_new, way, _greedy)[0]
-        except ValueError:
-            pass
-    return out
+def _greedy_tokens(model: CacheProbeLM, prompt: Tensor, max_new: int, way: str) -> Tensor | None:
+    """Greedy tokens of the loop ``way`` of ``LOOPS``; None where a mistake's loop runs out of positions."""
+    try:
+        return _loop(model, prompt, max_new, way, _greedy)[0]
+    except ValueError:
+        return None
 
 
-def _model(t: Trial, prompt: Tensor, max_new: int) -> tuple[int, CacheProbeLM]:
+def _model(t: Trial, prompt: Tensor, max_new: int) -> tuple[int, CacheProbeLM, Tensor]:
     """A model seed for which recomputing gives other greedy tokens than using the cache (almost every seed
-    does), so that a loop without the cache cannot pass by chance; the judge's own copy of that model."""
+    does), so that a loop without the cache cannot pass by chance; the judge's own copy of that model, and its
+    greedy tokens with the cache."""
     for _ in range(50):
         seed = int(t.randint(0, 1 << 30, (1,)))
         model = CacheProbeLM(prompt.shape[1], seed=seed)
-        loops = _greedy_loops(model, prompt, max_new)
-        if not torch.equal(loops["cached"], loops["recomputed"]):
-            return seed, model
+        cached = _greedy_tokens(model, prompt, max_new, "cached")
+        if not torch.equal(cached, _greedy_tokens(model, prompt, max_new, "recomputed")):
+            return seed, model, cached
     raise RuntimeError("no model found whose cache shows: revisit CacheProbeLM")
 
 
@@ -289,7 +288,7 @@ def _generated(t: Trial, seed: int, prompt: Tensor, max_new: int, temperature: f
     generator = None if generator_seed is None else _generator(t, generator_seed)
     b, n = prompt.shape
     out = _ids(t.call(GENERATE, model, prompt, max_new, temperature, top_k, generator), (b, n + max_new),
-               CacheProbeLM(n).embed.shape[0], what)
+               VOCAB, what)
     if not torch.equal(out[:, :n], prompt):
         raise CheckFailed(f"{what}: the result should start with the prompt")
     return out
@@ -300,18 +299,18 @@ def generate_greedy(t: Trial) -> None:
     """Greedy tokens equal the judge's own greedy loop with the cache, on a model whose outputs change when a
     generated position is recomputed: the cache is used, one new token a step."""
     for b, n, max_new in [(2, 3, 6), (3, 1, 4)]:
-        prompt = t.randint(0, 12, (b, n))
+        prompt = t.randint(0, VOCAB, (b, n))
         what = f"generate with temperature 0 from a {(b, n)} prompt"
-        seed, model = _model(t, prompt, max_new)
-        loops = _greedy_loops(model, prompt, max_new)
+        seed, model, expected = _model(t, prompt, max_new)
         out = _generated(t, seed, prompt, max_new, 0.0, None, None, what)
-        if torch.equal(out, loops["cached"]):
+        if torch.equal(out, expected):
             continue
         for way, message in LOOP_MISTAKES.items():
-            if way in loops and torch.equal(out, loops[way]):
+            wrong = _greedy_tokens(model, prompt, max_new, way)
+            if wrong is not None and torch.equal(out, wrong):
                 raise CheckFailed(f"{what} is wrong: {message}")
         raise CheckFailed(f"{what}: tokens {out.tolist()} differ from greedy decoding with the cache "
-                          f"{loops['cached'].tolist()} (the arg max of the logits at the last position, each new token "
+                          f"{expected.tolist()} (the arg max of the logits at the last position, each new token "
                           "fed alone with the cache the model returned)")
 
 
@@ -319,9 +318,9 @@ def generate_greedy(t: Trial) -> None:
 def generate_sampling(t: Trial) -> None:
     """With top-k and a seeded generator: the same tokens twice, other tokens with other seeds, every new token
     among the top k of its step (the step's logits computed here, with the cache)."""
-    prompt, max_new, k, temperature = t.randint(0, 12, (4, 2)), 6, 3, 1.2
+    prompt, max_new, k, temperature = t.randint(0, VOCAB, (4, 2)), 6, 3, 1.2
     what = f"generate with temperature {temperature} and top_k={k}"
-    seed, model = _model(t, prompt, max_new)
+    seed, model, _ = _model(t, prompt, max_new)
     first = _generated(t, seed, prompt, max_new, temperature, k, 4, what)
     if not torch.equal(_generated(t, seed, prompt, max_new, temperature, k, 4, what), first):
         raise CheckFailed(f"{what}: two runs with the same seeded generator differ: pass the generator on to "
