@@ -447,7 +447,7 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, generat
          FULL09 - SAMPLE_POINTS09 - TEST_POINTS09["test_generate_sampling"], message="two different seeds"),
     Case("09_sampler_reseeds_the_global_generator", notebook09(sample_next=_sampler09(
         "    torch.manual_seed(0)\n    return torch.multinomial(probs, 1).squeeze(-1)\n")),
-         FULL09 - SAMPLE_POINTS09 - TEST_POINTS09["test_generate_sampling"], message="do not depend on the generator"),
+         FULL09 - SAMPLE_POINTS09 - TEST_POINTS09["test_generate_sampling"], message="global generator reseeded"),
     Case("09_sampler_int32_ids", notebook09(sample_next=_sampler09(
         "    return torch.multinomial(probs, 1, generator=generator).squeeze(-1).int()\n")),
          FULL09 - SAMPLE_POINTS09, message="int64"),

@@ -218,8 +218,9 @@ FORGERIES = {
     "TinyLM redefined in an answer cell, greedy": (TINYLM_REDEFINED, "test_generate_greedy", "differ from greedy decoding"),
     "TinyLM redefined in an answer cell, sampling": (TINYLM_REDEFINED, "test_generate_sampling", "not among the 3 most"),
     "sampler without randomness (quantiles)": (QUANTILES, SAMPLES, "two different seeds gave exactly the same tokens"),
-    "sampler reseeds the global generator": (GLOBAL_RESEED, SAMPLES, "do not depend on the generator"),
-    "sampler spreads the rows over the quantiles": (STRATIFIED, SAMPLES, "not drawn independently"),
+    "sampler reseeds the global generator": (GLOBAL_RESEED, SAMPLES, "global generator reseeded"),
+    # one random shift for all rows: seeds often give the same 12 000 tokens; where not, neighbours agree too often
+    "sampler spreads the rows over the quantiles": (STRATIFIED, SAMPLES, "draw each row with"),
     "one random number for every row": (ONE_NUMBER, SAMPLES, "shares one random draw"),
     "int32 token ids": (INT32, SAMPLES, "int64"),
 }
@@ -233,7 +234,7 @@ def test_forgery_loses_points_with_named_message(name):
 def test_sampler_ignoring_the_generator_also_fails_generate_sampling():
     """generate passes the generator on, but the draws do not depend on it: other seeds give the same tokens."""
     results = run_suite(A, GLOBAL_RESEED)
-    assert "do not depend on the generator" in results["test_generate_sampling"], results
+    assert "global generator reseeded" in results["test_generate_sampling"], results
     assert results["test_generate_greedy"] == "", results
 
 

@@ -82,9 +82,9 @@ TOP_K_MORE = "top-k keeps k + 1 tokens: keep only the k largest logits (>= the k
 NO_TOP_K = "top_k is ignored: set every logit below the k-th largest to -inf before the softmax"
 NO_GENERATOR = ("two runs with the same seeded generator gave different tokens: pass generator= to "
                 "torch.multinomial (or whatever draws the sample)")
-IGNORES_GENERATOR = ("two different seeds gave exactly the same tokens: the draws do not depend on the generator "
-                     "passed in (no randomness at all, or torch's global generator reseeded); draw with "
-                     "generator=generator")
+IGNORES_GENERATOR = ("two different seeds gave exactly the same tokens: the draws do not depend (or hardly depend) on "
+                     "the generator passed in (no randomness at all, or torch's global generator reseeded); draw each "
+                     "row with generator=generator")
 NOT_INDEPENDENT = ("the rows are not drawn independently: draw each row with its own random number (torch.multinomial "
                    "does, or torch.rand(B, 1, generator=generator) for an inverse-CDF draw)")
 SHARED_DRAW = "every row shares one random draw: " + NOT_INDEPENDENT
