@@ -377,3 +377,78 @@ def scaled_dot_product_attention(query, key, value, mask=None):
 
 
 CASES = _cases()
+
+
+# -- exercise 09: forged fixtures and samplers without randomness (issue 20), graded through the sandbox ----------
+# The attacks lived in the student's process: the call log of the model handed to generate, and the name TinyLM
+# in the student's namespace, from which the grader built its "reference" too; samplers right on identical rows
+# that ignore the generator; int32 ids. Each keeps exactly the points of the checks it does not touch.
+
+A09, NB09 = "09_tiny_gpt", "tiny_gpt.ipynb"
+CHECKS09 = load_suite(A09).checks
+TEST_POINTS09 = {m["grade_id"]: float(m.get("points", 0)) for c in json.loads((SOURCE / A09 / NB09).read_text())["cells"]
+                 if (m := nbgrader_meta(c)).get("grade") and c.get("cell_type") == "code"}
+assert set(TEST_POINTS09) == set(CHECKS09), "exercise 09 changed shape: revisit the corpus"
+REF09 = reference_answers(SOURCE / A09 / NB09)
+FULL09 = sum(TEST_POINTS09.values())
+SAMPLE_POINTS09 = TEST_POINTS09["test_sample_next_greedy_topk"] + TEST_POINTS09["test_sample_next_distribution"]
+GENERATE_POINTS09 = TEST_POINTS09["test_generate_greedy"] + TEST_POINTS09["test_generate_sampling"]
+
+
+def notebook09(**answers: str) -> Callable[[Path], None]:
+    """Exercise 09's released notebook answered with the reference, but for ``answers`` (part -> code)."""
+    from checking import answered_release
+
+    return write_nb(answered_release(A09, NB09, dict(REF09, **answers)), NB09)
+
+
+_MULTINOMIAL = "    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)\n"
+
+
+def _sampler09(draw: str) -> str:
+    assert _MULTINOMIAL in REF09["sample_next"]
+    return REF09["sample_next"].replace(_MULTINOMIAL, draw)
+
+
+CASES09 = [
+    Case("09_reference", notebook09(), FULL09),
+    Case("09_generate_rewrites_the_call_log", notebook09(generate='''
+def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+    tokens = prompt
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits, _ = model(tokens)
+            tokens = torch.cat([tokens, sample_next(logits[:, -1], temperature, top_k, generator)[:, None]], 1)
+    n = prompt.shape[1]
+    model.calls[:] = [(n, 0)] + [(1, n + i) for i in range(max_new_tokens - 1)]
+    return tokens
+'''), FULL09 - GENERATE_POINTS09, message="the cache is never used"),
+    Case("09_tinylm_redefined_in_an_answer_cell", notebook09(generate='''
+class TinyLM(torch.nn.Module):
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+    def forward(self, tokens, cache=None):
+        logits = torch.zeros(tokens.shape + (12,))
+        logits[..., 0] = 1.0
+        return logits, None
+    def call_log(self):
+        return [(1, 0)]
+
+def seeded_generator(seed):
+    return torch.Generator().manual_seed(0)
+
+def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+    return torch.cat([prompt, torch.zeros(prompt.shape[0], max_new_tokens, dtype=torch.long)], 1)
+'''), FULL09 - GENERATE_POINTS09, message="differ from greedy decoding"),
+    # generate passes the generator on, but the draws ignore it: generate_sampling sees other seeds repeat too
+    Case("09_sampler_without_randomness", notebook09(sample_next=_sampler09(
+        "    u = (torch.arange(logits.shape[0], dtype=probs.dtype) + 0.5)[:, None] / logits.shape[0]\n"
+        "    return (probs.cumsum(-1) < u).sum(-1).clamp(max=logits.shape[-1] - 1)\n")),
+         FULL09 - SAMPLE_POINTS09 - TEST_POINTS09["test_generate_sampling"], message="two different seeds"),
+    Case("09_sampler_reseeds_the_global_generator", notebook09(sample_next=_sampler09(
+        "    torch.manual_seed(0)\n    return torch.multinomial(probs, 1).squeeze(-1)\n")),
+         FULL09 - SAMPLE_POINTS09 - TEST_POINTS09["test_generate_sampling"], message="global generator reseeded"),
+    Case("09_sampler_int32_ids", notebook09(sample_next=_sampler09(
+        "    return torch.multinomial(probs, 1, generator=generator).squeeze(-1).int()\n")),
+         FULL09 - SAMPLE_POINTS09, message="int64"),
+]

@@ -160,3 +160,118 @@ def test_questions_unanswered_fail_cleanly():
 ], ids=["import-attnkit"])
 def test_delegation_earns_nothing_for_that_part(code, part):
     assert_delegation_named(A, code, part)
+
+
+# -- forgeries (issue 20): the fixtures are the grader's, the cache shows in the tokens, sampling is random -----
+
+SAMPLE_REF = REF[REF.index("def sample_next"):REF.index("def generate")]
+GENERATE_REF = REF[REF.index("def generate"):REF.index("def previous_token_score")]
+PROBS = "    probs = torch.softmax(logits, dim=-1)\n    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)"
+
+# A generate that never uses the cache, then rewrites the model's call log as a cached loop would have left it.
+FORGED_LOG = mutate(REF, GENERATE_REF, '''def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+    tokens = prompt
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits, _ = model(tokens)
+            tokens = torch.cat([tokens, sample_next(logits[:, -1], temperature, top_k, generator)[:, None]], 1)
+    n = prompt.shape[1]
+    model.calls[:] = [(n, 0)] + [(1, n + i) for i in range(max_new_tokens - 1)]
+    return tokens
+
+''')
+# TinyLM redefined in an answer cell: when the grader built "TinyLM" by name, its "reference" was this class too.
+TINYLM_REDEFINED = mutate(REF, GENERATE_REF, '''class TinyLM(torch.nn.Module):
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+    def forward(self, tokens, cache=None):
+        logits = torch.zeros(tokens.shape + (12,))
+        logits[..., 0] = 1.0
+        return logits, None
+    def call_log(self):
+        return [(1, 0)]  # one call, as consistent as any cached loop's
+
+def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+    return torch.cat([prompt, torch.zeros(prompt.shape[0], max_new_tokens, dtype=torch.long)], 1)
+
+''')
+# Samplers that are right on identical rows without drawing at random from `generator`.
+QUANTILES = mutate(REF, PROBS, '''    probs = torch.softmax(logits, dim=-1)
+    u = (torch.arange(logits.shape[0], dtype=probs.dtype) + 0.5)[:, None] / logits.shape[0]
+    return (probs.cumsum(-1) < u).sum(-1).clamp(max=logits.shape[-1] - 1)''')
+GLOBAL_RESEED = mutate(REF, PROBS, '''    probs = torch.softmax(logits, dim=-1)
+    torch.manual_seed(0)
+    return torch.multinomial(probs, 1).squeeze(-1)''')
+# A random shift, then the rows spread over the quantiles: right frequencies, reproducible, seeds differ.
+STRATIFIED = mutate(REF, PROBS, '''    probs = torch.softmax(logits, dim=-1)
+    shift = torch.rand(1, generator=generator, dtype=probs.dtype)
+    u = ((torch.arange(logits.shape[0], dtype=probs.dtype) + shift) / logits.shape[0])[:, None]
+    return (probs.cumsum(-1) < u).sum(-1).clamp(max=logits.shape[-1] - 1)''')
+ONE_NUMBER = mutate(REF, PROBS, '''    probs = torch.softmax(logits, dim=-1)
+    u = torch.rand(1, 1, generator=generator, dtype=probs.dtype)
+    return (probs.cumsum(-1) < u).sum(-1).clamp(max=logits.shape[-1] - 1)''')
+INT32 = mutate(REF, "generator=generator).squeeze(-1)", "generator=generator).squeeze(-1).int()")
+SAMPLES = ["test_sample_next_greedy_topk", "test_sample_next_distribution"]
+GENERATES = ["test_generate_greedy", "test_generate_sampling"]
+FORGERIES = {
+    "generate rewrites the call log": (FORGED_LOG, GENERATES, "never used"),
+    "TinyLM redefined in an answer cell, greedy": (TINYLM_REDEFINED, "test_generate_greedy", "differ from greedy decoding"),
+    "TinyLM redefined in an answer cell, sampling": (TINYLM_REDEFINED, "test_generate_sampling", "not among the 3 most"),
+    "sampler without randomness (quantiles)": (QUANTILES, SAMPLES, "two different seeds gave exactly the same tokens"),
+    "sampler reseeds the global generator": (GLOBAL_RESEED, SAMPLES, "global generator reseeded"),
+    # one random shift for all rows: seeds often give the same 12 000 tokens; where not, neighbours agree too often
+    "sampler spreads the rows over the quantiles": (STRATIFIED, SAMPLES, "draw each row with"),
+    "one random number for every row": (ONE_NUMBER, SAMPLES, "shares one random draw"),
+    "int32 token ids": (INT32, SAMPLES, "int64"),
+}
+
+
+@pytest.mark.parametrize("name", list(FORGERIES))
+def test_forgery_loses_points_with_named_message(name):
+    assert_mistake_named(A, name, *FORGERIES[name])
+
+
+def test_sampler_ignoring_the_generator_also_fails_generate_sampling():
+    """generate passes the generator on, but the draws do not depend on it: other seeds give the same tokens."""
+    results = run_suite(A, GLOBAL_RESEED)
+    assert "global generator reseeded" in results["test_generate_sampling"], results
+    assert results["test_generate_greedy"] == "", results
+
+
+# Correct answers, written unusually: Gumbel-max with the generator; a generate that feeds the prompt a token
+# at a time and keeps going with a while loop.
+GUMBEL = mutate(REF, PROBS, '''    u = torch.rand(logits.shape, generator=generator, dtype=torch.float64).clamp_min(1e-300)
+    return (logits.double() - torch.log(-torch.log(u))).argmax(-1)''')
+TOKEN_BY_TOKEN = mutate(GUMBEL, GENERATE_REF, '''def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+    cache, logits = None, None
+    for i in range(prompt.shape[1]):
+        logits, cache = model(prompt[:, i:i + 1], cache)
+    out = [prompt]
+    while len(out) <= max_new_tokens:
+        nxt = sample_next(logits[:, -1], temperature, top_k, generator).view(-1, 1)
+        out.append(nxt)
+        if len(out) <= max_new_tokens:
+            logits, cache = model(nxt, cache)
+    return torch.cat(out, dim=1)
+
+''')
+
+
+@pytest.mark.parametrize("code", [GUMBEL, TOKEN_BY_TOKEN], ids=["gumbel-max", "prompt-token-by-token-while-loop"])
+def test_other_correct_ways_get_full_marks(code):
+    assert_full_marks(A, code)
+
+
+def test_the_cache_shows_in_the_tokens_and_the_reference_is_the_judges():
+    """The grader's model gives the cached loop's tokens only to a loop that uses the cache, and those are the
+    tokens of recomputing everything on TinyLM's positions; the student's namespace is never consulted."""
+    from autograder.judging.checks.ch09_tiny_gpt import _greedy_tokens
+    from autograder.judging.checks.trusted_lm import CacheProbeLM
+
+    prompt = torch.tensor([[3, 1, 4], [1, 5, 9]])
+    model = CacheProbeLM(3, seed=5)
+    cached = _greedy_tokens(model, prompt, 6, "cached")
+    assert not torch.equal(cached, _greedy_tokens(model, prompt, 6, "recomputed"))
+    plain = CacheProbeLM(3, seed=5)
+    plain.recomputed = plain.pos  # no mark: recomputing equals the cache, as on TinyLM
+    assert torch.equal(_greedy_tokens(plain, prompt, 6, "recomputed"), cached)

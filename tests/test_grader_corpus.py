@@ -16,7 +16,7 @@ import pytest
 
 from autograder.batch import run
 from autograder.isolation.sandbox import Limits, can_isolate
-from corpus import A, CASES, ESCAPES, FULL, MARKER, TOTAL
+from corpus import A, A09, CASES, CASES09, ESCAPES, FULL, MARKER, TOTAL
 
 pytestmark = pytest.mark.slow
 LIMITS = Limits(cell_timeout=8, call_timeout=4, notebook_timeout=120, memory_bytes=3 << 30, max_processes=128)
@@ -114,3 +114,23 @@ def test_rerun_is_idempotent_and_resubmission_is_regraded(graded):
     assert float(read_csv(out)["blank_exercise"]["score"]) == FULL
     stored = json.loads((base / "grading" / "results" / A / "blank_exercise.json").read_text())
     assert sum(t["points"] for nb in stored["notebooks"] for t in nb["tests"]) == FULL
+
+
+@pytest.fixture(scope="module")
+def graded09(tmp_path_factory):
+    """Exercise 09's forgeries (tests/corpus.py, CASES09), graded in one batch through the sandbox."""
+    base = tmp_path_factory.mktemp("class09")
+    for case in CASES09:
+        case.build(base / "submitted" / case.name / A09)
+    results = run(base / "submitted", A09, base / "grades.csv", base / "grading", LIMITS, workers=2, log=lambda m: None)
+    return {"results": results, "rows": read_csv(base / "grades.csv")}
+
+
+@pytest.mark.parametrize("case", CASES09, ids=[c.name for c in CASES09])
+def test_09_case_gets_its_grade_and_reason(graded09, case):
+    row, result = graded09["rows"][case.name], graded09["results"][case.name]
+    messages = " | ".join(t["message"] for nb in result["notebooks"] for t in nb["tests"])
+    detail = f"reason={row['reason']!r} messages={messages[:600]!r}"
+    assert float(row["score"]) == case.score, detail
+    assert case.reason.lower() in row["reason"].lower(), detail
+    assert case.message.lower() in messages.lower(), detail

@@ -210,5 +210,12 @@ def test_the_sandbox_and_a_notebook_kernel_run_student_code_the_same_way():
                 errors.append(str(err.value))
         assert errors[:2] == errors[2:], errors
         assert "has shape (3, 3), expected (2, 2)" in errors[0] and "earns no points" in errors[1]
+        # a fixture from the judge's source: built in a namespace of its own, not the student's Pair (a namedtuple)
+        source = "class Pair:\n    def __init__(self, n):\n        self.n = n\n\n    def __call__(self, x):\n" \
+                 "        return x * self.n\n"
+        x = np.ones((2, 2), np.float32)
+        for backend in (local, remote):
+            ref = backend.trusted(source, "Pair", [3], {})
+            assert np.array_equal(backend.call(ref, [x], {}, ()), 3 * x)
     finally:
         box.__exit__(None, None, None)

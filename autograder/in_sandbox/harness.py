@@ -3,7 +3,8 @@
 In the sandbox, :func:`main` (started by :mod:`autograder.isolation.sandbox` or forked by the zygote with two
 pipe descriptors) answers the judge's requests with a Runner: execute a cell, call a function or
 method defined by the student, compute a gradient, read a plain value, read or load a module's
-parameters, list the names defined. Locally (``checks.run_local``, the grading tests) the judge's
+parameters, list the names defined, build a fixture from the judge's own source (never from a name the
+student defined). Locally (``checks.run_local``, the grading tests) the judge's
 ``LocalBackend`` hands the same requests to a Runner over a notebook's ``globals()``, so both give
 the same values and the same errors. The Runner never decides a grade: every result goes back as
 plain arrays (:mod:`wire`), and the judge compares them with the reference in a process the
@@ -410,6 +411,18 @@ class Runner:
         if isinstance(v, tuple) and type(v) is not tuple:
             v = tuple(v)
         return self.to_wire(v, expected=f"{name} to hold a plain number, string, bool, tuple or list")
+
+    def op_trusted(self, req: Mapping[str, Any]) -> wire.Ref:
+        """Build a fixture from the judge's own source (``source``: a module's text; ``target``: the name in
+        it to call with ``args``, ``kwargs``), executed into a fresh namespace of its own: never a name
+        looked up in the student's namespace, so redefining it in a cell changes nothing. The object is
+        kept here and sent back as a reference, for the judge to hand to the student's code."""
+        ns: dict[str, Any] = {"__name__": "trusted_fixture", "__builtins__": __builtins__}
+        exec(compile(str(req["source"]), "<the grader's fixture>", "exec"), ns)
+        obj = ns[str(req["target"])](*self.to_torch(list(req.get("args", []))),
+                                     **self.to_torch(dict(req.get("kwargs", {}))))
+        self.refs[len(self.refs) + 1] = obj
+        return wire.Ref(len(self.refs))
 
     def op_params(self, req: Mapping[str, Any]) -> dict[str, Any]:
         return {k: self.to_wire(v) for k, v in self.resolve(req["target"]).state_dict().items()}

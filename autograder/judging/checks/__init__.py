@@ -118,6 +118,14 @@ class Backend:
         return self.ask({"op": "call", "target": target, "attr": attr, "args": args, "kwargs": kwargs, "grad": wrt,
                          "probe": probe, "bans": list(bans)})
 
+    def trusted(self, source: str, target: str, args: list, kwargs: dict) -> Ref:
+        """Build ``target(*args, **kwargs)`` from the judge's ``source``, in a fresh namespace of its own in the
+        student's process (:meth:`autograder.in_sandbox.harness.Runner.op_trusted`); a reference to it comes back."""
+        value = self.ask({"op": "trusted", "source": source, "target": target, "args": args, "kwargs": kwargs})
+        if not isinstance(value, Ref):
+            raise StudentError("the grader's fixture could not be created")
+        return value
+
     def value(self, name: str) -> Any:
         """The plain value (number, string, tuple, list, tensor as array) the student assigned to ``name``."""
         return self.ask({"op": "value", "target": name})
@@ -227,6 +235,12 @@ class Trial:
         """Construct the student's class ``name``; the object stays in the student's process."""
         ref = self.backend.call(name, list(_sendable(args)), _sendable(kwargs), self.bans, keep=True)
         return Obj(self, ref)
+
+    def trusted(self, source: str, name: str, *args: Any, **kwargs: Any) -> Obj:
+        """``name(*args, **kwargs)`` built from ``source`` (the judge's code, a module's text) in a fresh namespace
+        in the student's process, never looked up among the student's names: a fixture to hand to the student's
+        code. It lives in the student's process, so anything it records there is the student's to rewrite."""
+        return Obj(self, self.backend.trusted(source, name, list(_sendable(args)), _sendable(kwargs)))
 
     def value(self, name: str) -> Any:
         """The value the student assigned to ``name`` (a conceptual question's answer): numbers, strings,

@@ -425,7 +425,7 @@ def decoder_masks(t: Trial) -> None:
 
 def _train(obj: Obj, mode: bool) -> None:
     """``obj.train(mode)`` in the student's process (it returns the module itself, which is kept there)."""
-    obj.trial.backend.call(obj.ref, [mode], {}, attr="train", keep=True)
+    obj.trial.backend.call(obj.ref, [mode], {}, obj.trial.bans, attr="train", keep=True)
 
 
 @SUITE.check("test_feed_forward_dropout", parts=[FF])

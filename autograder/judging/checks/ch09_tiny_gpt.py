@@ -3,25 +3,65 @@
 The loss and the score are compared with values computed here from the same inputs; the classic
 mistakes (targets not shifted or shifted the wrong way, a sum for a mean, scores averaged over
 the wrong axis or read from the wrong diagonal) are computed too and named when the answer equals
-one. Sampling is graded by its *distribution*: thousands of rows of the same logits are drawn with
-a generator seeded in the student's process, and the frequencies are compared with
-``softmax(logits / T)`` and with the distributions the classic mistakes give (temperature after
-the softmax, sampling from the logits themselves, top-k keeping k - 1 or k + 1 tokens). Any
-correct way of sampling passes. ``generate`` runs on the setup's ``TinyLM``, whose call log (new
-tokens, cached tokens) shows how the loop used the cache; greedy tokens are compared with
-recomputing everything, calling a second, identical model.
+one.
+
+Every fixture the student's code receives is the grader's: the model and the seeded generators come
+from :mod:`autograder.judging.checks.trusted_lm`, whose text is sent into the student's process and executed
+there in a namespace of its own (``Trial.trusted``), never looked up among the student's names; every
+reference is computed here, on the judge's own copy of the same model.
+
+Sampling is graded by its *distribution* and its *randomness*: 12 000 rows of the same logits are drawn
+with a seeded generator, and the frequencies are compared with ``softmax(logits / T)`` and with the
+distributions the classic mistakes give (temperature after the softmax, sampling from the logits
+themselves, top-k keeping k - 1 or k + 1 tokens). Where the distribution has spread, the same seed must
+give the same draws, another seed other draws (a sampler with no randomness, or one that reseeds
+torch's global generator and ignores ``generator``, gives the same), neighbouring rows must agree as
+often as independent draws do (one random number shared by every row, or a sampler that spreads the
+rows over the quantiles, agree far more), and the ids must be int64 of shape ``(B,)``. Any correct way
+of drawing passes (``torch.multinomial``, Gumbel-max or an inverse CDF with the generator).
+
+``generate`` runs on :class:`~autograder.judging.checks.trusted_lm.CacheProbeLM`, a ``TinyLM`` whose outputs show
+whether the cache was used: a generated position computed in a call of several tokens (the sequence
+recomputed, or the token fed again with others) gets another positional vector, so it changes the
+logits and the tokens drawn after it; a generated token fed alone after the cache gets the true one.
+Greedy tokens are compared with the judge's own cached loop on its copy of the model (the same tokens
+as recomputing everything on ``TinyLM``), and the loops of the classic mistakes (never using the cache,
+dropping it, re-feeding the prompt, appending the cache twice) are run here too and named when the
+answer equals one. The seed of each model is drawn until recomputing gives other tokens than the cache,
+so a loop without the cache cannot pass by chance. With sampling, every token must be among the top k
+of the logits the judge computes for its step, and the same generator seed repeat the same tokens while
+other seeds do not (where the tokens drawn were not nearly certain).
+
+What a student who read this module can still forge (the objects live in the student's process, so
+anything done to them there is the student's):
+
+- change the model handed to ``generate`` before using it (copy ``pos`` into ``recomputed``, or replace
+  its ``forward``) and then recompute everything at every step: that passes. It takes reading this
+  module and tampering with the grader's object on purpose, which a reader of the submission sees.
+- rebuild the cache from the first token at every step, one token per call: each call is then exactly
+  the one a cached loop makes, so the outputs cannot tell it apart. That loop does the work of a cached
+  loop (and more).
+- sampling: a sampler that draws each row with its own random numbers from ``generator`` and the right
+  distribution passes, whatever it is written with; the checks cannot tell a sampler that matches the
+  distribution on these logits and is wrong on others it is never shown (the logits are drawn per
+  student from the grading secret, so it must be right on logits it cannot know in advance).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from autograder.judging.checks import (CheckFailed, Suite, Trial, close, expect_choice, expect_close, expect_number,
-                               expect_tensor)
+from autograder.judging.checks import (CheckFailed, Obj, Suite, Trial, close, expect_choice, expect_close, expect_number,
+                               expect_tensor, trusted_lm)
+from autograder.judging.checks.trusted_lm import CacheProbeLM
+
+FIXTURES = inspect.getsource(trusted_lm)  # sent into the student's process, executed there in a namespace of its own
 
 SUITE = Suite("09_tiny_gpt")
 LOSS, SAMPLE, GENERATE, SCORE = "lm_loss", "sample_next", "generate", "previous_token_score"
@@ -42,13 +82,20 @@ TOP_K_MORE = "top-k keeps k + 1 tokens: keep only the k largest logits (>= the k
 NO_TOP_K = "top_k is ignored: set every logit below the k-th largest to -inf before the softmax"
 NO_GENERATOR = ("two runs with the same seeded generator gave different tokens: pass generator= to "
                 "torch.multinomial (or whatever draws the sample)")
+IGNORES_GENERATOR = ("two different seeds gave exactly the same tokens: the draws do not depend (or hardly depend) on "
+                     "the generator passed in (no randomness at all, or torch's global generator reseeded); draw each "
+                     "row with generator=generator")
+NOT_INDEPENDENT = ("the rows are not drawn independently: draw each row with its own random number (torch.multinomial "
+                   "does, or torch.rand(B, 1, generator=generator) for an inverse-CDF draw)")
+SHARED_DRAW = "every row shares one random draw: " + NOT_INDEPENDENT
+INT64 = ("the stated type is int64 (torch.long), what argmax and torch.multinomial return; convert with .long() if "
+         "your way of drawing gives another")
 NEVER_USED = ("the cache is never used: each step runs without the cache the model returned, so every step "
               "recomputes the whole sequence (or forgets it); pass the returned cache back in and feed only the newest token")
 RE_FED = ("the prompt is re-fed every step: together with the cache, feed only the newest token; the cache already "
           "holds the keys and values of everything before it")
 TWICE = ("the cache is appended twice: the model already appends the new keys and values to the cache it returns, "
          "so use that cache as it is instead of concatenating it onto the old one")
-INCONSISTENT = ("the cache does not match the tokens fed so far: pass exactly the cache the previous call returned")
 WRONG_AXIS = ("the scores are averaged over the wrong axis: average over the batch and the positions, keeping one "
               "score per head, shape (H,)")
 SELF_DIAG = ("this is the weight of each position on itself (the main diagonal): the previous token is the "
@@ -85,17 +132,29 @@ def loss_check(t: Trial) -> None:
 ROWS = 12000
 
 
-def _frequencies(t: Trial, logits: Tensor, temperature: float, top_k: int | None, seed: int, what: str) -> Tensor:
-    generator = t.new("seeded_generator", seed)
-    draws = t.call(SAMPLE, logits.repeat(ROWS, 1), temperature, top_k, generator)
-    if not isinstance(draws, Tensor) or tuple(draws.shape) != (ROWS,):
-        got = tuple(draws.shape) if isinstance(draws, Tensor) else type(draws).__name__
-        raise CheckFailed(f"{what} should return one token id per row, shape ({ROWS},), got {got}")
-    if draws.is_floating_point() or draws.dtype == torch.bool:
-        raise CheckFailed(f"{what} returned {draws.dtype}: return integer token ids")
-    if draws.min() < 0 or draws.max() >= logits.shape[-1]:
-        raise CheckFailed(f"{what} returned ids outside 0..{logits.shape[-1] - 1}")
-    return torch.bincount(draws.long(), minlength=logits.shape[-1]).double() / ROWS
+def _generator(t: Trial, seed: int) -> Obj:
+    """A seeded generator built from the grader's own code in the student's process (never the notebook's)."""
+    return t.trusted(FIXTURES, "seeded_generator", seed)
+
+
+def _ids(got: object, shape: tuple[int, ...], vocab: int, what: str) -> Tensor:
+    """``got`` must be int64 token ids of ``shape``, each in ``0 .. vocab - 1``."""
+    if not isinstance(got, Tensor) or tuple(got.shape) != shape:
+        found = tuple(got.shape) if isinstance(got, Tensor) else type(got).__name__
+        raise CheckFailed(f"{what} should return token ids of shape {shape}, got {found}")
+    if got.is_floating_point() or got.dtype == torch.bool:
+        raise CheckFailed(f"{what} returned {got.dtype}: return integer token ids, int64")
+    if got.dtype != torch.int64:
+        raise CheckFailed(f"{what} returned {got.dtype} token ids: {INT64}")
+    if got.numel() and (got.min() < 0 or got.max() >= vocab):
+        raise CheckFailed(f"{what} returned ids outside 0..{vocab - 1}")
+    return got
+
+
+def _draw(t: Trial, logits: Tensor, temperature: float, top_k: int | None, seed: int, what: str) -> Tensor:
+    """``sample_next`` on ``ROWS`` copies of the row ``logits`` (1, V), with a generator seeded ``seed``."""
+    draws = t.call(SAMPLE, logits.repeat(ROWS, 1), temperature, top_k, _generator(t, seed))
+    return _ids(draws, (ROWS,), logits.shape[-1], what)
 
 
 def _keep_top(logits: Tensor, k: int) -> Tensor:
@@ -103,127 +162,189 @@ def _keep_top(logits: Tensor, k: int) -> Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
-def _expect_distribution(freq: Tensor, expected: Tensor, what: str, mistakes: dict[str, Tensor]) -> None:
+def _expect_sampled(t: Trial, logits: Tensor, temperature: float, top_k: int | None, seed: int, what: str,
+                    expected: Tensor, mistakes: dict[str, Tensor]) -> None:
+    """Draws of ``ROWS`` identical rows: frequencies equal ``expected`` (a known mistake's are named), the same
+    seed gives the same draws, another seed other draws, and neighbouring rows agree no more often than
+    independent draws do."""
+    draws = _draw(t, logits, temperature, top_k, seed, what)
+    same = float((expected ** 2).sum())  # the chance that two independent draws give the same token
+    if same < 0.9 and bool((draws == draws[0]).all()):
+        raise CheckFailed(f"{what}: every row drew token {int(draws[0])}: {SHARED_DRAW}")
+    freq = torch.bincount(draws, minlength=logits.shape[-1]).double() / ROWS
     tol = 0.025  # about 8 standard deviations of a frequency from 12 000 draws
-    if (freq - expected).abs().max() <= tol:
-        return
-    for message, wrong in mistakes.items():
-        if (freq - wrong).abs().max() <= tol:
-            raise CheckFailed(f"{what} is wrong: {message}")
-    raise CheckFailed(f"{what}: the frequencies of the drawn tokens {[round(x, 3) for x in freq.tolist()]} do not "
-                      f"match softmax(logits / temperature)")
+    if (freq - expected).abs().max() > tol:
+        for message, wrong in mistakes.items():
+            if (freq - wrong).abs().max() <= tol:
+                raise CheckFailed(f"{what} is wrong: {message}")
+        raise CheckFailed(f"{what}: the frequencies of the drawn tokens {[round(x, 3) for x in freq.tolist()]} do "
+                          "not match softmax(logits / temperature)")
+    if same >= 0.9:
+        return  # (nearly) one token can be drawn: the draws cannot show what the generator does
+    if not torch.equal(_draw(t, logits, temperature, top_k, seed, what), draws):
+        raise CheckFailed(f"{what} is not reproducible: {NO_GENERATOR}")
+    if torch.equal(_draw(t, logits, temperature, top_k, seed + 7919, what), draws):
+        raise CheckFailed(f"{what}: {IGNORES_GENERATOR}")
+    agree = float((draws[0::2] == draws[1::2]).double().mean())
+    if abs(agree - same) > 0.04:  # about 6 standard deviations of that fraction over 6000 pairs
+        raise CheckFailed(f"{what}: {agree:.2f} of neighbouring rows drew the same token, where independent draws "
+                          f"agree {same:.2f} of the time: {NOT_INDEPENDENT}")
 
 
 @SUITE.check("test_sample_next_greedy_topk", parts=[SAMPLE])
 def sample_greedy_topk(t: Trial) -> None:
-    """Temperature 0 is the arg max; top-k draws exactly the k largest logits, in the right proportions; a seeded
-    generator gives the same tokens twice."""
+    """Temperature 0 is the arg max; top-k draws exactly the k largest logits, in the right proportions, at random:
+    the same seed gives the same tokens, another seed others."""
     logits = t.randn(5, 9, scale=2.0)
-    got = t.call(SAMPLE, logits, 0.0, None, None)
-    if not isinstance(got, Tensor) or got.tolist() != logits.argmax(-1).tolist():
-        raise CheckFailed("sample_next with temperature 0 should return the arg max of each row (greedy decoding)")
+    what = "sample_next with temperature 0"
+    got = _ids(t.call(SAMPLE, logits, 0.0, None, None), (5,), 9, what)
+    if got.tolist() != logits.argmax(-1).tolist():
+        raise CheckFailed(f"{what} should return the arg max of each row (greedy decoding)")
     row = t.randn(1, 8, scale=1.5)
     for k in (3, 6, 1):
-        what = f"sample_next with top_k={k}"
-        freq = _frequencies(t, row, 1.0, k, 11 + k, what)
-        expected = torch.softmax(_keep_top(row.double(), k), -1)[0]
         mistakes = {NO_TOP_K: torch.softmax(row.double(), -1)[0]}
         if k > 1:
             mistakes[TOP_K_LESS] = torch.softmax(_keep_top(row.double(), k - 1), -1)[0]
         mistakes[TOP_K_MORE] = torch.softmax(_keep_top(row.double(), k + 1), -1)[0]
-        _expect_distribution(freq, expected, what, mistakes)
-    first = t.call(SAMPLE, row.repeat(200, 1), 1.0, None, t.new("seeded_generator", 99))
-    second = t.call(SAMPLE, row.repeat(200, 1), 1.0, None, t.new("seeded_generator", 99))
-    if not (isinstance(first, Tensor) and isinstance(second, Tensor) and torch.equal(first, second)):
-        raise CheckFailed(f"sample_next is not reproducible: {NO_GENERATOR}")
+        _expect_sampled(t, row, 1.0, k, 11 + k, f"sample_next with top_k={k}",
+                        torch.softmax(_keep_top(row.double(), k), -1)[0], mistakes)
 
 
 @SUITE.check("test_sample_next_distribution", parts=[SAMPLE])
 def sample_distribution(t: Trial) -> None:
-    """Frequencies of many draws equal softmax(logits / T) for T < 1 and T > 1; the classic mistakes are named."""
+    """Frequencies of many draws equal softmax(logits / T) for T < 1 and T > 1, drawn at random with the generator;
+    the classic mistakes are named."""
     logits = (t.randn(1, 6).abs() + 0.3) * torch.tensor([[1.0, 2.5, 0.5, 3.0, 1.5, 0.8]])  # positive, distinct
+    l64 = logits.double()[0]
     for temperature in (0.5, 2.5):
-        what = f"sample_next at temperature {temperature}"
-        freq = _frequencies(t, logits, temperature, None, int(temperature * 10), what)
-        l64 = logits.double()[0]
-        _expect_distribution(freq, torch.softmax(l64 / temperature, -1), what, {
-            TEMP_AFTER: torch.softmax(l64, -1),
-            FROM_LOGITS: (l64 / temperature) / (l64 / temperature).sum(),
-            TEMP_TIMES: torch.softmax(l64 * temperature, -1)})
+        _expect_sampled(t, logits, temperature, None, int(temperature * 10), f"sample_next at temperature {temperature}",
+                        torch.softmax(l64 / temperature, -1), {
+                            TEMP_AFTER: torch.softmax(l64, -1),
+                            FROM_LOGITS: (l64 / temperature) / (l64 / temperature).sum(),
+                            TEMP_TIMES: torch.softmax(l64 * temperature, -1)})
 
 
 # -- generation ---------------------------------------------------------------------------------------------
 
-
-def _diagnose_log(log, prompt_len: int, max_new: int, what: str) -> None:
-    calls = [tuple(int(x) for x in c) for c in log]
-    if not calls:
-        raise CheckFailed(f"{what}: the model was never called")
-    fed = 0
-    for i, (s, cached) in enumerate(calls):
-        if cached != fed:
-            if cached == 0 and i > 0:
-                raise CheckFailed(f"{what} is wrong: {NEVER_USED}")
-            if cached > fed:
-                raise CheckFailed(f"{what} is wrong: {TWICE}")
-            raise CheckFailed(f"{what} is wrong: {INCONSISTENT} (call {i}: {cached} cached after {fed} fed)")
-        fed += s
-    if fed > prompt_len + max_new:
-        raise CheckFailed(f"{what} is wrong: {RE_FED}")
+VOCAB = 12  # CacheProbeLM's default vocabulary, which the prompts are drawn from
+LOOPS = ("cached", "recomputed", "dropped", "re-fed", "twice")  # the right loop, then the classic mistakes'
+LOOP_MISTAKES = {"recomputed": NEVER_USED, "dropped": NEVER_USED, "re-fed": RE_FED, "twice": TWICE}
 
 
-def _generate(t: Trial, seed: int, prompt: Tensor, max_new: int, temperature: float, top_k: int | None,
-              generator_seed: int | None, what: str) -> tuple[Tensor, list]:
-    model = t.new("TinyLM", seed=seed)
-    generator = t.new("seeded_generator", generator_seed) if generator_seed is not None else None
-    out = t.call(GENERATE, model, prompt, max_new, temperature, top_k, generator)
+def _loop(model: CacheProbeLM, prompt: Tensor, max_new: int, way: str,
+          pick: Callable[[int, Tensor], Tensor]) -> tuple[Tensor, list[Tensor]]:
+    """Generation on the judge's copy of the model, the loop written ``way`` (one of ``LOOPS``): the tokens
+    ``(B, n + max_new)`` and the logits ``(B, V)`` each step drew from; ``pick(step, logits)`` gives the
+    step's tokens ``(B, 1)`` (the arg max, or the tokens the student's run drew)."""
+    tokens, step_input, cache, lasts = prompt, prompt, None, []
+    with torch.no_grad():
+        for step in range(max_new):
+            if way == "cached":
+                logits, cache = model(step_input, cache)
+            elif way == "recomputed":
+                logits, _ = model(tokens)
+            elif way == "dropped":
+                logits, _ = model(step_input)
+            elif way == "re-fed":
+                logits, cache = model(tokens, cache)
+            else:  # "twice": the returned cache concatenated onto the old one
+                logits, new = model(step_input, cache)
+                cache = new if cache is None else (torch.cat([cache[0], new[0]], 1), torch.cat([cache[1], new[1]], 1))
+            lasts.append(logits[:, -1].double())
+            step_input = pick(step, logits[:, -1])
+            tokens = torch.cat([tokens, step_input], dim=1)
+    return tokens, lasts
+
+
+def _greedy(step: int, logits: Tensor) -> Tensor:
+    return logits.argmax(-1, keepdim=True)
+
+
+def _greedy_tokens(model: CacheProbeLM, prompt: Tensor, max_new: int, way: str) -> Tensor | None:
+    """Greedy tokens of the loop ``way`` of ``LOOPS``; None where a mistake's loop runs out of positions."""
+    try:
+        return _loop(model, prompt, max_new, way, _greedy)[0]
+    except ValueError:
+        return None
+
+
+def _model(t: Trial, prompt: Tensor, max_new: int) -> tuple[int, CacheProbeLM, Tensor]:
+    """A model seed for which recomputing gives other greedy tokens than using the cache (almost every seed
+    does), so that a loop without the cache cannot pass by chance; the judge's own copy of that model, and its
+    greedy tokens with the cache."""
+    for _ in range(50):
+        seed = int(t.randint(0, 1 << 30, (1,)))
+        model = CacheProbeLM(prompt.shape[1], seed=seed)
+        cached = _greedy_tokens(model, prompt, max_new, "cached")
+        if not torch.equal(cached, _greedy_tokens(model, prompt, max_new, "recomputed")):
+            return seed, model, cached
+    raise RuntimeError("no model found whose cache shows: revisit CacheProbeLM")
+
+
+def _generated(t: Trial, seed: int, prompt: Tensor, max_new: int, temperature: float, top_k: int | None,
+               generator_seed: int | None, what: str) -> Tensor:
+    """The student's ``generate`` on a fresh copy of the grader's model (and generator) in the student's process."""
+    model = t.trusted(FIXTURES, "CacheProbeLM", prompt.shape[1], seed=seed)
+    generator = None if generator_seed is None else _generator(t, generator_seed)
     b, n = prompt.shape
-    if not isinstance(out, Tensor) or tuple(out.shape) != (b, n + max_new):
-        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-        raise CheckFailed(f"{what} should return (B, n + max_new_tokens) = {(b, n + max_new)}, got {got}")
-    if not torch.equal(out[:, :n].long(), prompt):
+    out = _ids(t.call(GENERATE, model, prompt, max_new, temperature, top_k, generator), (b, n + max_new),
+               VOCAB, what)
+    if not torch.equal(out[:, :n], prompt):
         raise CheckFailed(f"{what}: the result should start with the prompt")
-    return out.long(), model.method("call_log")
+    return out
 
 
 @SUITE.check("test_generate_greedy", parts=[GENERATE])
 def generate_greedy(t: Trial) -> None:
-    """Greedy tokens equal recomputing the whole sequence each step; the cache is used: one token per step."""
+    """Greedy tokens equal the judge's own greedy loop with the cache, on a model whose outputs change when a
+    generated position is recomputed: the cache is used, one new token a step."""
     for b, n, max_new in [(2, 3, 6), (3, 1, 4)]:
-        seed = int(t.randint(0, 1000, (1,)))
-        prompt = t.randint(0, 12, (b, n))
+        prompt = t.randint(0, VOCAB, (b, n))
         what = f"generate with temperature 0 from a {(b, n)} prompt"
-        out, log = _generate(t, seed, prompt, max_new, 0.0, None, None, what)
-        _diagnose_log(log, n, max_new, what)
-        reference = t.new("TinyLM", seed=seed)
-        expected = prompt
-        for _ in range(max_new):
-            logits, _ = reference(expected)
-            expected = torch.cat([expected, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-        if not torch.equal(out, expected):
-            raise CheckFailed(f"{what}: tokens {out.tolist()} differ from greedy decoding without a cache "
-                              f"{expected.tolist()}")
+        seed, model, expected = _model(t, prompt, max_new)
+        out = _generated(t, seed, prompt, max_new, 0.0, None, None, what)
+        if torch.equal(out, expected):
+            continue
+        for way, message in LOOP_MISTAKES.items():
+            wrong = _greedy_tokens(model, prompt, max_new, way)
+            if wrong is not None and torch.equal(out, wrong):
+                raise CheckFailed(f"{what} is wrong: {message}")
+        raise CheckFailed(f"{what}: tokens {out.tolist()} differ from greedy decoding with the cache "
+                          f"{expected.tolist()} (the arg max of the logits at the last position, each new token "
+                          "fed alone with the cache the model returned)")
 
 
 @SUITE.check("test_generate_sampling", parts=[GENERATE])
 def generate_sampling(t: Trial) -> None:
-    """With top-k and a seeded generator: the same tokens twice, every new token among the top k of its step."""
-    prompt, max_new, k = t.randint(0, 12, (2, 2)), 6, 3
-    seed = int(t.randint(0, 1000, (1,)))
-    what = f"generate with temperature 1.2 and top_k={k}"
-    first, log = _generate(t, seed, prompt, max_new, 1.2, k, 4, what)
-    _diagnose_log(log, 2, max_new, what)
-    second, _ = _generate(t, seed, prompt, max_new, 1.2, k, 4, what)
-    if not torch.equal(first, second):
+    """With top-k and a seeded generator: the same tokens twice, other tokens with other seeds, every new token
+    among the top k of its step (the step's logits computed here, with the cache)."""
+    prompt, max_new, k, temperature = t.randint(0, VOCAB, (4, 2)), 6, 3, 1.2
+    what = f"generate with temperature {temperature} and top_k={k}"
+    seed, model, _ = _model(t, prompt, max_new)
+    first = _generated(t, seed, prompt, max_new, temperature, k, 4, what)
+    if not torch.equal(_generated(t, seed, prompt, max_new, temperature, k, 4, what), first):
         raise CheckFailed(f"{what}: two runs with the same seeded generator differ: pass the generator on to "
-                          f"sample_next")
-    reference = t.new("TinyLM", seed=seed)
-    for i in range(2, 2 + max_new):
-        logits, _ = reference(first[:, :i])
-        allowed = logits[:, -1].topk(k, dim=-1).indices
-        if not (allowed == first[:, i:i + 1]).any(-1).all():
-            raise CheckFailed(f"{what}: token {i} is not among the {k} most likely of its step: pass top_k to "
-                              f"sample_next, and sample from the logits of the last position")
+                          "sample_next")
+    n = prompt.shape[1]
+    forced = lambda step, logits: first[:, n + step:n + step + 1]  # noqa: E731 - the student's tokens, step by step
+    outside = lambda lasts: [i for i, logits in enumerate(lasts)  # noqa: E731 - steps whose token is not in the top k
+                             if not (logits.topk(k, dim=-1).indices == first[:, n + i:n + i + 1]).any(-1).all()]
+    _, lasts = _loop(model, prompt, max_new, "cached", forced)
+    if outside(lasts):
+        for way, message in LOOP_MISTAKES.items():
+            try:
+                if not outside(_loop(model, prompt, max_new, way, forced)[1]):
+                    raise CheckFailed(f"{what} is wrong: {message}")
+            except ValueError:  # this mistake's loop runs out of positions
+                pass
+        raise CheckFailed(f"{what}: token {n + outside(lasts)[0]} is not among the {k} most likely of its step: pass "
+                          "top_k to sample_next, and sample from the logits of the last position")
+    # The chance that another seed draws these very tokens again; two other seeds that both do are no accident.
+    p_same = math.prod(float(torch.softmax(_keep_top(logits, k) / temperature, -1).gather(-1, first[:, n + i:n + i + 1])
+                             .prod()) for i, logits in enumerate(lasts))
+    if p_same < 1e-3 and all(torch.equal(_generated(t, seed, prompt, max_new, temperature, k, s, what), first)
+                             for s in (5, 6)):
+        raise CheckFailed(f"{what}: {IGNORES_GENERATOR}")
 
 
 # -- the previous-token score -------------------------------------------------------------------------------
