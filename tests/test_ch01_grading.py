@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 from autograder.checks.ch01_single_head import STATED_REQUIREMENTS
 from chapter_checking import (assert_answer_named, assert_questions_pass, assert_requirement_broken_alone, grade_answer,
                               question_answers)
-from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
+from checking import (assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, namespace, run_suite,
+                      source_code)
 
 A = "01_single_head"
 REF = source_code(A)
@@ -212,3 +215,32 @@ def test_other_wrong_answers_fail_without_giving_the_answer_away(gid, value):
 
 def test_unanswered_question_says_so():
     assert "assign your answer to q_weight" in grade_answer(A, "test_q_weight")
+
+
+NUMPY_ANSWERS = ("import numpy as np\nq_score_variance = np.int64(64)\nq_variance_over_dk = np.float32(0.015625)\n"
+                 "q_weight = np.float64(0.731)\n"
+                 "q_output_shape = (np.int64(8), np.int32(3), np.float64(5.0), np.int64(32))\n")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sandboxed", [False, True], ids=["local", "sandbox"])
+def test_numpy_scalars_answer_questions_like_python_numbers(sandboxed):
+    """A numpy scalar is a number (issue 20): alone or inside a tuple, it earns the point, whether the answer
+    is read in a notebook kernel or across the sandbox's wire."""
+    from autograder.checks import LocalBackend, Trial, load_suite, seed_for
+    from autograder.judge import SandboxBackend
+    from autograder.sandbox import Limits, Sandbox
+
+    suite = load_suite(A)
+    questions = [gid for gid in suite.checks if gid.startswith("test_q_")]
+    with Sandbox(limits=Limits(cell_timeout=20, call_timeout=10, notebook_timeout=120)) if sandboxed \
+            else contextlib.nullcontext() as box:
+        if sandboxed:
+            assert box.request({"op": "exec", "code": NUMPY_ANSWERS, "label": "<t>"}, timeout=20)["ok"]
+            backend = SandboxBackend(box, box.limits)
+            assert backend.value("q_output_shape") == (8, 3, 5.0, 32)  # what the judge receives: plain numbers
+            assert type(backend.value("q_weight")) is float and type(backend.value("q_score_variance")) is int
+        else:
+            backend = LocalBackend(namespace(NUMPY_ANSWERS))
+        for gid in questions:
+            suite.checks[gid].fn(Trial(backend, seed_for("t", A, gid)))  # raises CheckFailed if marked down

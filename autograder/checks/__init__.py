@@ -295,9 +295,17 @@ def expect_close(actual: Tensor, expected: Tensor, what: str, mistakes: Mapping[
 # -- conceptual questions: the answer is a value the student assigned (read with Trial.value) -----------
 
 
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python number (or bool) it is; anything else unchanged. The runner already
+    sends numpy scalars as numbers (``harness._numbers``); this keeps the helpers right when called on
+    values that did not travel (a check's own arithmetic, a test)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def _as_number(value: Any, what: str) -> float:
     if isinstance(value, Tensor) and value.numel() == 1:
         value = value.item()
+    value = _plain(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise CheckFailed(f"{what} should be a number, got {type(value).__name__}")
     return float(value)
@@ -324,7 +332,7 @@ def expect_tuple(value: Any, expected: tuple, what: str, mistakes: Mapping[str, 
         value = value.tolist()
     if not isinstance(value, (tuple, list)):
         raise CheckFailed(f"{what} should be a tuple like {tuple('.' * len(expected))!r}, got {type(value).__name__}")
-    got = tuple(value)
+    got = tuple(_plain(x) for x in value)
     if got == tuple(expected):
         return
     for message, wrong in (mistakes or {}).items():
