@@ -41,6 +41,7 @@ from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
 from autograder.checks import (CheckFailed, Suite, Trial, close, expect_close, expect_number, expect_pair, expect_tensor,
                                expect_tuple, mistakes)
+from autograder.checks.common import ATTENTION_MISTAKES
 
 SUITE = Suite("01_single_head")
 # requirement -> the check that exercises it (the list above, in the order of the notebook)
@@ -62,11 +63,6 @@ STATED_REQUIREMENTS = {
     "large scores stay finite": "test_sdpa_dtype_stability",
 }
 SOFTMAX, SDPA = "softmax", "scaled_dot_product_attention"
-TIMES_SQRT = "the scores are multiplied by sqrt(d_k); the scale is 1/sqrt(d_k): divide Q K^T by sqrt(d_k)"
-UNIFORM_ROWS = ("a query whose keys are all masked gets equal weights on every key instead of zeros: filling with a "
-                "large negative number (such as torch.finfo(dtype).min) instead of -inf makes such a row uniform. The "
-                "contract asks for zero weights and a zero output row there (fill with -inf and turn the NaN rows "
-                "into 0, or zero the rows that have no allowed key)")
 KQ = ("the wrong operand is transposed: your scores are K Q^T, of shape (..., m, n); they must be "
       "Q K^T = query @ key.transpose(-2, -1), of shape (..., n, m), one row per query")
 # The softmax exercise is to write the softmax: torch's own earns nothing there (it is fine elsewhere).
@@ -146,25 +142,9 @@ def softmax_stable(t: Trial) -> None:
 # -- scaled dot-product attention --------------------------------------------------------------
 
 
-# the classic mistakes of attention (computed in checks/mistakes.py), in the words of this chapter; chapter 04
-# reuses them. Tried in this order: the first one the answer equals is named.
-MISTAKES = {
-    mistakes.NOT_SCALED: "the scores are not scaled: divide Q K^T by sqrt(d_k)",
-    mistakes.BY_D_K: "the scores are divided by d_k; the scale is 1/sqrt(d_k)",
-    mistakes.TIMES_SQRT_D_K: TIMES_SQRT,
-    mistakes.BY_SQRT_D_V: "the scores are scaled by sqrt(d_v); the scale uses the key width d_k",
-    mistakes.OVER_QUERIES: "the softmax runs over the queries (dim=-2); it must run over the keys (dim=-1)",
-    mistakes.WEIGHTS_ON_KEYS: "the weights multiply the keys; they must multiply the values",
-    mistakes.MASK_INVERTED: "the mask polarity is inverted: True means 'may attend', so fill where the mask is False",
-    mistakes.MASK_AFTER: "the mask is applied after the softmax: masked weights are zero but the rest no longer sum "
-                         "to 1. Fill the scores with -inf before the softmax",
-    mistakes.FINITE_FILL: UNIFORM_ROWS,
-}
-
-
 def _mistakes(q, k, v, mask=None) -> mistakes.Pairs:
     """message -> (output, weights) of each classic mistake on these inputs."""
-    return mistakes.named(mistakes.wrong_attention(q, k, v, mask), MISTAKES)
+    return mistakes.named(mistakes.wrong_attention(q, k, v, mask), ATTENTION_MISTAKES)
 
 
 def _runs(t: Trial, q, k, v) -> tuple | None:

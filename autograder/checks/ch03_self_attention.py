@@ -35,7 +35,7 @@ from torch import Tensor
 from attnkit import softmax as ref_softmax
 from autograder.checks import (CheckFailed, StudentError, Suite, Trial, expect_close, expect_number, expect_pair,
                                expect_tensor, expect_tuple)
-from autograder.checks.ch02_multi_head import expect_layer, random_weights, reference
+from autograder.checks.common import expect_layer, random_weights, reference, row_set
 
 SUITE = Suite("03_self_attention")
 # requirement -> the check that exercises it (the list above, in the order of the notebook)
@@ -203,14 +203,6 @@ def design_weights_check(t: Trial) -> None:
 
 
 # -- conceptual questions (the inputs are in the question; the answer is a value) ----------------------
-
-
-def row_set(value):
-    """A listed set of row numbers in increasing order (the order a student lists them in does not matter);
-    any other value unchanged, for ``expect_tuple`` to judge."""
-    if isinstance(value, (tuple, list)) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        return tuple(sorted(value))
-    return value
 
 
 @SUITE.check("test_q_changed_rows", parts=["q_changed_rows"])

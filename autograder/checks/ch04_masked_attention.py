@@ -48,10 +48,8 @@ from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
 from autograder.checks import (CheckFailed, StudentError, Suite, Trial, expect_choice, expect_close, expect_number,
                                expect_pair, expect_tensor, expect_tuple, mistakes)
-from autograder.checks.ch01_single_head import MISTAKES as CH01_MISTAKES
-from autograder.checks.ch01_single_head import UNIFORM_ROWS
-from autograder.checks.ch02_multi_head import head_mistakes, random_weights, reference_module
-from autograder.checks.ch03_self_attention import row_set
+from autograder.checks.common import (ATTENTION_MISTAKES, UNIFORM_ROWS, head_mistakes, random_weights, reference_module,
+                                      row_set)
 
 SUITE = Suite("04_masked_attention")
 # requirement -> the check that exercises it (the list above, in the order of the notebook)
@@ -187,7 +185,7 @@ MISTAKES = {
     mistakes.MASK_IGNORED: "the mask is ignored: fill the scores where the mask is False with -inf",
     mistakes.NOT_SCALED: NOT_SCALED,
     mistakes.FINITE_FILL: UNIFORM_ROWS,
-    **{key: message for key, message in CH01_MISTAKES.items() if key not in (
+    **{key: message for key, message in ATTENTION_MISTAKES.items() if key not in (
         mistakes.MASK_AFTER, mistakes.MASK_INVERTED, mistakes.NOT_SCALED,
         mistakes.FINITE_FILL)},
 }

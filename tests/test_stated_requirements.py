@@ -1,0 +1,50 @@
+"""The graded checks as one generation (issue 20) whose contracts a student can read (issue 23).
+
+- Every chapter's checks module declares ``STATED_REQUIREMENTS`` as data: requirement -> the check(s) that
+  enforce it, the words of the message a violating answer gets, and the key phrase that states it in the
+  exercise text. ``tests/test_chNN_grading.py`` breaks each requirement alone (``chapter_checking.
+  assert_requirement_broken_alone``); here the table is read against the suite and the student's notebook.
+- No chapter's checks import another chapter's: what they share lives in ``autograder/checks/common.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from autograder.checks import load_suite
+from autograder.course import RELEASE
+
+CHECKS = Path(__file__).resolve().parents[1] / "autograder" / "checks"
+CHAPTERS = sorted(p.stem.removeprefix("ch") for p in CHECKS.glob("ch[0-9][0-9]_*.py"))
+
+
+def test_nine_chapters_have_checks():
+    assert [c[:2] for c in CHAPTERS] == [f"{i:02d}" for i in range(1, 10)], CHAPTERS
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module ``path`` imports (at any depth of its code), relative imports resolved."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:  # relative to autograder.checks
+                module = "autograder.checks" + ("." + module if module else "")
+            names.add(module)
+            names |= {f"{module}.{a.name}" for a in node.names}  # ``from autograder.checks import ch01_x``
+    return names
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_no_chapter_imports_another_chapters_checks(chapter):
+    imported = _imported_modules(CHECKS / f"ch{chapter}.py")
+    others = {m for m in imported if re.fullmatch(r"autograder\.checks\.ch\d\d_\w+", m)}
+    assert not others, f"ch{chapter} imports {sorted(others)}: move what they share to autograder/checks/common.py"
