@@ -8,7 +8,7 @@ import torch
 from autograder.checks.ch02_multi_head import STATED_REQUIREMENTS
 from chapter_checking import (assert_answer_named, assert_questions_pass, assert_requirement_broken_alone, grade_answer,
                               question_answers)
-from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, source_code
+from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 A = "02_multi_head"
 REF = source_code(A)
@@ -246,3 +246,13 @@ def test_usual_wrong_answer_is_named(gid, value, words):
 def test_other_wrong_answers_fail_without_giving_the_answer_away(gid, value):
     message = grade_answer(A, gid, **{gid.removeprefix("test_"): value})
     assert message and "(4, 8, 10, 12)" not in message and "1050624" not in message and "(2, 4, 5, 7)" not in message, message
+
+
+def test_out_proj_bias_with_bias_false_is_charged_once():
+    """The text states out_proj follows bias too (issue 23); an answer that forgets it loses test_mha_shapes only,
+    with a message naming out_proj, and its values are still judged right."""
+    code = mutate(REF, "self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)",
+                  "self.out_proj = nn.Linear(embed_dim, embed_dim)")
+    results = run_suite(A, code)
+    assert "out_proj" in results["test_mha_shapes"], results
+    assert [gid for gid, msg in results.items() if msg] == ["test_mha_shapes"], results

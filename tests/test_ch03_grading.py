@@ -48,12 +48,23 @@ def design_weights(x, targets):
     return W_q.to(x.device), W_k.to(x.device)
 ''' + QUESTIONS
 
+# The text leaves d_k free (any width of at least 1): keys one-hot in n dimensions, d_k = n != d.
+NARROW_KEYS = SETUP + REF.split("def design_weights")[0].split(SETUP)[1] + '''
+def design_weights(x, targets):
+    n, d = x.shape
+    S = torch.nn.functional.one_hot(targets.long().cpu(), n).to(x.dtype)  # (n, n) S[i, targets[i]] = 1
+    W_k = x.cpu().T.contiguous()  # (d, n): the keys x W_k = x x^T = I, one-hot
+    W_q = 12.0 * n ** 0.5 * x.cpu().T @ S  # (d, n): the query of i is 12 sqrt(n) times key targets[i]
+    return W_q.to(x.device), W_k.to(x.device)
+''' + QUESTIONS
+
 
 def test_reference_gets_full_marks():
     assert_full_marks(A, REF)
 
 
-@pytest.mark.parametrize("code", [UNUSUAL, KEY_SIDE], ids=["keywords-onehot-float64", "key-side-loop"])
+@pytest.mark.parametrize("code", [UNUSUAL, KEY_SIDE, NARROW_KEYS],
+                         ids=["keywords-onehot-float64", "key-side-loop", "d_k-equals-n"])
 def test_unusual_correct_answers_get_full_marks(code):
     assert_full_marks(A, code)
 

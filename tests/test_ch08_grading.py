@@ -44,7 +44,7 @@ def cached_attention(query, key, value, cache):
     scores = scores.masked_fill(cols > rows, float("-inf"))
     return torch.softmax(scores, dim=-1) @ values, (keys, values)
 
-def tiled_attention(query, key, value, mask=None, causal=False, block=4):
+def tiled_attention(query, key, value, mask=None, causal=False, block_k=4):
     # key blocks from torch.split, a boolean "allowed" tensor built once, and float64 bookkeeping
     n, m = query.shape[-2], key.shape[-2]
     allowed = torch.ones(n, m, dtype=torch.bool, device=query.device)
@@ -58,7 +58,7 @@ def tiled_attention(query, key, value, mask=None, causal=False, block=4):
     state = (torch.full((*out_shape, 1), -math.inf, dtype=torch.float64), torch.zeros(*out_shape, 1, dtype=torch.float64),
              torch.zeros(*out_shape, value.shape[-1], dtype=torch.float64))
     start = 0
-    for kb, vb in zip(key.double().split(block, dim=-2), value.double().split(block, dim=-2)):
+    for kb, vb in zip(key.double().split(block_k, dim=-2), value.double().split(block_k, dim=-2)):
         s = torch.einsum("...nd,...bd->...nb", q, kb)
         s = torch.where(allowed[..., start:start + kb.shape[-2]], s, torch.tensor(-math.inf, dtype=s.dtype))
         state = online_softmax_update(*state, s, vb)
@@ -203,9 +203,9 @@ def run_checks(code: str, gids: list[str]) -> dict[str, str]:
 
 CAUSAL = "scores = scores.masked_fill(cols > rows, float(\"-inf\"))  # key j is in query i's future"
 DIVIDE = "return acc / torch.where(total > 0, total, torch.ones_like(total))  # (..., n, d_v); empty rows stay 0"
-MASK_FILL = "scores = scores.masked_fill(~mask[..., j:j + block], float(\"-inf\"))"
+MASK_FILL = "scores = scores.masked_fill(~mask[..., j:j + block_k], float(\"-inf\"))"
 SCALE = "q = query / math.sqrt(query.shape[-1])  # (..., n, d_k)"
-LOOP = "for j in range(0, m, block):"
+LOOP = "for j in range(0, m, block_k):"
 ACC_ONLY = "return new_max, rescale * running_sum + p.sum(dim=-1, keepdim=True), acc + p @ values"
 REQUIREMENTS = {
     # requirement: (mutant breaking only it, the checks that must fail, words of their messages)
@@ -219,7 +219,7 @@ REQUIREMENTS = {
     "tiled: scaled by 1/sqrt(d_k)": (mutate(REF, SCALE, "q = query  # (..., n, d_k)"), ["test_tiled_attention"],
                                      "not scaled"),
     "tiled: divide by the running sum": (mutate(REF, DIVIDE, "return acc"), ["test_tiled_attention"], "accumulator itself"),
-    "tiled: every block, the last shorter one too": (mutate(REF, LOOP, "for j in range(0, m - m % block if m % block else m, block):"),
+    "tiled: every block, the last shorter one too": (mutate(REF, LOOP, "for j in range(0, m - m % block_k if m % block_k else m, block_k):"),
                                                      ["test_tiled_attention"], "last, shorter block"),
     "tiled: keeps the inputs' dtype": (mutate(REF, DIVIDE, "return (acc / torch.where(total > 0, total, torch.ones_like(total))).float()"),
                                        ["test_tiled_attention"], "keep the inputs' dtype"),
@@ -236,7 +236,7 @@ REQUIREMENTS = {
     "tiled: no allowed key gives zeros, not NaN": (mutate(REF, DIVIDE, "return acc / total"),
                                                    ["test_tiled_attention_mask"], "0 / 0"),
     "tiled: does not call the setup's attention (it refuses large inputs)": (
-        REF + "\ndef tiled_attention(query, key, value, mask=None, causal=False, block=4):\n"
+        REF + "\ndef tiled_attention(query, key, value, mask=None, causal=False, block_k=4):\n"
               "    n, m = query.shape[-2], key.shape[-2]\n"
               "    if causal:\n"
               "        tril = torch.ones(n, m, dtype=torch.bool).tril()\n"

@@ -11,6 +11,7 @@ table: a **float32** tensor                                                test_
 table: ``P[i, 2j] = sin(i w_j)``, ``P[i, 2j+1] = cos(i w_j)``, ``w_j``     test_sinusoidal_values
 table: an odd ``dim`` raises ``ValueError`` (not another exception)        test_sinusoidal_odd_dim
 shift: shape ``(dim, dim)``, identity for delta 0, 2x2 diagonal blocks     test_shift_matrix_shape
+shift: a floating tensor, float32 or float64 (both accepted, as stated)    test_shift_matrix_shape
 shift: ``P[i + delta] = P[i] @ M`` (row vectors), any delta                test_shift_matrix_property
 learned: one learned table ``(max_len, dim)``; ``x + table[:n]``           test_learned_embedding
 learned: ``n > max_len`` raises a ``ValueError`` that names ``max_len``    test_learned_embedding_max_len

@@ -351,8 +351,8 @@ def cached_prompt(t: Trial) -> None:
 
 NO_SCALE = "the scores are not scaled: divide them (or the queries) by sqrt(d_k) before the softmax"
 NOT_DIVIDED = "the output is the accumulator itself: divide acc by running_sum after the last block"
-SKIPS_LAST = ("the last, shorter block of keys is skipped: range(0, m, block) visits every block, including a last one "
-              "shorter than block when m is not a multiple of it")
+SKIPS_LAST = ("the last, shorter block of keys is skipped: range(0, m, block_k) visits every block, including a last "
+              "one shorter than block_k when m is not a multiple of it")
 STRICT = ("causal off by one: query i must see keys 0..i, itself included; hide key j only when j > i "
           "(your mask hides j >= i)")
 ONE_AHEAD = ("causal off by one: query i sees key i + 1, one step in its future; hide every key j > i "
@@ -439,7 +439,7 @@ def _tiled_mistakes(q, k, v, mask, causal, block) -> dict[str, Tensor]:
 
 def _expect_tiled(t: Trial, q: Tensor, k: Tensor, v: Tensor, what: str, mask: Tensor | None = None,
                   causal: bool = False, block: int = 4) -> Tensor:
-    kwargs: dict = {"block": block}
+    kwargs: dict = {"block_k": block}
     if mask is not None:
         kwargs["mask"] = mask
     if causal:
@@ -471,7 +471,7 @@ def tiled_check(t: Trial) -> None:
                                               ((1,), 6, 9, 3, 2, 2, torch.float64), ((), 4, 5, 4, 4, 1, torch.float32)]:
         q, k, v = t.randn(*lead, n, d, dtype=dtype), t.randn(*lead, m, d, dtype=dtype, scale=2.0), \
             t.randn(*lead, m, d_v, dtype=dtype)
-        _expect_tiled(t, q, k, v, f"tiled_attention for query {(*lead, n, d)}, key {(*lead, m, d)}, block={block} "
+        _expect_tiled(t, q, k, v, f"tiled_attention for query {(*lead, n, d)}, key {(*lead, m, d)}, block_k={block} "
                       f"({dtype})", block=block)
     # the later blocks' scores are ~300 above the first block's: exp(300) overflows float32 unless every block is
     # taken relative to the maximum so far (a stale maximum gives inf / inf)
@@ -480,7 +480,7 @@ def tiled_check(t: Trial) -> None:
     _expect_tiled(t, q, k, t.randn(1, 8, 3), "tiled_attention where the second block's scores are ~300 above the "
                   "first's (float32)", block=4)
     q, k, v = t.randn(1, 300, 4), t.randn(1, 260, 4, scale=1.5), t.randn(1, 260, 3)  # 78 000 scores > MAX_SCORES
-    _expect_tiled(t, q, k, v, "tiled_attention for query (1, 300, 4), key (1, 260, 4), block=64 (more scores than the "
+    _expect_tiled(t, q, k, v, "tiled_attention for query (1, 300, 4), key (1, 260, 4), block_k=64 (more scores than the "
                   "setup's attention accepts)", block=64)
 
 
@@ -489,10 +489,10 @@ def tiled_causal(t: Trial) -> None:
     """causal=True: query i sees keys 0..i, for blocks that do and do not divide n."""
     for b, n, d, block in [(2, 7, 4, 3), (1, 8, 2, 4), (2, 5, 3, 1)]:
         x, v = t.randn(b, n, d, scale=1.5), t.randn(b, n, 3)
-        _expect_tiled(t, x, x, v, f"tiled_attention(causal=True) for a sequence of {n} positions, block={block}",
+        _expect_tiled(t, x, x, v, f"tiled_attention(causal=True) for a sequence of {n} positions, block_k={block}",
                       causal=True, block=block)
     x, v = t.randn(1, 270, 4, scale=1.5), t.randn(1, 270, 3)  # 72 900 scores > MAX_SCORES
-    _expect_tiled(t, x, x, v, "tiled_attention(causal=True) for a sequence of 270 positions, block=32 (more scores "
+    _expect_tiled(t, x, x, v, "tiled_attention(causal=True) for a sequence of 270 positions, block_k=32 (more scores "
                   "than the setup's attention accepts)", causal=True, block=32)
 
 
@@ -511,7 +511,7 @@ def tiled_mask(t: Trial) -> None:
     keep = t.rand_mask(2, 1, 180, p=0.6)
     keep[1] = False
     _expect_tiled(t, q, k, v, "tiled_attention with a (B, 1, m) padding mask, query (2, 200, 4), key (2, 180, 4), "
-                  "block=50 (more scores than the setup's attention accepts)", mask=keep, block=50)
+                  "block_k=50 (more scores than the setup's attention accepts)", mask=keep, block=50)
 
 
 # -- conceptual questions ------------------------------------------------------------------------------
