@@ -132,29 +132,28 @@ def test_batch_dims_hint_only_when_it_applies():
 
 SM_RETURN = "return e / torch.where(total > 0, total, torch.ones_like(total))"
 REQUIREMENTS = {
-    # requirement (as in STATED_REQUIREMENTS): (a mutant of the reference that breaks only it, words of the message)
-    "softmax along dim": (MISTAKES["softmax ignores dim"][0], "dim"),
-    "softmax stable near 1e4": (MISTAKES["unstable softmax"][0], "overflow"),
-    "softmax of an all -inf slice is zero": (MISTAKES["NaN for fully masked row"][0], "entirely -inf"),
-    "softmax keeps shape and dtype": (mutate(REF, SM_RETURN, f"return ({SM_RETURN[7:]}).float()"), "dtype"),
-    "attention returns a pair": (mutate(REF, "return weights @ value, weights", "return weights @ value"), "pair"),
-    "shapes with n != m and d_v != d_k": (MISTAKES["wrong operand transposed"][0], "wrong operand"),
-    "any number of leading dimensions": (MISTAKES["only 3-D inputs"][0], "leading dimension"),
-    "scale 1/sqrt(d_k)": (MISTAKES["no scaling"][0], "not scaled"),
-    "softmax over the keys": (MISTAKES["softmax over queries"][0], "over the keys"),
-    "mask True means may attend": (MISTAKES["mask polarity"][0], "polarity"),
-    "mask before the softmax": (MISTAKES["mask after softmax"][0], "after the softmax"),
-    "mask broadcast, per-example mask": (mutate(REF, '        scores = scores.masked_fill(~mask, float("-inf"))',
+    # requirement (as in STATED_REQUIREMENTS, which names its check and message): a mutant of the reference
+    # that breaks only it
+    "softmax along dim": MISTAKES["softmax ignores dim"][0],
+    "softmax stable near 1e4": MISTAKES["unstable softmax"][0],
+    "softmax of an all -inf slice is zero": MISTAKES["NaN for fully masked row"][0],
+    "softmax keeps shape and dtype": mutate(REF, SM_RETURN, f"return ({SM_RETURN[7:]}).float()"),
+    "attention returns a pair": mutate(REF, "return weights @ value, weights", "return weights @ value"),
+    "shapes with n != m and d_v != d_k": MISTAKES["wrong operand transposed"][0],
+    "any number of leading dimensions": MISTAKES["only 3-D inputs"][0],
+    "scale 1/sqrt(d_k)": MISTAKES["no scaling"][0],
+    "softmax over the keys": MISTAKES["softmax over queries"][0],
+    "mask True means may attend": MISTAKES["mask polarity"][0],
+    "mask before the softmax": MISTAKES["mask after softmax"][0],
+    "mask broadcast, per-example mask": mutate(REF, '        scores = scores.masked_fill(~mask, float("-inf"))',
                                                 '        mask = mask[:1] if mask.dim() == 3 else mask  # example 0\'s only\n'
                                                 '        scores = scores.masked_fill(~mask, float("-inf"))'),
-                                         "per-example (B, n, m) mask"),
-    "fully masked row gives zeros": (MISTAKES["large negative fill, no zero rows"][0], "zeros"),
-    "float64 in, float64 out": (mutate(REF, "    d_k = query.shape[-1]\n",
+    "fully masked row gives zeros": MISTAKES["large negative fill, no zero rows"][0],
+    "float64 in, float64 out": mutate(REF, "    d_k = query.shape[-1]\n",
                                        "    query, key, value = query.float(), key.float(), value.float()\n"
-                                       "    d_k = query.shape[-1]\n"), "float64"),
-    "large scores stay finite": (mutate(REF, "weights = softmax(scores, dim=-1)  # (..., n, m)",
+                                       "    d_k = query.shape[-1]\n"),
+    "large scores stay finite": mutate(REF, "weights = softmax(scores, dim=-1)  # (..., n, m)",
                                         "weights = torch.exp(scores) / torch.exp(scores).sum(-1, keepdim=True)"),
-                                 "overflow"),
 }
 
 

@@ -103,22 +103,20 @@ def test_delegation_earns_nothing_for_that_part():
 # -- stated requirements (issue 13): each one broken alone loses points on its check, named -------------
 
 REQUIREMENTS = {
-    # requirement (as in STATED_REQUIREMENTS): (a mutant of the reference that breaks only it, words of the message)
-    "attribute attn": (MISTAKES["wrong attribute name"][0], "attn"),
-    "returns (output, weights) of the right shapes": (MISTAKES["only the output"][0], "pair"),
-    "x is query, key and value": (mutate(REF, FWD, "out, w = self.attn(x, x, x, mask)\n        return out + x, w"),
-                                  "residual connection"),
-    "attn created once in __init__": (MISTAKES["attn built in forward"][0], "in __init__"),
-    "mask passed on": (MISTAKES["mask ignored"][0], "mask is ignored"),
-    "fully masked row gives zeros": (mutate(REF, FWD, "if mask is not None:  # switch empty rows back on, no NaN\n"
+    # requirement (as in STATED_REQUIREMENTS, which names its check and message): a mutant of the reference
+    # that breaks only it
+    "attribute attn": MISTAKES["wrong attribute name"][0],
+    "returns (output, weights) of the right shapes": MISTAKES["only the output"][0],
+    "x is query, key and value": mutate(REF, FWD, "out, w = self.attn(x, x, x, mask)\n        return out + x, w"),
+    "attn created once in __init__": MISTAKES["attn built in forward"][0],
+    "mask passed on": MISTAKES["mask ignored"][0],
+    "fully masked row gives zeros": mutate(REF, FWD, "if mask is not None:  # switch empty rows back on, no NaN\n"
                                                       "            mask = mask | ~mask.any(-1, keepdim=True)\n        " + FWD),
-                                     "attends to every key instead"),
-    "permutation equivariance": (mutate(REF, FWD, "x = x + 0.1 * torch.arange(x.shape[1], dtype=x.dtype)[:, None]\n"
-                                                  "        " + FWD), "permutation equivariant"),
-    "design: a pair of (d, d_k) matrices": (mutate(REF, "    return W_q, W_k\n", "    return W_q\n"), "pair"),
-    "design: at least 0.9 on the target": (MISTAKES["too weak"][0], "scale"),
-    "design: shared targets": (mutate(REF, DESIGN, "W_q = strength * math.sqrt(d) * x[torch.argsort(targets)].T @ x"),
-                               "share a target"),
+    "permutation equivariance": mutate(REF, FWD, "x = x + 0.1 * torch.arange(x.shape[1], dtype=x.dtype)[:, None]\n"
+                                                  "        " + FWD),
+    "design: a pair of (d, d_k) matrices": mutate(REF, "    return W_q, W_k\n", "    return W_q\n"),
+    "design: at least 0.9 on the target": MISTAKES["too weak"][0],
+    "design: shared targets": mutate(REF, DESIGN, "W_q = strength * math.sqrt(d) * x[torch.argsort(targets)].T @ x"),
 }
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.checks import load_suite
+from autograder.checks import Requirement, load_suite
 from autograder.course import RELEASE
 
 CHECKS = Path(__file__).resolve().parents[1] / "autograder" / "checks"
@@ -48,3 +48,36 @@ def test_no_chapter_imports_another_chapters_checks(chapter):
     imported = _imported_modules(CHECKS / f"ch{chapter}.py")
     others = {m for m in imported if re.fullmatch(r"autograder\.checks\.ch\d\d_\w+", m)}
     assert not others, f"ch{chapter} imports {sorted(others)}: move what they share to autograder/checks/common.py"
+
+
+def student_text(assignment: str) -> str:
+    """The released notebook's cells (markdown, docstrings, comments, the visible tests), lower case, without
+    markdown's backticks, stars and dollars, whitespace collapsed: what the student reads."""
+    cells = [("".join(c["source"])) for path in sorted((RELEASE / assignment).glob("*.ipynb"))
+             for c in json.loads(path.read_text())["cells"]]
+    return _norm("\n".join(cells))
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"[`*$]", "", text.lower()))
+
+
+def _table(chapter: str) -> dict:
+    return importlib.import_module(f"autograder.checks.ch{chapter}").STATED_REQUIREMENTS
+
+
+@pytest.mark.parametrize("chapter", [c for c in CHAPTERS if not c.startswith("09")])
+def test_each_requirement_maps_to_checks_of_its_suite(chapter):
+    suite, table = load_suite(chapter), _table(chapter)
+    assert len(table) >= 8, table
+    for name, req in table.items():
+        assert isinstance(req, Requirement) and req.checks and req.message and req.phrase, name
+        assert set(req.checks + req.also) <= set(suite.checks), (name, req)
+
+
+@pytest.mark.parametrize("chapter", [c for c in CHAPTERS if not c.startswith("09")])
+def test_each_requirement_is_stated_in_the_exercise_text(chapter):
+    """Issue 23: a correct answer written from the text alone can know every requirement a check enforces."""
+    text, table = student_text(chapter), _table(chapter)
+    missing = {name: req.phrase for name, req in table.items() if _norm(req.phrase) not in text}
+    assert not missing, f"requirements whose key phrase is not in exercises/{chapter}: {missing}"

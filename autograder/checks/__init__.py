@@ -29,7 +29,7 @@ from torch import Tensor
 from autograder.harness import Runner
 from autograder.wire import Ref, map_leaves
 
-__all__ = ["CheckFailed", "Suite", "Trial", "load_suite", "run_local", "suite_bans", "expect_number", "expect_tuple", "expect_choice"]
+__all__ = ["CheckFailed", "Requirement", "requirement", "Suite", "Trial", "load_suite", "run_local", "suite_bans", "expect_number", "expect_tuple", "expect_choice"]
 
 
 class CheckFailed(AssertionError):
@@ -65,6 +65,27 @@ class Suite:
             return fn
 
         return register
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One requirement the exercise's text states, as data beside the checks (``STATED_REQUIREMENTS``).
+
+    ``checks``: the check(s) that enforce it (an answer breaking only this requirement fails these and no
+    other); ``message``: words of the message such an answer gets; ``phrase``: words of the student's
+    notebook (markdown or docstrings) that state it; ``also``: checks that the same answer fails too, with
+    their own words (a pair missing breaks every check that reads the pair). ``tests/test_stated_requirements.py``
+    reads the phrases against the notebook, ``tests/chapter_checking.py`` breaks each requirement alone."""
+
+    checks: tuple[str, ...]
+    message: str
+    phrase: str
+    also: tuple[str, ...] = ()
+
+
+def requirement(checks: str | Iterable[str], message: str, phrase: str, also: Iterable[str] = ()) -> Requirement:
+    """A :class:`Requirement`; ``checks`` one grade id or several."""
+    return Requirement((checks,) if isinstance(checks, str) else tuple(checks), message, phrase, tuple(also))
 
 
 def load_suite(assignment: str) -> Suite:

@@ -43,27 +43,47 @@ from torch import Tensor
 from attnkit import merge_heads as ref_merge
 from attnkit import split_heads as ref_split
 from autograder.checks import (CheckFailed, StudentError, Suite, Trial, expect_close, expect_number, expect_pair,
-                               expect_tensor, expect_tuple)
+                               expect_tensor, expect_tuple, requirement)
 from autograder.checks.common import (INTERLEAVED_SPLIT, MASK_AXES, NO_TRANSPOSE_MERGE, NO_TRANSPOSE_SPLIT, REVERSED_HEADS,
                                       Params, expect_layer, random_weights)
 
 SUITE = Suite("02_multi_head")
-# requirement -> the check that exercises it (the list above, in the order of the notebook)
+# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words
+# of the exercise text that state it); tests/test_stated_requirements.py and test_chNN_grading.py read it
 STATED_REQUIREMENTS = {
-    "split: head axis before the sequence axis": "test_split_heads",
-    "split: contiguous feature blocks per head": "test_split_heads",
-    "merge: inverse of split, heads in order": "test_merge_heads",
-    "four nn.Linear(E, E) projections": "test_mha_shapes",
-    "bias flag": "test_mha_shapes",
-    "ValueError when E % H != 0": "test_mha_shapes",
-    "per-head weights (B, H, n, m), n != m": "test_mha_shapes",
-    "each projection on its own input": "test_mha_values",
-    "scale 1/sqrt(head_dim)": "test_mha_values",
-    "out_proj on the merged heads": "test_mha_values",
-    "mask True means may attend": "test_mha_mask",
-    "3-D mask applies to every head": "test_mha_mask",
-    "4-D mask per head": "test_mha_mask",
-    "fully masked row gives zeros": "test_mha_mask",
+    'split: head axis before the sequence axis': requirement('test_split_heads', 'transpose',
+                '(b, n, h*dh) -> (b, h, n, dh)'),
+    'split: contiguous feature blocks per head': requirement('test_split_heads', 'interleaved',
+                'contiguous'),
+    'merge: inverse of split, heads in order': requirement('test_merge_heads', 'reverse order',
+                'the inverse, (b, h, n, dh) -> (b, n, h*dh)'),
+    'four nn.Linear(E, E) projections': requirement('test_mha_shapes', 'no out_proj',
+                'q_proj, k_proj, v_proj and out_proj are each nn.linear(e, e, bias=bias)',
+                also=('test_mha_values', 'test_mha_mask')),
+    'bias flag': requirement('test_mha_shapes', 'still has biases',
+                'with bias=false none of the four has a bias'),
+    'ValueError when E % H != 0': requirement('test_mha_shapes', 'ValueError',
+                'raise a valueerror when embed_dim is not divisible by num_heads'),
+    'per-head weights (B, H, n, m), n != m': requirement('test_mha_shapes', 'per-head',
+                'per-head weights (b, h, n, m)',
+                also=('test_mha_values', 'test_mha_mask')),
+    'each projection on its own input': requirement('test_mha_values', 'wrong input',
+                'apply q_proj to query, k_proj to key and v_proj to value',
+                also=('test_mha_mask',)),
+    'scale 1/sqrt(head_dim)': requirement('test_mha_values', 'sqrt(head_dim)',
+                "one head's width",
+                also=('test_mha_mask',)),
+    'out_proj on the merged heads': requirement('test_mha_values', 'out_proj is missing',
+                'merge the heads and apply out_proj',
+                also=('test_mha_mask',)),
+    'mask True means may attend': requirement('test_mha_mask', 'polarity',
+                'true = may attend'),
+    '3-D mask applies to every head': requirement('test_mha_mask', 'unsqueeze(1)',
+                'mask.unsqueeze(1)'),
+    '4-D mask per head': requirement('test_mha_mask', '(B, H, n, m) per-head mask',
+                'a 4-d mask is already (b, h, n, m)'),
+    'fully masked row gives zeros': requirement('test_mha_mask', 'all masked gets NaN',
+                'gets zero weights in every head, never nan'),
 }
 SPLIT, MERGE, MHA = "split_heads", "merge_heads", "MultiHeadAttention"
 

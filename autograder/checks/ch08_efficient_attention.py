@@ -60,9 +60,76 @@ from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit.efficient import append_to_cache as ref_append
 from attnkit.efficient import online_softmax_update as ref_update
 from attnkit.efficient import tiled_attention as ref_tiled
-from autograder.checks import CheckFailed, StudentError, Suite, Trial, close, expect_number, expect_tensor
+from autograder.checks import (CheckFailed, StudentError, Suite, Trial, close, expect_number, expect_tensor,
+                               requirement)
 
 SUITE = Suite("08_efficient_attention")
+# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words
+# of the exercise text that state it); tests/test_stated_requirements.py and test_chNN_grading.py read it
+STATED_REQUIREMENTS = {
+    'update: rescale the sum and the accumulator': requirement(('test_online_softmax_basic', 'test_online_softmax_blocks'), 'accumulator is not rescaled',
+                "e^{m - m'}",
+                also=('test_online_softmax_masked',)),
+    'update: new maximum': requirement(('test_online_softmax_basic', 'test_online_softmax_blocks'), 'not updated',
+                "m' = \\max(m, \\max_j s_j)",
+                also=('test_online_softmax_masked',)),
+    'update: -inf rows stay (-inf, 0, 0)': requirement('test_online_softmax_masked', '-inf',
+                '-\\infty'),
+    "update: keeps the inputs' dtype": requirement('test_online_softmax_blocks', "keep the inputs' dtype",
+                'dtype'),
+    'tiled: accumulator rescaled (through the update)': requirement('test_tiled_attention', 'accumulator is not rescaled',
+                'online_softmax_update',
+                also=('test_tiled_attention_causal', 'test_tiled_attention_mask')),
+    'tiled: scaled by 1/sqrt(d_k)': requirement('test_tiled_attention', 'not scaled',
+                '\\sqrt{d_k}',
+                also=('test_tiled_attention_causal', 'test_tiled_attention_mask')),
+    'tiled: divide by the running sum': requirement('test_tiled_attention', 'accumulator itself',
+                'return acc / running_sum',
+                also=('test_tiled_attention_causal', 'test_tiled_attention_mask')),
+    'tiled: every block, the last shorter one too': requirement('test_tiled_attention', 'last, shorter block',
+                'the last block is shorter',
+                also=('test_tiled_attention_causal', 'test_tiled_attention_mask')),
+    "tiled: keeps the inputs' dtype": requirement('test_tiled_attention', "keep the inputs' dtype",
+                "inputs' dtype"),
+    'tiled: causal includes the diagonal': requirement('test_tiled_attention_causal', 'itself included',
+                'itself included'),
+    'tiled: causal hides the next key': requirement('test_tiled_attention_causal', 'one step in its future',
+                'hidden from query i when j > i'),
+    'tiled: causal uses positions in the sequence': requirement('test_tiled_attention_causal', 'whole sequence',
+                'key j of the sequence'),
+    'tiled: mask hides keys': requirement('test_tiled_attention_mask', 'mask is ignored',
+                'give the masked keys of each block the score -\\infty'),
+    'tiled: mask True = may attend': requirement('test_tiled_attention_mask', 'polarity',
+                'true = may attend'),
+    'tiled: no allowed key gives zeros, not NaN': requirement('test_tiled_attention_mask', '0 / 0',
+                'a query with no allowed key at all gets a row of zeros'),
+    "tiled: does not call the setup's attention (it refuses large inputs)": requirement(('test_tiled_attention', 'test_tiled_attention_causal', 'test_tiled_attention_mask'), "setup's attention",
+                'max_scores'),
+    'gqa: ValueError when G does not divide H': requirement('test_grouped_query_attention_heads', 'check is missing',
+                'valueerror'),
+    'gqa: the ValueError names H and G': requirement('test_grouped_query_attention_heads', 'name both numbers',
+                'valueerror'),
+    'gqa: every G that divides H works': requirement('test_grouped_query_attention_heads', 'reversed',
+                'divide',
+                also=('test_grouped_query_attention', 'test_grouped_query_attention_mask')),
+    'gqa: query head h uses key-value head h // (H / G)': requirement(('test_grouped_query_attention', 'test_grouped_query_attention_mask'), 'interleaved instead of grouped',
+                'h // (h / g)'),
+    'gqa: every query head keeps its own query': requirement('test_grouped_query_attention', 'averaged',
+                'query head',
+                also=('test_grouped_query_attention_mask',)),
+    'gqa: mask hides keys': requirement('test_grouped_query_attention_mask', 'mask is ignored',
+                'mask'),
+    'gqa: mask True = may attend': requirement('test_grouped_query_attention_mask', 'polarity',
+                'true = may attend'),
+    'gqa: a query with no allowed key gives zeros': requirement('test_grouped_query_attention_mask', 'NaN',
+                'zeros'),
+    "gqa: keeps the inputs' dtype": requirement('test_grouped_query_attention', "keep the inputs' dtype",
+                'dtype'),
+    'cache: time axis': requirement('test_append_to_cache', 'wrong axis',
+                'time axis'),
+    'cached: causal shifted by t': requirement(('test_cached_attention_prompt', 'test_cached_attention_step'), 'aligned to the start',
+                'causal'),
+}
 UPDATE, APPEND, CACHED, TILED = "online_softmax_update", "append_to_cache", "cached_attention", "tiled_attention"
 
 NO_RESCALE_SUM = ("the running sum is not rescaled when the maximum grows: multiply the old running_sum by "
