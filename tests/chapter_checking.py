@@ -7,11 +7,12 @@ messages must contain); the way each is run and judged lives here once.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from autograder.judging.checks import CheckFailed, load_suite, run_local
+from autograder.judging.checks import CheckFailed, Requirement, load_suite, run_local
 from autograder.course import SOURCE
-from checking import assert_mistake_named, namespace, reference_answers
+from checking import namespace, reference_answers, run_checks
 
 
 def question_answers(assignment: str, notebook: str) -> str:
@@ -45,9 +46,23 @@ def assert_answer_named(assignment: str, gid: str, value: Any, words: str) -> No
     assert words in message, message
 
 
-def assert_requirement_broken_alone(assignment: str, stated: dict[str, str],
-                                    mutants: dict[str, tuple[str, str]], name: str) -> None:
-    """The mutant that breaks requirement ``name`` alone fails the check ``stated`` lists for it, naming it."""
-    assert set(mutants) == set(stated), "the walk and the check module's requirement list differ"
-    code, words = mutants[name]
-    assert_mistake_named(assignment, name, code, stated[name], words)
+def assert_requirement_broken_alone(assignment: str, stated: Mapping[str, Requirement], mutants: Mapping[str, str],
+                                    name: str) -> None:
+    """The one walk of the stated requirements, for every chapter (issue 20).
+
+    ``stated`` is the chapter's ``STATED_REQUIREMENTS``, ``mutants`` the test's requirement -> a mutant of the
+    reference that breaks that requirement alone; both name the same requirements, so one dropped from the table
+    fails here. The mutant of ``name`` fails each check the table maps it to, with the table's words in the
+    message, fails the checks it lists under ``also``, and passes every other check of the parts those exercise."""
+    assert set(mutants) == set(stated), ("the test's mutants and the checks' STATED_REQUIREMENTS differ: "
+                                         f"{sorted(set(mutants) ^ set(stated))}")
+    req, suite = stated[name], load_suite(assignment)
+    parts = {p for gid in req.checks for p in suite.checks[gid].parts}
+    gids = [gid for gid, c in suite.checks.items() if gid in req.checks + req.also or parts & set(c.parts)]
+    results = run_checks(assignment, mutants[name], gids)
+    for gid in req.checks:
+        assert results[gid], f"{name}: {gid} passed but the mutant breaks it"
+        assert req.message.lower() in results[gid].lower(), f"{name}: {gid}'s message lacks {req.message!r}: {results[gid]!r}"
+    assert all(results[gid] for gid in req.also), f"{name}: a check listed under also passes: {results}"
+    others = {gid: msg for gid, msg in results.items() if msg and gid not in req.checks + req.also}
+    assert not others, f"{name}: the mutant also fails checks the table does not map it to: {others}"

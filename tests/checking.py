@@ -51,16 +51,6 @@ def run_checks(assignment: str, code: str, gids: list[str], secret: str = "test"
     return out
 
 
-def assert_checks_name(assignment: str, name: str, code: str, gids: str | list[str], words: str) -> None:
-    """Each check in ``gids``, run alone on ``code`` (a mutant breaking requirement ``name``), fails with a
-    message containing ``words``."""
-    gids = [gids] if isinstance(gids, str) else list(gids)
-    results = run_checks(assignment, code, gids)
-    for gid in gids:
-        assert results[gid], f"{name}: {gid} passed but the mutant breaks it"
-        assert words.lower() in results[gid].lower(), f"{name}: {gid}'s message does not name the mistake: {results[gid]!r}"
-
-
 def with_answer(code: str, name: str, value: str) -> str:
     """``code`` with the line assigning question ``name`` replaced by ``name = value``."""
     line = next(line for line in code.splitlines() if line.startswith(f"{name} = "))

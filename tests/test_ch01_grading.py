@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 from autograder.judging.checks.ch01_single_head import STATED_REQUIREMENTS
 from chapter_checking import (assert_answer_named, assert_questions_pass, assert_requirement_broken_alone, grade_answer,
                               question_answers)
-from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
+from checking import (assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, namespace, run_suite,
+                      source_code)
 
 A = "01_single_head"
 REF = source_code(A)
@@ -129,29 +132,28 @@ def test_batch_dims_hint_only_when_it_applies():
 
 SM_RETURN = "return e / torch.where(total > 0, total, torch.ones_like(total))"
 REQUIREMENTS = {
-    # requirement (as in STATED_REQUIREMENTS): (a mutant of the reference that breaks only it, words of the message)
-    "softmax along dim": (MISTAKES["softmax ignores dim"][0], "dim"),
-    "softmax stable near 1e4": (MISTAKES["unstable softmax"][0], "overflow"),
-    "softmax of an all -inf slice is zero": (MISTAKES["NaN for fully masked row"][0], "entirely -inf"),
-    "softmax keeps shape and dtype": (mutate(REF, SM_RETURN, f"return ({SM_RETURN[7:]}).float()"), "dtype"),
-    "attention returns a pair": (mutate(REF, "return weights @ value, weights", "return weights @ value"), "pair"),
-    "shapes with n != m and d_v != d_k": (MISTAKES["wrong operand transposed"][0], "wrong operand"),
-    "any number of leading dimensions": (MISTAKES["only 3-D inputs"][0], "leading dimension"),
-    "scale 1/sqrt(d_k)": (MISTAKES["no scaling"][0], "not scaled"),
-    "softmax over the keys": (MISTAKES["softmax over queries"][0], "over the keys"),
-    "mask True means may attend": (MISTAKES["mask polarity"][0], "polarity"),
-    "mask before the softmax": (MISTAKES["mask after softmax"][0], "after the softmax"),
-    "mask broadcast, per-example mask": (mutate(REF, '        scores = scores.masked_fill(~mask, float("-inf"))',
+    # requirement (as in STATED_REQUIREMENTS, which names its check and message): a mutant of the reference
+    # that breaks only it
+    "softmax along dim": MISTAKES["softmax ignores dim"][0],
+    "softmax stable near 1e4": MISTAKES["unstable softmax"][0],
+    "softmax of an all -inf slice is zero": MISTAKES["NaN for fully masked row"][0],
+    "softmax keeps shape and dtype": mutate(REF, SM_RETURN, f"return ({SM_RETURN[7:]}).float()"),
+    "attention returns a pair": mutate(REF, "return weights @ value, weights", "return weights @ value"),
+    "shapes with n != m and d_v != d_k": MISTAKES["wrong operand transposed"][0],
+    "any number of leading dimensions": MISTAKES["only 3-D inputs"][0],
+    "scale 1/sqrt(d_k)": MISTAKES["no scaling"][0],
+    "softmax over the keys": MISTAKES["softmax over queries"][0],
+    "mask True means may attend": MISTAKES["mask polarity"][0],
+    "mask before the softmax": MISTAKES["mask after softmax"][0],
+    "mask broadcast, per-example mask": mutate(REF, '        scores = scores.masked_fill(~mask, float("-inf"))',
                                                 '        mask = mask[:1] if mask.dim() == 3 else mask  # example 0\'s only\n'
                                                 '        scores = scores.masked_fill(~mask, float("-inf"))'),
-                                         "per-example (B, n, m) mask"),
-    "fully masked row gives zeros": (MISTAKES["large negative fill, no zero rows"][0], "zeros"),
-    "float64 in, float64 out": (mutate(REF, "    d_k = query.shape[-1]\n",
+    "fully masked row gives zeros": MISTAKES["large negative fill, no zero rows"][0],
+    "float64 in, float64 out": mutate(REF, "    d_k = query.shape[-1]\n",
                                        "    query, key, value = query.float(), key.float(), value.float()\n"
-                                       "    d_k = query.shape[-1]\n"), "float64"),
-    "large scores stay finite": (mutate(REF, "weights = softmax(scores, dim=-1)  # (..., n, m)",
+                                       "    d_k = query.shape[-1]\n"),
+    "large scores stay finite": mutate(REF, "weights = softmax(scores, dim=-1)  # (..., n, m)",
                                         "weights = torch.exp(scores) / torch.exp(scores).sum(-1, keepdim=True)"),
-                                 "overflow"),
 }
 
 
@@ -212,3 +214,32 @@ def test_other_wrong_answers_fail_without_giving_the_answer_away(gid, value):
 
 def test_unanswered_question_says_so():
     assert "assign your answer to q_weight" in grade_answer(A, "test_q_weight")
+
+
+NUMPY_ANSWERS = ("import numpy as np\nq_score_variance = np.int64(64)\nq_variance_over_dk = np.float32(0.015625)\n"
+                 "q_weight = np.float64(0.731)\n"
+                 "q_output_shape = (np.int64(8), np.int32(3), np.float64(5.0), np.int64(32))\n")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sandboxed", [False, True], ids=["local", "sandbox"])
+def test_numpy_scalars_answer_questions_like_python_numbers(sandboxed):
+    """A numpy scalar is a number (issue 20): alone or inside a tuple, it earns the point, whether the answer
+    is read in a notebook kernel or across the sandbox's wire."""
+    from autograder.judging.checks import LocalBackend, load_suite, seed_for
+    from autograder.judging.judge import SandboxBackend
+    from autograder.isolation.sandbox import Limits, Sandbox
+
+    suite = load_suite(A)
+    questions = [gid for gid in suite.checks if gid.startswith("test_q_")]
+    with Sandbox(limits=Limits(cell_timeout=20, call_timeout=10, notebook_timeout=120)) if sandboxed \
+            else contextlib.nullcontext() as box:
+        if sandboxed:
+            assert box.request({"op": "exec", "code": NUMPY_ANSWERS, "label": "<t>"}, timeout=20)["ok"]
+            backend = SandboxBackend(box, box.limits)
+            assert backend.value("q_output_shape") == (8, 3, 5.0, 32)  # what the judge receives: plain numbers
+            assert type(backend.value("q_weight")) is float and type(backend.value("q_score_variance")) is int
+        else:
+            backend = LocalBackend(namespace(NUMPY_ANSWERS))
+        for gid in questions:
+            suite.run(gid, backend, seed_for("t", A, gid))  # raises CheckFailed if marked down

@@ -8,7 +8,7 @@ import torch
 from autograder.judging.checks.ch02_multi_head import STATED_REQUIREMENTS
 from chapter_checking import (assert_answer_named, assert_questions_pass, assert_requirement_broken_alone, grade_answer,
                               question_answers)
-from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, source_code
+from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 A = "02_multi_head"
 REF = source_code(A)
@@ -162,29 +162,28 @@ OWN_SOFTMAX_NAN = '''s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B,
         weights = torch.softmax(s, dim=-1)  # a fully masked row: 0/0 = NaN
         out = weights @ v'''
 REQUIREMENTS = {
-    # requirement (as in STATED_REQUIREMENTS): (a mutant of the reference that breaks only it, words of the message)
-    "split: head axis before the sequence axis": (MISTAKES["split forgets transpose"][0], "transpose"),
-    "split: contiguous feature blocks per head": (MISTAKES["split interleaved"][0], "interleaved"),
-    "merge: inverse of split, heads in order": (MISTAKES["heads merged in reverse order"][0], "reverse order"),
-    "four nn.Linear(E, E) projections": (mutate(mutate(REF, "self.out_proj = nn.Linear", "self.o_proj = nn.Linear"),
-                                                "return self.out_proj(", "return self.o_proj("), "no out_proj"),
-    "bias flag": (mutate(REF, "bias=bias)", "bias=True)"), "still has biases"),
-    "ValueError when E % H != 0": (mutate(REF, '''        if embed_dim % num_heads:
+    # requirement (as in STATED_REQUIREMENTS, which names its check and message): a mutant of the reference
+    # that breaks only it
+    "split: head axis before the sequence axis": MISTAKES["split forgets transpose"][0],
+    "split: contiguous feature blocks per head": MISTAKES["split interleaved"][0],
+    "merge: inverse of split, heads in order": MISTAKES["heads merged in reverse order"][0],
+    "four nn.Linear(E, E) projections": mutate(mutate(REF, "self.out_proj = nn.Linear", "self.o_proj = nn.Linear"),
+                                                "return self.out_proj(", "return self.o_proj("),
+    "bias flag": mutate(REF, "bias=bias)", "bias=True)"),
+    "ValueError when E % H != 0": mutate(REF, '''        if embed_dim % num_heads:
             raise ValueError(
                 f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")''',
                                           '''        assert embed_dim % num_heads == 0, "embed_dim must be divisible by num_heads"'''),
-                                   "ValueError"),
-    "per-head weights (B, H, n, m), n != m": (MISTAKES["averaged weights"][0], "per-head"),
-    "each projection on its own input": (MISTAKES["v_proj on key"][0], "wrong input"),
-    "scale 1/sqrt(head_dim)": (MISTAKES["scale by sqrt(embed_dim)"][0], "sqrt(head_dim)"),
-    "out_proj on the merged heads": (MISTAKES["no output projection"][0], "out_proj is missing"),
-    "mask True means may attend": (mutate(REF, ATTN, "out, weights = scaled_dot_product_attention(q, k, v, "
-                                                     "None if mask is None else ~mask)"), "polarity"),
-    "3-D mask applies to every head": (MISTAKES["3-D mask without head axis"][0], "unsqueeze(1)"),
-    "4-D mask per head": (mutate(REF, ATTN, "if mask is not None and mask.dim() == 4:\n"
+    "per-head weights (B, H, n, m), n != m": MISTAKES["averaged weights"][0],
+    "each projection on its own input": MISTAKES["v_proj on key"][0],
+    "scale 1/sqrt(head_dim)": MISTAKES["scale by sqrt(embed_dim)"][0],
+    "out_proj on the merged heads": MISTAKES["no output projection"][0],
+    "mask True means may attend": mutate(REF, ATTN, "out, weights = scaled_dot_product_attention(q, k, v, "
+                                                     "None if mask is None else ~mask)"),
+    "3-D mask applies to every head": MISTAKES["3-D mask without head axis"][0],
+    "4-D mask per head": mutate(REF, ATTN, "if mask is not None and mask.dim() == 4:\n"
                                             "            mask = mask[:, :1]  # head 0's mask for every head\n        " + ATTN),
-                          "(B, H, n, m) per-head mask"),
-    "fully masked row gives zeros": (mutate(REF, ATTN, OWN_SOFTMAX_NAN), "all masked gets NaN"),
+    "fully masked row gives zeros": mutate(REF, ATTN, OWN_SOFTMAX_NAN),
 }
 
 
@@ -246,3 +245,13 @@ def test_usual_wrong_answer_is_named(gid, value, words):
 def test_other_wrong_answers_fail_without_giving_the_answer_away(gid, value):
     message = grade_answer(A, gid, **{gid.removeprefix("test_"): value})
     assert message and "(4, 8, 10, 12)" not in message and "1050624" not in message and "(2, 4, 5, 7)" not in message, message
+
+
+def test_out_proj_bias_with_bias_false_is_charged_once():
+    """The text states out_proj follows bias too (issue 23); an answer that forgets it loses test_mha_shapes only,
+    with a message naming out_proj, and its values are still judged right."""
+    code = mutate(REF, "self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)",
+                  "self.out_proj = nn.Linear(embed_dim, embed_dim)")
+    results = run_suite(A, code)
+    assert "out_proj" in results["test_mha_shapes"], results
+    assert [gid for gid, msg in results.items() if msg] == ["test_mha_shapes"], results

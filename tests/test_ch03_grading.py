@@ -48,12 +48,23 @@ def design_weights(x, targets):
     return W_q.to(x.device), W_k.to(x.device)
 ''' + QUESTIONS
 
+# The text leaves d_k free (any width of at least 1): keys one-hot in n dimensions, d_k = n != d.
+NARROW_KEYS = SETUP + REF.split("def design_weights")[0].split(SETUP)[1] + '''
+def design_weights(x, targets):
+    n, d = x.shape
+    S = torch.nn.functional.one_hot(targets.long().cpu(), n).to(x.dtype)  # (n, n) S[i, targets[i]] = 1
+    W_k = x.cpu().T.contiguous()  # (d, n): the keys x W_k = x x^T = I, one-hot
+    W_q = 12.0 * n ** 0.5 * x.cpu().T @ S  # (d, n): the query of i is 12 sqrt(n) times key targets[i]
+    return W_q.to(x.device), W_k.to(x.device)
+''' + QUESTIONS
+
 
 def test_reference_gets_full_marks():
     assert_full_marks(A, REF)
 
 
-@pytest.mark.parametrize("code", [UNUSUAL, KEY_SIDE], ids=["keywords-onehot-float64", "key-side-loop"])
+@pytest.mark.parametrize("code", [UNUSUAL, KEY_SIDE, NARROW_KEYS],
+                         ids=["keywords-onehot-float64", "key-side-loop", "d_k-equals-n"])
 def test_unusual_correct_answers_get_full_marks(code):
     assert_full_marks(A, code)
 
@@ -92,22 +103,20 @@ def test_delegation_earns_nothing_for_that_part():
 # -- stated requirements (issue 13): each one broken alone loses points on its check, named -------------
 
 REQUIREMENTS = {
-    # requirement (as in STATED_REQUIREMENTS): (a mutant of the reference that breaks only it, words of the message)
-    "attribute attn": (MISTAKES["wrong attribute name"][0], "attn"),
-    "returns (output, weights) of the right shapes": (MISTAKES["only the output"][0], "pair"),
-    "x is query, key and value": (mutate(REF, FWD, "out, w = self.attn(x, x, x, mask)\n        return out + x, w"),
-                                  "residual connection"),
-    "attn created once in __init__": (MISTAKES["attn built in forward"][0], "in __init__"),
-    "mask passed on": (MISTAKES["mask ignored"][0], "mask is ignored"),
-    "fully masked row gives zeros": (mutate(REF, FWD, "if mask is not None:  # switch empty rows back on, no NaN\n"
+    # requirement (as in STATED_REQUIREMENTS, which names its check and message): a mutant of the reference
+    # that breaks only it
+    "attribute attn": MISTAKES["wrong attribute name"][0],
+    "returns (output, weights) of the right shapes": MISTAKES["only the output"][0],
+    "x is query, key and value": mutate(REF, FWD, "out, w = self.attn(x, x, x, mask)\n        return out + x, w"),
+    "attn created once in __init__": MISTAKES["attn built in forward"][0],
+    "mask passed on": MISTAKES["mask ignored"][0],
+    "fully masked row gives zeros": mutate(REF, FWD, "if mask is not None:  # switch empty rows back on, no NaN\n"
                                                       "            mask = mask | ~mask.any(-1, keepdim=True)\n        " + FWD),
-                                     "attends to every key instead"),
-    "permutation equivariance": (mutate(REF, FWD, "x = x + 0.1 * torch.arange(x.shape[1], dtype=x.dtype)[:, None]\n"
-                                                  "        " + FWD), "permutation equivariant"),
-    "design: a pair of (d, d_k) matrices": (mutate(REF, "    return W_q, W_k\n", "    return W_q\n"), "pair"),
-    "design: at least 0.9 on the target": (MISTAKES["too weak"][0], "scale"),
-    "design: shared targets": (mutate(REF, DESIGN, "W_q = strength * math.sqrt(d) * x[torch.argsort(targets)].T @ x"),
-                               "share a target"),
+    "permutation equivariance": mutate(REF, FWD, "x = x + 0.1 * torch.arange(x.shape[1], dtype=x.dtype)[:, None]\n"
+                                                  "        " + FWD),
+    "design: a pair of (d, d_k) matrices": mutate(REF, "    return W_q, W_k\n", "    return W_q\n"),
+    "design: at least 0.9 on the target": MISTAKES["too weak"][0],
+    "design: shared targets": mutate(REF, DESIGN, "W_q = strength * math.sqrt(d) * x[torch.argsort(targets)].T @ x"),
 }
 
 
@@ -120,7 +129,7 @@ def test_shared_target_mutant_is_right_on_permutations():
     """The argsort mutant above breaks only the shared-targets requirement: on a permutation it is right."""
     import torch
 
-    ns = namespace(REQUIREMENTS["design: shared targets"][0])
+    ns = namespace(REQUIREMENTS["design: shared targets"])
     x, targets = torch.eye(4), torch.tensor([2, 0, 3, 1])
     W_q, W_k = ns["design_weights"](x, targets)
     weights = torch.softmax((x @ W_q) @ (x @ W_k).T / 2.0, dim=-1)

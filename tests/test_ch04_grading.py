@@ -111,22 +111,22 @@ def test_delegation_earns_nothing_for_that_part():
 
 SCORES = "scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])"
 REQUIREMENTS = {
-    # requirement (as in STATED_REQUIREMENTS): (a mutant of the reference that breaks only it, words of the message)
-    "causal: bool": (MISTAKES["float causal mask"][0], "bool"),
-    "causal: on and below the diagonal": (MISTAKES["strictly lower causal mask"][0], "diagonal is hidden"),
-    "causal: device honoured": (mutate(REF, CAUSAL, "return torch.ones(n, n, dtype=torch.bool).tril()"),
-                                "device argument is ignored"),
-    "padding: (B, 1, max_len)": (MISTAKES["padding without query axis"][0], "(B, 1, max_len)"),
-    "padding: True at the real tokens": (MISTAKES["padding off by one (<=)"][0], "off by one"),
-    "attention: scaled scores": (MISTAKES["no scaling"][0], "not scaled"),
-    "attention: -inf before the softmax, True = may attend": (MISTAKES["mask after the softmax"][0], "after the softmax"),
-    "attention: rows are queries": (MISTAKES["mask transposed in attention"][0], "transposed"),
-    "attention: n != m, d_v != d_k, broadcast masks": (mutate(REF, FILL, 'scores = scores.masked_fill(~mask.squeeze(1), '
-                                                                         'float("-inf"))'), "must broadcast"),
-    "attention: any leading dimensions": (mutate(REF, SCORES, "scores = torch.bmm(query, key.transpose(1, 2)) / "
-                                                              "math.sqrt(query.shape[-1])"), "leading dimensions"),
-    "attention: fully masked row gives zeros": (MISTAKES["NaN rows"][0], "NaN"),
-    "causality end to end": (MISTAKES["upper triangle"][0], "future"),
+    # requirement (as in STATED_REQUIREMENTS, which names its check and message): a mutant of the reference
+    # that breaks only it
+    "causal: bool": MISTAKES["float causal mask"][0],
+    "causal: on and below the diagonal": MISTAKES["strictly lower causal mask"][0],
+    "causal: device honoured": mutate(REF, CAUSAL, "return torch.ones(n, n, dtype=torch.bool).tril()"),
+    "padding: (B, 1, max_len)": MISTAKES["padding without query axis"][0],
+    "padding: True at the real tokens": MISTAKES["padding off by one (<=)"][0],
+    "attention: scaled scores": MISTAKES["no scaling"][0],
+    "attention: -inf before the softmax, True = may attend": MISTAKES["mask after the softmax"][0],
+    "attention: rows are queries": MISTAKES["mask transposed in attention"][0],
+    "attention: n != m, d_v != d_k, broadcast masks": mutate(REF, FILL, 'scores = scores.masked_fill(~mask.squeeze(1), '
+                                                                         'float("-inf"))'),
+    "attention: any leading dimensions": mutate(REF, SCORES, "scores = torch.bmm(query, key.transpose(1, 2)) / "
+                                                              "math.sqrt(query.shape[-1])"),
+    "attention: fully masked row gives zeros": MISTAKES["NaN rows"][0],
+    "causality end to end": MISTAKES["upper triangle"][0],
 }
 
 

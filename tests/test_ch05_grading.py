@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 import checking
+from autograder.judging.checks.ch05_cross_attention import STATED_REQUIREMENTS
+from chapter_checking import assert_requirement_broken_alone
 from checking import assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 A = "05_cross_attention"
@@ -126,46 +128,34 @@ LENGTH_CHECK = ("    if (lengths < 0).any() or (lengths > m).any():\n"
 COMPARE = "return positions[None, :] < lengths[:, None]  # (B, m)"
 SUBLAYER = "out, weights = self.cross(self.norm(x), memory, mask)  # (B, n, E), (B, H, n, m)"
 REQUIREMENTS = {
-    # requirement: (mutant breaking only it, the check that must fail, words of its message)
-    "CrossAttention holds self.attn": (REF.replace("self.attn", "self.mha"), "test_cross_attention_shapes", "self.attn"),
-    "n and m unrelated": MISTAKES["assumes n == m"],
-    "keys and values from the context": MISTAKES["keys from x"],
-    "context_mask on the keys axis": MISTAKES["mask on the query axis"],
-    "context_mask True = real token": MISTAKES["mask polarity"],
-    "fully padded context: zero weights, no NaN": (mutate(EINSUM, NAN_ROW, ""), "test_cross_attention_mask", "all padding"),
-    "source mask: True at the first lengths[b]": (mutate(REF, COMPARE, "return positions[None, :] <= lengths[:, None]"),
-                                                 "test_source_padding_mask", "j <= length"),
-    "source mask: True marks real tokens": (mutate(REF, COMPARE, "return positions[None, :] >= lengths[:, None]"),
-                                           "test_source_padding_mask", "true marks padding"),
-    "source mask: length 0 is all False": (mutate(REF, COMPARE, "return positions[None, :] < lengths.clamp(min=1)[:, None]"),
-                                          "test_source_padding_mask", "length 0"),
-    "source mask: shape (B, m)": (mutate(REF, COMPARE, "return (positions[None, :] < lengths[:, None])[:, None, :]"),
-                                 "test_source_padding_mask", "(B, m)"),
-    "source mask: bool dtype": (mutate(REF, COMPARE, "return (positions[None, :] < lengths[:, None]).float()"),
-                               "test_source_padding_mask", "bool"),
-    "source mask: ValueError for bad lengths": (mutate(REF, LENGTH_CHECK, ""), "test_source_padding_mask_errors",
-                                               "should raise a ValueError"),
-    "source mask: ValueError, not another exception": (
-        mutate(REF, LENGTH_CHECK, LENGTH_CHECK.replace("ValueError", "IndexError")), "test_source_padding_mask_errors",
-        "IndexError"),
-    "sublayer: norm and cross attributes": (REF.replace("self.norm", "self.ln"), "test_decoder_cross_attention", "self.norm"),
-    "sublayer: the residual": (mutate(REF, "return x + out, weights", "return out, weights"),
-                               "test_decoder_cross_attention", "residual is missing"),
-    "sublayer: only x is normalised": (mutate(REF, SUBLAYER, "out, weights = self.cross(self.norm(x), self.norm(memory), mask)"),
-                                       "test_decoder_cross_attention", "memory is normalised"),
-    "sublayer: pre-norm": (mutate(REF, SUBLAYER + "\n        return x + out, weights",
+    # requirement (as in STATED_REQUIREMENTS, which names its check and message): a mutant of the reference
+    # that breaks only it
+    "CrossAttention holds self.attn": REF.replace("self.attn", "self.mha"),
+    "n and m unrelated": MISTAKES["assumes n == m"][0],
+    "keys and values from the context": MISTAKES["keys from x"][0],
+    "context_mask on the keys axis": MISTAKES["mask on the query axis"][0],
+    "context_mask True = real token": MISTAKES["mask polarity"][0],
+    "fully padded context: zero weights, no NaN": mutate(EINSUM, NAN_ROW, ""),
+    "source mask: True at the first lengths[b]": mutate(REF, COMPARE, "return positions[None, :] <= lengths[:, None]"),
+    "source mask: True marks real tokens": mutate(REF, COMPARE, "return positions[None, :] >= lengths[:, None]"),
+    "source mask: length 0 is all False": mutate(REF, COMPARE, "return positions[None, :] < lengths.clamp(min=1)[:, None]"),
+    "source mask: shape (B, m)": mutate(REF, COMPARE, "return (positions[None, :] < lengths[:, None])[:, None, :]"),
+    "source mask: bool dtype": mutate(REF, COMPARE, "return (positions[None, :] < lengths[:, None]).float()"),
+    "source mask: ValueError for bad lengths": mutate(REF, LENGTH_CHECK, ""),
+    "source mask: ValueError, not another exception": mutate(REF, LENGTH_CHECK, LENGTH_CHECK.replace("ValueError", "IndexError")),
+    "sublayer: norm and cross attributes": REF.replace("self.norm", "self.ln"),
+    "sublayer: the residual": mutate(REF, "return x + out, weights", "return out, weights"),
+    "sublayer: only x is normalised": mutate(REF, SUBLAYER, "out, weights = self.cross(self.norm(x), self.norm(memory), mask)"),
+    "sublayer: pre-norm": mutate(REF, SUBLAYER + "\n        return x + out, weights",
                                   "out, weights = self.cross(x, memory, mask)\n        return self.norm(x + out), weights"),
-                           "test_decoder_cross_attention", "post-norm"),
-    "sublayer: memory_lengths hide padding": (mutate(REF, SUBLAYER, "out, weights = self.cross(self.norm(x), memory)"),
-                                              "test_decoder_cross_attention_padding", "memory_lengths is ignored"),
-    "sublayer: empty source, no NaN": (mutate(EINSUM, NAN_ROW, ""), "test_decoder_cross_attention_padding", "all padding"),
+    "sublayer: memory_lengths hide padding": mutate(REF, SUBLAYER, "out, weights = self.cross(self.norm(x), memory)"),
+    "sublayer: empty source, no NaN": mutate(EINSUM, NAN_ROW, ""),
 }
 
 
 @pytest.mark.parametrize("name", list(REQUIREMENTS))
-def test_each_stated_requirement_is_checked(name):
-    code, gids, words = REQUIREMENTS[name]
-    checking.assert_checks_name(A, name, code, gids, words)
+def test_stated_requirement_broken_alone_loses_points_on_its_check(name):
+    assert_requirement_broken_alone(A, STATED_REQUIREMENTS, REQUIREMENTS, name)
 
 
 # -- conceptual questions (issue 14): the reference's answers pass; each named wrong answer gets its message --

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 import checking
+from autograder.judging.checks.ch06_positional_encoding import STATED_REQUIREMENTS
+from chapter_checking import assert_requirement_broken_alone
 from checking import assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 A = "06_positional_encoding"
@@ -177,48 +179,40 @@ ROPE_ODD = '''    if d % 2:
 ROPE_OUT = "return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)  # (..., n, d)"
 MAX_LEN_RAISE = 'raise ValueError(f"sequence of length {n} is longer than max_len={self.max_len}")'
 REQUIREMENTS = {
-    # requirement: (mutant breaking only it, the check that must fail, words of its message)
-    "table: float32": (mutate(REF, RETURN_PE, "return P.reshape(num_positions, dim)"), "test_sinusoidal_shape", "float32"),
-    "table: values": MISTAKES["sin/cos swapped"],
-    "table: odd dim raises ValueError": MISTAKES["odd dim accepted"],
-    "table: ValueError, not another exception": (
-        mutate(REF, 'raise ValueError(f"dim must be even (sin/cos pairs), got {dim}")\n    i = torch.arange',
+    # requirement (as in STATED_REQUIREMENTS, which names its check and message): a mutant of the reference
+    # that breaks only it
+    "table: float32": mutate(REF, RETURN_PE, "return P.reshape(num_positions, dim)"),
+    "table: values": MISTAKES["sin/cos swapped"][0],
+    "table: odd dim raises ValueError": MISTAKES["odd dim accepted"][0],
+    "table: ValueError, not another exception": mutate(REF, 'raise ValueError(f"dim must be even (sin/cos pairs), got {dim}")\n    i = torch.arange',
                'raise TypeError(f"dim must be even (sin/cos pairs), got {dim}")\n    i = torch.arange'),
-        "test_sinusoidal_odd_dim", "TypeError"),
-    "shift: row-vector direction": MISTAKES["shift rotates the wrong way"],
-    "learned: x + table[:n]": MISTAKES["embedding not added to x"],
-    "learned: ValueError past max_len": MISTAKES["no max_len error"],
-    "learned: the ValueError names max_len": (mutate(REF, MAX_LEN_RAISE, 'raise ValueError("too long")'),
-                                              "test_learned_embedding_max_len", "does not name max_len"),
-    "rope: rotation direction": (mutate(REF, ROPE_OUT, "return torch.stack([x1 * cos + x2 * sin, -x1 * sin + x2 * cos], "
-                                        "dim=-1).flatten(-2)"), "test_rotary_values", "wrong way"),
-    "rope: neighbouring pairs": (mutate(REF, "x1, x2 = x[..., 0::2], x[..., 1::2]", "x1, x2 = x.chunk(2, dim=-1)").replace(
-        ROPE_OUT, "return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)"), "test_rotary_values", "rotate half"),
-    "rope: frequencies": (mutate(REF, "w = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)",
+    "shift: row-vector direction": MISTAKES["shift rotates the wrong way"][0],
+    "learned: x + table[:n]": MISTAKES["embedding not added to x"][0],
+    "learned: ValueError past max_len": MISTAKES["no max_len error"][0],
+    "learned: the ValueError names max_len": mutate(REF, MAX_LEN_RAISE, 'raise ValueError("too long")'),
+    "rope: rotation direction": mutate(REF, ROPE_OUT, "return torch.stack([x1 * cos + x2 * sin, -x1 * sin + x2 * cos], "
+                                        "dim=-1).flatten(-2)"),
+    "rope: neighbouring pairs": mutate(REF, "x1, x2 = x[..., 0::2], x[..., 1::2]", "x1, x2 = x.chunk(2, dim=-1)").replace(
+        ROPE_OUT, "return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)"),
+    "rope: frequencies": mutate(REF, "w = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)",
                                  "w = 10000.0 ** (-torch.arange(0, d // 2, dtype=torch.float64, device=x.device) / d)"),
-                          "test_rotary_values", "factor 2"),
-    "rope: default positions from 0": (mutate(REF, "positions = torch.arange(n, device=x.device)\n    w",
+    "rope: default positions from 0": mutate(REF, "positions = torch.arange(n, device=x.device)\n    w",
                                               "positions = torch.arange(1, n + 1, device=x.device)\n    w"),
-                                       "test_rotary_values", "start at 1"),
-    "rope: given positions used": (mutate(REF, "    if positions is None:\n        positions = torch.arange(n, device=x.device)\n    w",
+    "rope: given positions used": mutate(REF, "    if positions is None:\n        positions = torch.arange(n, device=x.device)\n    w",
                                           "    positions = torch.arange(n, device=x.device)\n    w"),
-                                   "test_rotary_values", "positions argument is ignored"),
-    "rope: x's dtype": (mutate(REF, "cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)",
+    "rope: x's dtype": mutate(REF, "cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)",
                                "cos, sin = angles.cos().float(), angles.sin().float()\n    x = x.float()"),
-                        "test_rotary_values", "return x's dtype"),
-    "rope: odd d raises ValueError": (mutate(REF, ROPE_ODD, ""), "test_rotary_odd_dim", "ValueError"),
-    "rope: depends on i - j only": (mutate(REF, "angles = positions.to(device=x.device, dtype=torch.float64)[:, None] * w",
+    "rope: odd d raises ValueError": mutate(REF, ROPE_ODD, ""),
+    "rope: depends on i - j only": mutate(REF, "angles = positions.to(device=x.device, dtype=torch.float64)[:, None] * w",
                                            "angles = positions.to(device=x.device, dtype=torch.float64)[:, None] ** 2 * w"),
-                                    "test_rotary_relative", "offset only"),
-    "rope: a rotation keeps lengths": (mutate(REF, ROPE_OUT, "return torch.stack([x1 * cos - x2 * sin, x1 * cos + x2 * sin], "
-                                              "dim=-1).flatten(-2)"), "test_rotary_relative", "length"),
+    "rope: a rotation keeps lengths": mutate(REF, ROPE_OUT, "return torch.stack([x1 * cos - x2 * sin, x1 * cos + x2 * sin], "
+                                              "dim=-1).flatten(-2)"),
 }
 
 
 @pytest.mark.parametrize("name", list(REQUIREMENTS))
-def test_each_stated_requirement_is_checked(name):
-    code, gids, words = REQUIREMENTS[name]
-    checking.assert_checks_name(A, name, code, gids, words)
+def test_stated_requirement_broken_alone_loses_points_on_its_check(name):
+    assert_requirement_broken_alone(A, STATED_REQUIREMENTS, REQUIREMENTS, name)
 
 
 def test_rope_written_with_complex_numbers_gets_full_marks():

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 import checking
+from autograder.judging.checks.ch07_transformer_block import STATED_REQUIREMENTS
+from chapter_checking import assert_requirement_broken_alone
 from checking import assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 
@@ -219,47 +221,31 @@ class TransformerEncoderBlock(nn.Module):
 FF_OUT = "return self.linear2(self.dropout(torch.relu(self.linear1(x))))"
 ENC_ATTN_POST = "out, weights = self.self_attn(x, x, x, mask)"
 REQUIREMENTS = {
-    # requirement: (mutant breaking only it, the check that must fail, words of its message)
-    "ff: linear2(relu(linear1(x)))": MISTAKES["linear feed-forward"][:2] + ("linear",),
-    "ff: dropout after the ReLU, not on the output": (
-        mutate(REF, FF_OUT, "return self.dropout(self.linear2(torch.relu(self.linear1(x))))"),
-        "test_feed_forward_dropout", "linear2's output"),
-    "ff: dropout after the ReLU, not on the input": (
-        mutate(REF, FF_OUT, "return self.linear2(torch.relu(self.linear1(self.dropout(x))))"),
-        "test_feed_forward_dropout", "input x"),
-    "ff: dropout applied in training": (mutate(REF, FF_OUT, "return self.linear2(torch.relu(self.linear1(x)))"),
-                                        "test_feed_forward_dropout", "never applied"),
-    "ff: no dropout in eval mode": (
-        mutate(REF, FF_OUT, "return self.linear2(nn.functional.dropout(torch.relu(self.linear1(x)), self.dropout.p, True))"),
-        "test_feed_forward_dropout", "eval mode too"),
-    "encoder: post-norm by default": MISTAKES["encoder: pre-norm when post-norm was asked"],
-    "encoder: pre-norm with norm_first": MISTAKES["encoder: post-norm when pre-norm was asked"],
-    "encoder: mask reaches the self-attention": MISTAKES["encoder: mask ignored"],
-    "encoder: all-padding example gives no NaN": (
-        mutate(REF, ENC_ATTN_POST, ENC_ATTN_POST + "\n            weights = weights / weights.sum(-1, keepdim=True)"),
-        "test_encoder_block_mask", "NaN"),
-    "encoder: dropout on the sublayer output before the residual": (
-        mutate(REF, "x = self.norm1(x + self.dropout1(out))", "x = self.norm1(x + out)"), "test_blocks_dropout",
-        "without dropout"),
-    "decoder: cross-attention keys from memory": MISTAKES["decoder: cross-attention keys from x"],
-    "decoder: memory_mask to the cross-attention": MISTAKES["decoder: memory mask ignored"],
-    "decoder: self_mask to the self-attention": MISTAKES["decoder: self mask ignored"],
-    "decoder: empty memory gives no NaN": (
-        mutate(REF, DEC_CROSS_POST, DEC_CROSS_POST + "\n            cross_weights = cross_weights / cross_weights.sum(-1, keepdim=True)"),
-        "test_decoder_block_masks", "NaN"),
-    "decoder: dropout on the sublayer output before the residual": (
-        mutate(REF, "x = self.norm2(x + self.dropout(out))", "x = self.norm2(x + out)"), "test_blocks_dropout",
-        "without dropout"),
-    "blocks: no dropout in eval mode": (
-        mutate(REF, "x = self.norm1(x + self.dropout1(out))", "x = self.norm1(x + nn.functional.dropout(out, "
-               "self.dropout1.p, True))"), "test_blocks_dropout", "eval mode"),
+    # requirement (as in STATED_REQUIREMENTS, which names its check and message): a mutant of the reference
+    # that breaks only it
+    "ff: linear2(relu(linear1(x)))": MISTAKES["linear feed-forward"][0],
+    "ff: dropout after the ReLU, not on the output": mutate(REF, FF_OUT, "return self.dropout(self.linear2(torch.relu(self.linear1(x))))"),
+    "ff: dropout after the ReLU, not on the input": mutate(REF, FF_OUT, "return self.linear2(torch.relu(self.linear1(self.dropout(x))))"),
+    "ff: dropout applied in training": mutate(REF, FF_OUT, "return self.linear2(torch.relu(self.linear1(x)))"),
+    "ff: no dropout in eval mode": mutate(REF, FF_OUT, "return self.linear2(nn.functional.dropout(torch.relu(self.linear1(x)), self.dropout.p, True))"),
+    "encoder: post-norm by default": MISTAKES["encoder: pre-norm when post-norm was asked"][0],
+    "encoder: pre-norm with norm_first": MISTAKES["encoder: post-norm when pre-norm was asked"][0],
+    "encoder: mask reaches the self-attention": MISTAKES["encoder: mask ignored"][0],
+    "encoder: all-padding example gives no NaN": mutate(REF, ENC_ATTN_POST, ENC_ATTN_POST + "\n            weights = weights / weights.sum(-1, keepdim=True)"),
+    "encoder: dropout on the sublayer output before the residual": mutate(REF, "x = self.norm1(x + self.dropout1(out))", "x = self.norm1(x + out)"),
+    "decoder: cross-attention keys from memory": MISTAKES["decoder: cross-attention keys from x"][0],
+    "decoder: memory_mask to the cross-attention": MISTAKES["decoder: memory mask ignored"][0],
+    "decoder: self_mask to the self-attention": MISTAKES["decoder: self mask ignored"][0],
+    "decoder: empty memory gives no NaN": mutate(REF, DEC_CROSS_POST, DEC_CROSS_POST + "\n            cross_weights = cross_weights / cross_weights.sum(-1, keepdim=True)"),
+    "decoder: dropout on the sublayer output before the residual": mutate(REF, "x = self.norm2(x + self.dropout(out))", "x = self.norm2(x + out)"),
+    "blocks: no dropout in eval mode": mutate(REF, "x = self.norm1(x + self.dropout1(out))", "x = self.norm1(x + nn.functional.dropout(out, "
+               "self.dropout1.p, True))"),
 }
 
 
 @pytest.mark.parametrize("name", list(REQUIREMENTS))
-def test_each_stated_requirement_is_checked(name):
-    code, gids, words = REQUIREMENTS[name]
-    checking.assert_checks_name(A, name, code, gids, words)
+def test_stated_requirement_broken_alone_loses_points_on_its_check(name):
+    assert_requirement_broken_alone(A, STATED_REQUIREMENTS, REQUIREMENTS, name)
 
 
 # -- conceptual questions (issue 14): the reference's answers pass; each named wrong answer gets its message --

@@ -6,6 +6,8 @@ import pytest
 
 from autograder.judging.checks import CheckFailed, LocalBackend, Trial, load_suite, seed_for
 import checking
+from autograder.judging.checks.ch08_efficient_attention import STATED_REQUIREMENTS
+from chapter_checking import assert_requirement_broken_alone
 from checking import namespace, assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 A = "08_efficient_attention"
@@ -44,7 +46,7 @@ def cached_attention(query, key, value, cache):
     scores = scores.masked_fill(cols > rows, float("-inf"))
     return torch.softmax(scores, dim=-1) @ values, (keys, values)
 
-def tiled_attention(query, key, value, mask=None, causal=False, block=4):
+def tiled_attention(query, key, value, mask=None, causal=False, block_k=4):
     # key blocks from torch.split, a boolean "allowed" tensor built once, and float64 bookkeeping
     n, m = query.shape[-2], key.shape[-2]
     allowed = torch.ones(n, m, dtype=torch.bool, device=query.device)
@@ -58,7 +60,7 @@ def tiled_attention(query, key, value, mask=None, causal=False, block=4):
     state = (torch.full((*out_shape, 1), -math.inf, dtype=torch.float64), torch.zeros(*out_shape, 1, dtype=torch.float64),
              torch.zeros(*out_shape, value.shape[-1], dtype=torch.float64))
     start = 0
-    for kb, vb in zip(key.double().split(block, dim=-2), value.double().split(block, dim=-2)):
+    for kb, vb in zip(key.double().split(block_k, dim=-2), value.double().split(block_k, dim=-2)):
         s = torch.einsum("...nd,...bd->...nb", q, kb)
         s = torch.where(allowed[..., start:start + kb.shape[-2]], s, torch.tensor(-math.inf, dtype=s.dtype))
         state = online_softmax_update(*state, s, vb)
@@ -203,68 +205,51 @@ def run_checks(code: str, gids: list[str]) -> dict[str, str]:
 
 CAUSAL = "scores = scores.masked_fill(cols > rows, float(\"-inf\"))  # key j is in query i's future"
 DIVIDE = "return acc / torch.where(total > 0, total, torch.ones_like(total))  # (..., n, d_v); empty rows stay 0"
-MASK_FILL = "scores = scores.masked_fill(~mask[..., j:j + block], float(\"-inf\"))"
+MASK_FILL = "scores = scores.masked_fill(~mask[..., j:j + block_k], float(\"-inf\"))"
 SCALE = "q = query / math.sqrt(query.shape[-1])  # (..., n, d_k)"
-LOOP = "for j in range(0, m, block):"
+LOOP = "for j in range(0, m, block_k):"
 ACC_ONLY = "return new_max, rescale * running_sum + p.sum(dim=-1, keepdim=True), acc + p @ values"
 REQUIREMENTS = {
-    # requirement: (mutant breaking only it, the checks that must fail, words of their messages)
-    "update: rescale the sum and the accumulator": MISTAKES["acc not rescaled"],
-    "update: new maximum": MISTAKES["running max not updated"],
-    "update: -inf rows stay (-inf, 0, 0)": MISTAKES["NaN for masked rows"],
-    "update: keeps the inputs' dtype": (mutate(REF, RET, RET.replace("return new_max,", "return new_max.double(),")),
-                                        ["test_online_softmax_blocks"], "keep the inputs' dtype"),
-    "tiled: accumulator rescaled (through the update)": (mutate(REF, RET, ACC_ONLY), ["test_tiled_attention"],
-                                                         "accumulator is not rescaled"),
-    "tiled: scaled by 1/sqrt(d_k)": (mutate(REF, SCALE, "q = query  # (..., n, d_k)"), ["test_tiled_attention"],
-                                     "not scaled"),
-    "tiled: divide by the running sum": (mutate(REF, DIVIDE, "return acc"), ["test_tiled_attention"], "accumulator itself"),
-    "tiled: every block, the last shorter one too": (mutate(REF, LOOP, "for j in range(0, m - m % block if m % block else m, block):"),
-                                                     ["test_tiled_attention"], "last, shorter block"),
-    "tiled: keeps the inputs' dtype": (mutate(REF, DIVIDE, "return (acc / torch.where(total > 0, total, torch.ones_like(total))).float()"),
-                                       ["test_tiled_attention"], "keep the inputs' dtype"),
-    "tiled: causal includes the diagonal": (mutate(REF, CAUSAL, CAUSAL.replace("cols > rows", "cols >= rows")),
-                                            ["test_tiled_attention_causal"], "itself included"),
-    "tiled: causal hides the next key": (mutate(REF, CAUSAL, CAUSAL.replace("cols > rows", "cols > rows + 1")),
-                                         ["test_tiled_attention_causal"], "one step in its future"),
-    "tiled: causal uses positions in the sequence": (
-        mutate(REF, CAUSAL, CAUSAL.replace("cols > rows", "(cols - j) > rows")), ["test_tiled_attention_causal"],
-        "whole sequence"),
-    "tiled: mask hides keys": (mutate(REF, MASK_FILL, "pass"), ["test_tiled_attention_mask"], "mask is ignored"),
-    "tiled: mask True = may attend": (mutate(REF, MASK_FILL, MASK_FILL.replace("~mask", "mask")),
-                                      ["test_tiled_attention_mask"], "polarity"),
-    "tiled: no allowed key gives zeros, not NaN": (mutate(REF, DIVIDE, "return acc / total"),
-                                                   ["test_tiled_attention_mask"], "0 / 0"),
-    "tiled: does not call the setup's attention (it refuses large inputs)": (
-        REF + "\ndef tiled_attention(query, key, value, mask=None, causal=False, block=4):\n"
+    # requirement (as in STATED_REQUIREMENTS, which names its check and message): a mutant of the reference
+    # that breaks only it
+    "update: rescale the sum and the accumulator": MISTAKES["acc not rescaled"][0],
+    "update: new maximum": MISTAKES["running max not updated"][0],
+    "update: -inf rows stay (-inf, 0, 0)": MISTAKES["NaN for masked rows"][0],
+    "update: keeps the inputs' dtype": mutate(REF, RET, RET.replace("return new_max,", "return new_max.double(),")),
+    "tiled: accumulator rescaled (through the update)": mutate(REF, RET, ACC_ONLY),
+    "tiled: scaled by 1/sqrt(d_k)": mutate(REF, SCALE, "q = query  # (..., n, d_k)"),
+    "tiled: divide by the running sum": mutate(REF, DIVIDE, "return acc"),
+    "tiled: every block, the last shorter one too": mutate(REF, LOOP, "for j in range(0, m - m % block_k if m % block_k else m, block_k):"),
+    "tiled: keeps the inputs' dtype": mutate(REF, DIVIDE, "return (acc / torch.where(total > 0, total, torch.ones_like(total))).float()"),
+    "tiled: causal includes the diagonal": mutate(REF, CAUSAL, CAUSAL.replace("cols > rows", "cols >= rows")),
+    "tiled: causal hides the next key": mutate(REF, CAUSAL, CAUSAL.replace("cols > rows", "cols > rows + 1")),
+    "tiled: causal uses positions in the sequence": mutate(REF, CAUSAL, CAUSAL.replace("cols > rows", "(cols - j) > rows")),
+    "tiled: mask hides keys": mutate(REF, MASK_FILL, "pass"),
+    "tiled: mask True = may attend": mutate(REF, MASK_FILL, MASK_FILL.replace("~mask", "mask")),
+    "tiled: no allowed key gives zeros, not NaN": mutate(REF, DIVIDE, "return acc / total"),
+    "tiled: does not call the setup's attention (it refuses large inputs)": REF + "\ndef tiled_attention(query, key, value, mask=None, causal=False, block_k=4):\n"
               "    n, m = query.shape[-2], key.shape[-2]\n"
               "    if causal:\n"
               "        tril = torch.ones(n, m, dtype=torch.bool).tril()\n"
               "        mask = tril if mask is None else mask & tril\n"
               "    return attention(query, key, value, mask)\n",
-        ["test_tiled_attention", "test_tiled_attention_causal", "test_tiled_attention_mask"], "setup's attention"),
-    "gqa: ValueError when G does not divide H": GQA_MISTAKES["divisibility check missing"],
-    "gqa: the ValueError names H and G": GQA_MISTAKES["ValueError that names neither number"],
-    "gqa: every G that divides H works": GQA_MISTAKES["divisibility check reversed (G % H)"],
-    "gqa: query head h uses key-value head h // (H / G)": GQA_MISTAKES["K/V heads interleaved (repeat, not repeat_interleave)"],
-    "gqa: every query head keeps its own query": GQA_MISTAKES["query heads averaged instead of sharing K/V"],
-    "gqa: mask hides keys": (mutate(REF, GQA_RET, "return attention(query, key, value)"),
-                             ["test_grouped_query_attention_mask"], "mask is ignored"),
-    "gqa: mask True = may attend": (mutate(REF, GQA_RET, "return attention(query, key, value, None if mask is None else ~mask)"),
-                                    ["test_grouped_query_attention_mask"], "polarity"),
-    "gqa: a query with no allowed key gives zeros": (mutate(REF, GQA_RET, NAN_SOFTMAX),
-                                                     ["test_grouped_query_attention_mask"], "NaN"),
-    "gqa: keeps the inputs' dtype": (mutate(REF, GQA_RET, "return attention(query, key, value, mask).float()"),
-                                     ["test_grouped_query_attention"], "keep the inputs' dtype"),
-    "cache: time axis": MISTAKES["cache on the feature axis"],
-    "cached: causal shifted by t": MISTAKES["mask aligned to the start"],
+    "gqa: ValueError when G does not divide H": GQA_MISTAKES["divisibility check missing"][0],
+    "gqa: the ValueError names H and G": GQA_MISTAKES["ValueError that names neither number"][0],
+    "gqa: every G that divides H works": GQA_MISTAKES["divisibility check reversed (G % H)"][0],
+    "gqa: query head h uses key-value head h // (H / G)": GQA_MISTAKES["K/V heads interleaved (repeat, not repeat_interleave)"][0],
+    "gqa: every query head keeps its own query": GQA_MISTAKES["query heads averaged instead of sharing K/V"][0],
+    "gqa: mask hides keys": mutate(REF, GQA_RET, "return attention(query, key, value)"),
+    "gqa: mask True = may attend": mutate(REF, GQA_RET, "return attention(query, key, value, None if mask is None else ~mask)"),
+    "gqa: a query with no allowed key gives zeros": mutate(REF, GQA_RET, NAN_SOFTMAX),
+    "gqa: keeps the inputs' dtype": mutate(REF, GQA_RET, "return attention(query, key, value, mask).float()"),
+    "cache: time axis": MISTAKES["cache on the feature axis"][0],
+    "cached: causal shifted by t": MISTAKES["mask aligned to the start"][0],
 }
 
 
 @pytest.mark.parametrize("name", list(REQUIREMENTS))
-def test_each_stated_requirement_is_checked(name):
-    code, gids, words = REQUIREMENTS[name]
-    checking.assert_checks_name(A, name, code, gids, words)
+def test_stated_requirement_broken_alone_loses_points_on_its_check(name):
+    assert_requirement_broken_alone(A, STATED_REQUIREMENTS, REQUIREMENTS, name)
 
 
 def test_tiled_attention_that_keeps_a_stale_maximum_is_named():

@@ -51,6 +51,18 @@ OUT_CAP = 64 << 10
 MAX_DEPTH = 8  # nesting of a returned value
 
 
+def _numbers(v: Any, depth: int = 0) -> Any:
+    """A question's answer with numpy scalars (``np.float64`` is a float, ``np.int64`` an integer) as the
+    Python numbers they are, at any depth of its tuples and lists (issue 20)."""
+    if isinstance(v, np.generic):
+        return v.item()
+    if depth < MAX_DEPTH and isinstance(v, tuple):
+        return tuple(_numbers(x, depth + 1) for x in tuple.__iter__(v))
+    if depth < MAX_DEPTH and type(v) is list:
+        return [_numbers(x, depth + 1) for x in v]
+    return v
+
+
 class Delegated(RuntimeError):
     """Raised when graded code reaches torch's own implementation of what the part asks to write."""
 
@@ -406,11 +418,9 @@ class Runner:
         v = self.ns[name]
         if isinstance(v, np.ndarray):
             v = self.torch.from_numpy(v.copy())
-        if isinstance(v, np.generic):
-            v = v.item()
         if isinstance(v, tuple) and type(v) is not tuple:
             v = tuple(v)
-        return self.to_wire(v, expected=f"{name} to hold a plain number, string, bool, tuple or list")
+        return self.to_wire(_numbers(v), expected=f"{name} to hold a plain number, string, bool, tuple or list")
 
     def op_trusted(self, req: Mapping[str, Any]) -> wire.Ref:
         """Build a fixture from the judge's own source (``source``: a module's text; ``target``: the name in

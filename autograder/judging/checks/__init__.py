@@ -29,7 +29,7 @@ from torch import Tensor
 from autograder.in_sandbox.harness import Runner
 from autograder.in_sandbox.wire import Ref, map_leaves
 
-__all__ = ["CheckFailed", "Suite", "Trial", "load_suite", "run_local", "expect_number", "expect_tuple", "expect_choice"]
+__all__ = ["CheckFailed", "Requirement", "requirement", "Suite", "Trial", "load_suite", "run_local", "expect_number", "expect_tuple", "expect_choice"]
 
 
 class CheckFailed(AssertionError):
@@ -79,6 +79,27 @@ class Suite:
         :class:`StudentError`) with the student-facing message when it does not."""
         check = self.checks[grade_id]
         check.fn(Trial(backend, seed, self.bans(check.parts)))
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One requirement the exercise's text states, as data beside the checks (``STATED_REQUIREMENTS``).
+
+    ``checks``: the check(s) that enforce it (an answer breaking only this requirement fails these and no
+    other); ``message``: words of the message such an answer gets; ``phrase``: words of the student's
+    notebook (markdown or docstrings) that state it; ``also``: checks that the same answer fails too, with
+    their own words (a pair missing breaks every check that reads the pair). ``tests/test_stated_requirements.py``
+    reads the phrases against the notebook, ``tests/chapter_checking.py`` breaks each requirement alone."""
+
+    checks: tuple[str, ...]
+    message: str
+    phrase: str
+    also: tuple[str, ...] = ()
+
+
+def requirement(checks: str | Iterable[str], message: str, phrase: str, also: Iterable[str] = ()) -> Requirement:
+    """A :class:`Requirement`; ``checks`` one grade id or several."""
+    return Requirement((checks,) if isinstance(checks, str) else tuple(checks), message, phrase, tuple(also))
 
 
 def load_suite(assignment: str) -> Suite:
@@ -318,9 +339,17 @@ def expect_close(actual: Tensor, expected: Tensor, what: str, mistakes: Mapping[
 # -- conceptual questions: the answer is a value the student assigned (read with Trial.value) -----------
 
 
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python number (or bool) it is; anything else unchanged. The runner already
+    sends numpy scalars as numbers (``harness._numbers``); this keeps the helpers right when called on
+    values that did not travel (a check's own arithmetic, a test)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def _as_number(value: Any, what: str) -> float:
     if isinstance(value, Tensor) and value.numel() == 1:
         value = value.item()
+    value = _plain(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise CheckFailed(f"{what} should be a number, got {type(value).__name__}")
     return float(value)
@@ -347,7 +376,7 @@ def expect_tuple(value: Any, expected: tuple, what: str, mistakes: Mapping[str, 
         value = value.tolist()
     if not isinstance(value, (tuple, list)):
         raise CheckFailed(f"{what} should be a tuple like {tuple('.' * len(expected))!r}, got {type(value).__name__}")
-    got = tuple(value)
+    got = tuple(_plain(x) for x in value)
     if got == tuple(expected):
         return
     for message, wrong in (mistakes or {}).items():

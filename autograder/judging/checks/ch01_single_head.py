@@ -39,34 +39,52 @@ import torch.nn.functional as F
 
 from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
-from autograder.judging.checks import (CheckFailed, Suite, Trial, close, expect_close, expect_number, expect_pair, expect_tensor,
-                               expect_tuple, mistakes)
+from autograder.judging.checks import (CheckFailed, Suite, Trial, close, expect_close, expect_number, expect_pair,
+                               expect_tensor, expect_tuple, mistakes, requirement)
+from autograder.judging.checks.common import ATTENTION_MISTAKES
 
 SUITE = Suite("01_single_head")
-# requirement -> the check that exercises it (the list above, in the order of the notebook)
+# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words
+# of the exercise text that state it); tests/test_stated_requirements.py and test_chNN_grading.py read it
 STATED_REQUIREMENTS = {
-    "softmax along dim": "test_softmax_dim",
-    "softmax stable near 1e4": "test_softmax_stable",
-    "softmax of an all -inf slice is zero": "test_softmax_stable",
-    "softmax keeps shape and dtype": "test_softmax_basic",
-    "attention returns a pair": "test_sdpa_shapes",
-    "shapes with n != m and d_v != d_k": "test_sdpa_shapes",
-    "any number of leading dimensions": "test_sdpa_batch_dims",
-    "scale 1/sqrt(d_k)": "test_sdpa_values",
-    "softmax over the keys": "test_sdpa_values",
-    "mask True means may attend": "test_sdpa_mask",
-    "mask before the softmax": "test_sdpa_mask",
-    "mask broadcast, per-example mask": "test_sdpa_mask",
-    "fully masked row gives zeros": "test_sdpa_fully_masked",
-    "float64 in, float64 out": "test_sdpa_dtype_stability",
-    "large scores stay finite": "test_sdpa_dtype_stability",
+    'softmax along dim': requirement('test_softmax_dim', 'dim',
+                'along the axis dim'),
+    'softmax stable near 1e4': requirement('test_softmax_stable', 'overflow',
+                'subtract the maximum'),
+    'softmax of an all -inf slice is zero': requirement('test_softmax_stable', 'entirely -inf',
+                'entirely -inf (every key masked) must give zeros'),
+    'softmax keeps shape and dtype': requirement('test_softmax_basic', 'dtype',
+                'shape and dtype of x'),
+    'attention returns a pair': requirement('test_sdpa_shapes', 'pair',
+                'returning (output, weights)',
+                also=('test_sdpa_values', 'test_sdpa_batch_dims', 'test_sdpa_mask', 'test_sdpa_fully_masked', 'test_sdpa_dtype_stability')),
+    'shapes with n != m and d_v != d_k': requirement('test_sdpa_shapes', 'wrong operand',
+                'return (output, weights) of shapes (..., n, d_v) and (..., n, m)',
+                also=('test_sdpa_values', 'test_sdpa_batch_dims', 'test_sdpa_mask', 'test_sdpa_fully_masked', 'test_sdpa_dtype_stability')),
+    'any number of leading dimensions': requirement('test_sdpa_batch_dims', 'leading dimension',
+                'any number of leading batch dimensions'),
+    'scale 1/sqrt(d_k)': requirement('test_sdpa_values', 'not scaled',
+                'sqrt(d_k)',
+                also=('test_sdpa_batch_dims', 'test_sdpa_mask', 'test_sdpa_fully_masked', 'test_sdpa_dtype_stability')),
+    'softmax over the keys': requirement('test_sdpa_values', 'over the keys',
+                'weights of the visible keys still sum to 1',
+                also=('test_sdpa_batch_dims', 'test_sdpa_mask', 'test_sdpa_fully_masked', 'test_sdpa_dtype_stability')),
+    'mask True means may attend': requirement('test_sdpa_mask', 'polarity',
+                'true means "may attend"',
+                also=('test_sdpa_fully_masked',)),
+    'mask before the softmax': requirement('test_sdpa_mask', 'after the softmax',
+                'the score becomes -inf before the softmax'),
+    'mask broadcast, per-example mask': requirement('test_sdpa_mask', 'per-example (B, n, m) mask',
+                'broadcastable to (..., n_queries, n_keys)'),
+    'fully masked row gives zeros': requirement('test_sdpa_fully_masked', 'zeros',
+                'gets zero weights and a zero output row, never nan'),
+    'float64 in, float64 out': requirement('test_sdpa_dtype_stability', 'float64',
+                'float64 in, float64 out'),
+    'large scores stay finite': requirement('test_sdpa_dtype_stability', 'overflow',
+                'stable for large scores',
+                also=('test_sdpa_fully_masked',)),
 }
 SOFTMAX, SDPA = "softmax", "scaled_dot_product_attention"
-TIMES_SQRT = "the scores are multiplied by sqrt(d_k); the scale is 1/sqrt(d_k): divide Q K^T by sqrt(d_k)"
-UNIFORM_ROWS = ("a query whose keys are all masked gets equal weights on every key instead of zeros: filling with a "
-                "large negative number (such as torch.finfo(dtype).min) instead of -inf makes such a row uniform. The "
-                "contract asks for zero weights and a zero output row there (fill with -inf and turn the NaN rows "
-                "into 0, or zero the rows that have no allowed key)")
 KQ = ("the wrong operand is transposed: your scores are K Q^T, of shape (..., m, n); they must be "
       "Q K^T = query @ key.transpose(-2, -1), of shape (..., n, m), one row per query")
 # The softmax exercise is to write the softmax: torch's own earns nothing there (it is fine elsewhere).
@@ -146,25 +164,9 @@ def softmax_stable(t: Trial) -> None:
 # -- scaled dot-product attention --------------------------------------------------------------
 
 
-# the classic mistakes of attention (computed in checks/mistakes.py), in the words of this chapter; chapter 04
-# reuses them. Tried in this order: the first one the answer equals is named.
-MISTAKES = {
-    mistakes.NOT_SCALED: "the scores are not scaled: divide Q K^T by sqrt(d_k)",
-    mistakes.BY_D_K: "the scores are divided by d_k; the scale is 1/sqrt(d_k)",
-    mistakes.TIMES_SQRT_D_K: TIMES_SQRT,
-    mistakes.BY_SQRT_D_V: "the scores are scaled by sqrt(d_v); the scale uses the key width d_k",
-    mistakes.OVER_QUERIES: "the softmax runs over the queries (dim=-2); it must run over the keys (dim=-1)",
-    mistakes.WEIGHTS_ON_KEYS: "the weights multiply the keys; they must multiply the values",
-    mistakes.MASK_INVERTED: "the mask polarity is inverted: True means 'may attend', so fill where the mask is False",
-    mistakes.MASK_AFTER: "the mask is applied after the softmax: masked weights are zero but the rest no longer sum "
-                         "to 1. Fill the scores with -inf before the softmax",
-    mistakes.FINITE_FILL: UNIFORM_ROWS,
-}
-
-
 def _mistakes(q, k, v, mask=None) -> mistakes.Pairs:
     """message -> (output, weights) of each classic mistake on these inputs."""
-    return mistakes.named(mistakes.wrong_attention(q, k, v, mask), MISTAKES)
+    return mistakes.named(mistakes.wrong_attention(q, k, v, mask), ATTENTION_MISTAKES)
 
 
 def _runs(t: Trial, q, k, v) -> tuple | None:

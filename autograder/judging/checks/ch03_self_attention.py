@@ -34,22 +34,38 @@ from torch import Tensor
 
 from attnkit import softmax as ref_softmax
 from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, expect_close, expect_number, expect_pair,
-                               expect_tensor, expect_tuple)
-from autograder.judging.checks.ch02_multi_head import expect_layer, random_weights, reference
+                               expect_tensor, expect_tuple, requirement)
+from autograder.judging.checks.common import expect_layer, random_weights, reference, row_set
 
 SUITE = Suite("03_self_attention")
-# requirement -> the check that exercises it (the list above, in the order of the notebook)
+# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words
+# of the exercise text that state it); tests/test_stated_requirements.py and test_chNN_grading.py read it
 STATED_REQUIREMENTS = {
-    "attribute attn": "test_self_attention_shapes",
-    "returns (output, weights) of the right shapes": "test_self_attention_shapes",
-    "x is query, key and value": "test_self_attention_values",
-    "attn created once in __init__": "test_self_attention_values",
-    "mask passed on": "test_self_attention_mask",
-    "fully masked row gives zeros": "test_self_attention_mask",
-    "permutation equivariance": "test_self_attention_permutation",
-    "design: a pair of (d, d_k) matrices": "test_design_weights",
-    "design: at least 0.9 on the target": "test_design_weights",
-    "design: shared targets": "test_design_weights",
+    'attribute attn': requirement('test_self_attention_shapes', 'attn',
+                'in __init__, as self.attn',
+                also=('test_self_attention_values', 'test_self_attention_mask', 'test_self_attention_permutation')),
+    'returns (output, weights) of the right shapes': requirement('test_self_attention_shapes', 'pair',
+                '(output, weights)',
+                also=('test_self_attention_values', 'test_self_attention_mask', 'test_self_attention_permutation')),
+    'x is query, key and value': requirement('test_self_attention_values', 'residual connection',
+                'plays all three roles: the queries, the keys and the values',
+                also=('test_self_attention_mask',)),
+    'attn created once in __init__': requirement('test_self_attention_values', 'in __init__',
+                'create the multiheadattention once, in __init__',
+                also=('test_self_attention_mask', 'test_self_attention_permutation')),
+    'mask passed on': requirement('test_self_attention_mask', 'mask is ignored',
+                'pass the mask (true = may attend) on unchanged'),
+    'fully masked row gives zeros': requirement('test_self_attention_mask', 'attends to every key instead',
+                'do not switch its keys back on'),
+    'permutation equivariance': requirement('test_self_attention_permutation', 'permutation equivariant',
+                'reorders the outputs',
+                also=('test_self_attention_values', 'test_self_attention_mask')),
+    'design: a pair of (d, d_k) matrices': requirement('test_design_weights', 'pair',
+                'returns (w_q, w_k)'),
+    'design: at least 0.9 on the target': requirement('test_design_weights', 'scale',
+                'at least 0.9 of its weight on position targets[i]'),
+    'design: shared targets': requirement('test_design_weights', 'share a target',
+                'several positions may share a target'),
 }
 RESIDUAL = ("a residual connection is added (x + attention): SelfAttention returns the attention output alone, "
             "attn(x, x, x); the residual belongs to the transformer block (chapter 07)")
@@ -203,14 +219,6 @@ def design_weights_check(t: Trial) -> None:
 
 
 # -- conceptual questions (the inputs are in the question; the answer is a value) ----------------------
-
-
-def row_set(value):
-    """A listed set of row numbers in increasing order (the order a student lists them in does not matter);
-    any other value unchanged, for ``expect_tuple`` to judge."""
-    if isinstance(value, (tuple, list)) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        return tuple(sorted(value))
-    return value
 
 
 @SUITE.check("test_q_changed_rows", parts=["q_changed_rows"])

@@ -47,27 +47,47 @@ from attnkit import padding_mask as ref_padding
 from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
 from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, expect_choice, expect_close, expect_number,
-                               expect_pair, expect_tensor, expect_tuple, mistakes)
-from autograder.judging.checks.ch01_single_head import MISTAKES as CH01_MISTAKES
-from autograder.judging.checks.ch01_single_head import UNIFORM_ROWS
-from autograder.judging.checks.ch02_multi_head import head_mistakes, random_weights, reference_module
-from autograder.judging.checks.ch03_self_attention import row_set
+                               expect_pair, expect_tensor, expect_tuple, mistakes, requirement)
+from autograder.judging.checks.common import (ATTENTION_MISTAKES, UNIFORM_ROWS, head_mistakes, random_weights, reference_module,
+                                      row_set)
 
 SUITE = Suite("04_masked_attention")
-# requirement -> the check that exercises it (the list above, in the order of the notebook)
+# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words
+# of the exercise text that state it); tests/test_stated_requirements.py and test_chNN_grading.py read it
 STATED_REQUIREMENTS = {
-    "causal: bool": "test_causal_mask",
-    "causal: on and below the diagonal": "test_causal_mask",
-    "causal: device honoured": "test_causal_mask",
-    "padding: (B, 1, max_len)": "test_padding_mask",
-    "padding: True at the real tokens": "test_padding_mask",
-    "attention: scaled scores": "test_masked_attention",
-    "attention: -inf before the softmax, True = may attend": "test_masked_attention",
-    "attention: rows are queries": "test_masked_attention",
-    "attention: n != m, d_v != d_k, broadcast masks": "test_masked_attention",
-    "attention: any leading dimensions": "test_masked_mha",
-    "attention: fully masked row gives zeros": "test_masked_attention_fully_masked",
-    "causality end to end": "test_causality",
+    'causal: bool': requirement('test_causal_mask', 'bool',
+                'bool',
+                also=('test_causality',)),
+    'causal: on and below the diagonal': requirement('test_causal_mask', 'diagonal is hidden',
+                'diagonal',
+                also=('test_causality',)),
+    'causal: device honoured': requirement('test_causal_mask', 'device argument is ignored',
+                'device'),
+    'padding: (B, 1, max_len)': requirement('test_padding_mask', '(B, 1, max_len)',
+                '(b, 1, max_len)'),
+    'padding: True at the real tokens': requirement('test_padding_mask', 'off by one',
+                'real tokens'),
+    'attention: scaled scores': requirement('test_masked_attention', 'not scaled',
+                'sqrt(d_k)',
+                also=('test_masked_attention_fully_masked', 'test_masked_mha', 'test_causality')),
+    'attention: -inf before the softmax, True = may attend': requirement('test_masked_attention', 'after the softmax',
+                'replaced by -inf before the softmax',
+                also=('test_masked_mha', 'test_causality')),
+    'attention: rows are queries': requirement('test_masked_attention', 'transposed',
+                'query',
+                also=('test_masked_attention_fully_masked', 'test_masked_mha', 'test_causality')),
+    'attention: n != m, d_v != d_k, broadcast masks': requirement('test_masked_attention', 'must broadcast',
+                'broadcast',
+                also=('test_masked_mha',)),
+    'attention: any leading dimensions': requirement('test_masked_mha', 'leading dimensions',
+                'any number of leading dimensions',
+                also=('test_causality',)),
+    'attention: fully masked row gives zeros': requirement('test_masked_attention_fully_masked', 'NaN',
+                'the contract asks for zero weights and a zero output row',
+                also=('test_masked_mha',)),
+    'causality end to end': requirement('test_causality', 'future',
+                'future',
+                also=('test_causal_mask',)),
 }
 CAUSAL, PADDING, MASKED = "causal_mask", "padding_mask", "masked_attention"
 
@@ -187,7 +207,7 @@ MISTAKES = {
     mistakes.MASK_IGNORED: "the mask is ignored: fill the scores where the mask is False with -inf",
     mistakes.NOT_SCALED: NOT_SCALED,
     mistakes.FINITE_FILL: UNIFORM_ROWS,
-    **{key: message for key, message in CH01_MISTAKES.items() if key not in (
+    **{key: message for key, message in ATTENTION_MISTAKES.items() if key not in (
         mistakes.MASK_AFTER, mistakes.MASK_INVERTED, mistakes.NOT_SCALED,
         mistakes.FINITE_FILL)},
 }

@@ -34,9 +34,62 @@ from torch import Tensor, nn
 
 from attnkit import CrossAttention as RefCrossAttention
 from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, expect_choice, expect_close,
-                               expect_number, expect_pair, expect_tensor, expect_tuple, expect_value_error)
+                               expect_number, expect_pair, expect_tensor, expect_tuple, expect_value_error,
+                               requirement)
 
 SUITE = Suite("05_cross_attention")
+# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words
+# of the exercise text that state it); tests/test_stated_requirements.py and test_chNN_grading.py read it
+STATED_REQUIREMENTS = {
+    'CrossAttention holds self.attn': requirement('test_cross_attention_shapes', 'self.attn',
+                'self.attn',
+                also=('test_cross_attention_values', 'test_cross_attention_mask', 'test_cross_attention_properties')),
+    'n and m unrelated': requirement('test_cross_attention_mask', 'different lengths',
+                'm'),
+    'keys and values from the context': requirement('test_cross_attention_values', 'keys are taken from x',
+                'keys and values',
+                also=('test_cross_attention_shapes', 'test_cross_attention_mask', 'test_cross_attention_properties')),
+    'context_mask on the keys axis': requirement('test_cross_attention_mask', 'wrong axis',
+                'context_mask'),
+    'context_mask True = real token': requirement('test_cross_attention_mask', 'polarity',
+                'real token'),
+    'fully padded context: zero weights, no NaN': requirement('test_cross_attention_mask', 'all padding',
+                'nan'),
+    'source mask: True at the first lengths[b]': requirement('test_source_padding_mask', 'j <= length',
+                'lengths[b]',
+                also=('test_source_padding_mask_errors',)),
+    'source mask: True marks real tokens': requirement('test_source_padding_mask', 'true marks padding',
+                'real token',
+                also=('test_source_padding_mask_errors',)),
+    'source mask: length 0 is all False': requirement('test_source_padding_mask', 'length 0',
+                'length 0',
+                also=('test_source_padding_mask_errors',)),
+    'source mask: shape (B, m)': requirement('test_source_padding_mask', '(B, m)',
+                '(b, m)',
+                also=('test_source_padding_mask_errors',)),
+    'source mask: bool dtype': requirement('test_source_padding_mask', 'bool',
+                'bool'),
+    'source mask: ValueError for bad lengths': requirement('test_source_padding_mask_errors', 'should raise a ValueError',
+                'valueerror'),
+    'source mask: ValueError, not another exception': requirement('test_source_padding_mask_errors', 'IndexError',
+                'valueerror'),
+    'sublayer: norm and cross attributes': requirement('test_decoder_cross_attention', 'self.norm',
+                'norm',
+                also=('test_decoder_cross_attention_padding',)),
+    'sublayer: the residual': requirement('test_decoder_cross_attention', 'residual is missing',
+                'x +',
+                also=('test_decoder_cross_attention_padding',)),
+    'sublayer: only x is normalised': requirement('test_decoder_cross_attention', 'memory is normalised',
+                'memory',
+                also=('test_decoder_cross_attention_padding',)),
+    'sublayer: pre-norm': requirement('test_decoder_cross_attention', 'post-norm',
+                'norm(x)',
+                also=('test_decoder_cross_attention_padding',)),
+    'sublayer: memory_lengths hide padding': requirement('test_decoder_cross_attention_padding', 'memory_lengths is ignored',
+                'memory_lengths'),
+    'sublayer: empty source, no NaN': requirement('test_decoder_cross_attention_padding', 'all padding',
+                'nan'),
+}
 CROSS = "CrossAttention"
 SOURCE_MASK = "source_padding_mask"
 DECODER = "DecoderCrossAttention"

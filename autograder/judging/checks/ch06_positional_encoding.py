@@ -11,6 +11,7 @@ table: a **float32** tensor                                                test_
 table: ``P[i, 2j] = sin(i w_j)``, ``P[i, 2j+1] = cos(i w_j)``, ``w_j``     test_sinusoidal_values
 table: an odd ``dim`` raises ``ValueError`` (not another exception)        test_sinusoidal_odd_dim
 shift: shape ``(dim, dim)``, identity for delta 0, 2x2 diagonal blocks     test_shift_matrix_shape
+shift: a floating tensor, float32 or float64 (both accepted, as stated)    test_shift_matrix_shape
 shift: ``P[i + delta] = P[i] @ M`` (row vectors), any delta                test_shift_matrix_property
 learned: one learned table ``(max_len, dim)``; ``x + table[:n]``           test_learned_embedding
 learned: ``n > max_len`` raises a ``ValueError`` that names ``max_len``    test_learned_embedding_max_len
@@ -36,9 +37,51 @@ from attnkit import apply_rotary_embedding as ref_rope
 from attnkit import position_shift_matrix as ref_shift
 from attnkit import sinusoidal_positional_encoding as ref_pe
 from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, close, expect_close, expect_number,
-                               expect_tensor, expect_value_error)
+                               expect_tensor, expect_value_error, requirement)
 
 SUITE = Suite("06_positional_encoding")
+# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words
+# of the exercise text that state it); tests/test_stated_requirements.py and test_chNN_grading.py read it
+STATED_REQUIREMENTS = {
+    'table: float32': requirement('test_sinusoidal_shape', 'float32',
+                'float32'),
+    'table: values': requirement('test_sinusoidal_values', 'swapped',
+                'p[i, 2j] = \\sin(i\\, w_j)',
+                also=('test_sinusoidal_shape',)),
+    'table: odd dim raises ValueError': requirement('test_sinusoidal_odd_dim', 'ValueError',
+                'valueerror'),
+    'table: ValueError, not another exception': requirement('test_sinusoidal_odd_dim', 'TypeError',
+                'valueerror'),
+    'shift: row-vector direction': requirement('test_shift_matrix_property', 'wrong way',
+                'row vector'),
+    'learned: x + table[:n]': requirement('test_learned_embedding', 'without adding x',
+                'x +',
+                also=('test_learned_embedding_max_len',)),
+    'learned: ValueError past max_len': requirement('test_learned_embedding_max_len', 'ValueError',
+                'max_len'),
+    'learned: the ValueError names max_len': requirement('test_learned_embedding_max_len', 'does not name max_len',
+                'max_len'),
+    'rope: rotation direction': requirement('test_rotary_values', 'wrong way',
+                'rotat'),
+    'rope: neighbouring pairs': requirement('test_rotary_values', 'rotate half',
+                '(2j, 2j+1)'),
+    'rope: frequencies': requirement('test_rotary_values', 'factor 2',
+                'w_j'),
+    'rope: default positions from 0': requirement('test_rotary_values', 'start at 1',
+                'positions'),
+    'rope: given positions used': requirement('test_rotary_values', 'positions argument is ignored',
+                'positions'),
+    "rope: x's dtype": requirement('test_rotary_values', "return x's dtype",
+                'shape and dtype'),
+    'rope: odd d raises ValueError': requirement('test_rotary_odd_dim', 'ValueError',
+                'valueerror'),
+    'rope: depends on i - j only': requirement('test_rotary_relative', 'offset only',
+                'i - j',
+                also=('test_rotary_values',)),
+    'rope: a rotation keeps lengths': requirement('test_rotary_relative', 'length',
+                'rotations compose',
+                also=('test_rotary_values',)),
+}
 PE, SHIFT, LEARNED = "sinusoidal_positional_encoding", "position_shift_matrix", "LearnedPositionalEmbedding"
 ROPE = "apply_rotary_embedding"
 PE_FROM_1 = ("the positions start at 1: row i is position i, counted from 0 (torch.arange(num_positions)), so row 0 "

@@ -47,9 +47,49 @@ from attnkit import TransformerDecoderBlock as RefDecoder
 from attnkit import TransformerEncoderBlock as RefEncoder
 from attnkit import causal_mask
 from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, close, expect_choice, expect_close,
-                               expect_number, expect_tensor)
+                               expect_number, expect_tensor, requirement)
 
 SUITE = Suite("07_transformer_block")
+# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words
+# of the exercise text that state it); tests/test_stated_requirements.py and test_chNN_grading.py read it
+STATED_REQUIREMENTS = {
+    'ff: linear2(relu(linear1(x)))': requirement('test_feed_forward', 'linear',
+                'linear2',
+                also=('test_feed_forward_dropout',)),
+    'ff: dropout after the ReLU, not on the output': requirement('test_feed_forward_dropout', "linear2's output",
+                'dropout'),
+    'ff: dropout after the ReLU, not on the input': requirement('test_feed_forward_dropout', 'input x',
+                'dropout'),
+    'ff: dropout applied in training': requirement('test_feed_forward_dropout', 'never applied',
+                'training'),
+    'ff: no dropout in eval mode': requirement('test_feed_forward_dropout', 'eval mode too',
+                'eval'),
+    'encoder: post-norm by default': requirement('test_encoder_block_post_norm', 'wrong place',
+                'post-norm',
+                also=('test_encoder_block_mask', 'test_blocks_dropout')),
+    'encoder: pre-norm with norm_first': requirement('test_encoder_block_pre_norm', 'wrong place',
+                'norm_first',
+                also=('test_encoder_block_mask', 'test_blocks_dropout')),
+    'encoder: mask reaches the self-attention': requirement('test_encoder_block_mask', 'mask is ignored',
+                'mask'),
+    'encoder: all-padding example gives no NaN': requirement('test_encoder_block_mask', 'NaN',
+                'nan'),
+    'encoder: dropout on the sublayer output before the residual': requirement('test_blocks_dropout', 'without dropout',
+                'residual'),
+    'decoder: cross-attention keys from memory': requirement('test_decoder_block_post_norm', 'keys come from x',
+                'memory',
+                also=('test_decoder_block_masks', 'test_blocks_dropout')),
+    'decoder: memory_mask to the cross-attention': requirement('test_decoder_block_masks', 'memory_mask is ignored',
+                'memory_mask'),
+    'decoder: self_mask to the self-attention': requirement('test_decoder_block_masks', 'self_mask is ignored',
+                'self_mask'),
+    'decoder: empty memory gives no NaN': requirement('test_decoder_block_masks', 'NaN',
+                'nan'),
+    'decoder: dropout on the sublayer output before the residual': requirement('test_blocks_dropout', 'without dropout',
+                'residual'),
+    'blocks: no dropout in eval mode': requirement('test_blocks_dropout', 'eval mode',
+                'eval'),
+}
 FF, ENC, DEC = "FeedForward", "TransformerEncoderBlock", "TransformerDecoderBlock"
 
 LINEAR_FF = "the feed-forward network is linear: without the ReLU between linear1 and linear2 the two layers collapse " \

@@ -60,9 +60,76 @@ from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit.efficient import append_to_cache as ref_append
 from attnkit.efficient import online_softmax_update as ref_update
 from attnkit.efficient import tiled_attention as ref_tiled
-from autograder.judging.checks import CheckFailed, StudentError, Suite, Trial, close, expect_number, expect_tensor
+from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, close, expect_number, expect_tensor,
+                               requirement)
 
 SUITE = Suite("08_efficient_attention")
+# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words
+# of the exercise text that state it); tests/test_stated_requirements.py and test_chNN_grading.py read it
+STATED_REQUIREMENTS = {
+    'update: rescale the sum and the accumulator': requirement(('test_online_softmax_basic', 'test_online_softmax_blocks'), 'accumulator is not rescaled',
+                "e^{m - m'}",
+                also=('test_online_softmax_masked',)),
+    'update: new maximum': requirement(('test_online_softmax_basic', 'test_online_softmax_blocks'), 'not updated',
+                "m' = \\max(m, \\max_j s_j)",
+                also=('test_online_softmax_masked',)),
+    'update: -inf rows stay (-inf, 0, 0)': requirement('test_online_softmax_masked', '-inf',
+                '-\\infty'),
+    "update: keeps the inputs' dtype": requirement('test_online_softmax_blocks', "keep the inputs' dtype",
+                'dtype'),
+    'tiled: accumulator rescaled (through the update)': requirement('test_tiled_attention', 'accumulator is not rescaled',
+                'online_softmax_update',
+                also=('test_tiled_attention_causal', 'test_tiled_attention_mask')),
+    'tiled: scaled by 1/sqrt(d_k)': requirement('test_tiled_attention', 'not scaled',
+                '\\sqrt{d_k}',
+                also=('test_tiled_attention_causal', 'test_tiled_attention_mask')),
+    'tiled: divide by the running sum': requirement('test_tiled_attention', 'accumulator itself',
+                'return acc / running_sum',
+                also=('test_tiled_attention_causal', 'test_tiled_attention_mask')),
+    'tiled: every block, the last shorter one too': requirement('test_tiled_attention', 'last, shorter block',
+                'the last block is shorter',
+                also=('test_tiled_attention_causal', 'test_tiled_attention_mask')),
+    "tiled: keeps the inputs' dtype": requirement('test_tiled_attention', "keep the inputs' dtype",
+                "inputs' dtype"),
+    'tiled: causal includes the diagonal': requirement('test_tiled_attention_causal', 'itself included',
+                'itself included'),
+    'tiled: causal hides the next key': requirement('test_tiled_attention_causal', 'one step in its future',
+                'hidden from query i when j > i'),
+    'tiled: causal uses positions in the sequence': requirement('test_tiled_attention_causal', 'whole sequence',
+                'key j of the sequence'),
+    'tiled: mask hides keys': requirement('test_tiled_attention_mask', 'mask is ignored',
+                'give the masked keys of each block the score -\\infty'),
+    'tiled: mask True = may attend': requirement('test_tiled_attention_mask', 'polarity',
+                'true = may attend'),
+    'tiled: no allowed key gives zeros, not NaN': requirement('test_tiled_attention_mask', '0 / 0',
+                'a query with no allowed key at all gets a row of zeros'),
+    "tiled: does not call the setup's attention (it refuses large inputs)": requirement(('test_tiled_attention', 'test_tiled_attention_causal', 'test_tiled_attention_mask'), "setup's attention",
+                'max_scores'),
+    'gqa: ValueError when G does not divide H': requirement('test_grouped_query_attention_heads', 'check is missing',
+                'valueerror'),
+    'gqa: the ValueError names H and G': requirement('test_grouped_query_attention_heads', 'name both numbers',
+                'valueerror'),
+    'gqa: every G that divides H works': requirement('test_grouped_query_attention_heads', 'reversed',
+                'divide',
+                also=('test_grouped_query_attention', 'test_grouped_query_attention_mask')),
+    'gqa: query head h uses key-value head h // (H / G)': requirement(('test_grouped_query_attention', 'test_grouped_query_attention_mask'), 'interleaved instead of grouped',
+                'h // (h / g)'),
+    'gqa: every query head keeps its own query': requirement('test_grouped_query_attention', 'averaged',
+                'query head',
+                also=('test_grouped_query_attention_mask',)),
+    'gqa: mask hides keys': requirement('test_grouped_query_attention_mask', 'mask is ignored',
+                'mask'),
+    'gqa: mask True = may attend': requirement('test_grouped_query_attention_mask', 'polarity',
+                'true = may attend'),
+    'gqa: a query with no allowed key gives zeros': requirement('test_grouped_query_attention_mask', 'NaN',
+                'zeros'),
+    "gqa: keeps the inputs' dtype": requirement('test_grouped_query_attention', "keep the inputs' dtype",
+                'dtype'),
+    'cache: time axis': requirement('test_append_to_cache', 'wrong axis',
+                'time axis'),
+    'cached: causal shifted by t': requirement(('test_cached_attention_prompt', 'test_cached_attention_step'), 'aligned to the start',
+                'causal'),
+}
 UPDATE, APPEND, CACHED, TILED = "online_softmax_update", "append_to_cache", "cached_attention", "tiled_attention"
 
 NO_RESCALE_SUM = ("the running sum is not rescaled when the maximum grows: multiply the old running_sum by "
@@ -351,8 +418,8 @@ def cached_prompt(t: Trial) -> None:
 
 NO_SCALE = "the scores are not scaled: divide them (or the queries) by sqrt(d_k) before the softmax"
 NOT_DIVIDED = "the output is the accumulator itself: divide acc by running_sum after the last block"
-SKIPS_LAST = ("the last, shorter block of keys is skipped: range(0, m, block) visits every block, including a last one "
-              "shorter than block when m is not a multiple of it")
+SKIPS_LAST = ("the last, shorter block of keys is skipped: range(0, m, block_k) visits every block, including a last "
+              "one shorter than block_k when m is not a multiple of it")
 STRICT = ("causal off by one: query i must see keys 0..i, itself included; hide key j only when j > i "
           "(your mask hides j >= i)")
 ONE_AHEAD = ("causal off by one: query i sees key i + 1, one step in its future; hide every key j > i "
@@ -439,7 +506,7 @@ def _tiled_mistakes(q, k, v, mask, causal, block) -> dict[str, Tensor]:
 
 def _expect_tiled(t: Trial, q: Tensor, k: Tensor, v: Tensor, what: str, mask: Tensor | None = None,
                   causal: bool = False, block: int = 4) -> Tensor:
-    kwargs: dict = {"block": block}
+    kwargs: dict = {"block_k": block}
     if mask is not None:
         kwargs["mask"] = mask
     if causal:
@@ -471,7 +538,7 @@ def tiled_check(t: Trial) -> None:
                                               ((1,), 6, 9, 3, 2, 2, torch.float64), ((), 4, 5, 4, 4, 1, torch.float32)]:
         q, k, v = t.randn(*lead, n, d, dtype=dtype), t.randn(*lead, m, d, dtype=dtype, scale=2.0), \
             t.randn(*lead, m, d_v, dtype=dtype)
-        _expect_tiled(t, q, k, v, f"tiled_attention for query {(*lead, n, d)}, key {(*lead, m, d)}, block={block} "
+        _expect_tiled(t, q, k, v, f"tiled_attention for query {(*lead, n, d)}, key {(*lead, m, d)}, block_k={block} "
                       f"({dtype})", block=block)
     # the later blocks' scores are ~300 above the first block's: exp(300) overflows float32 unless every block is
     # taken relative to the maximum so far (a stale maximum gives inf / inf)
@@ -480,7 +547,7 @@ def tiled_check(t: Trial) -> None:
     _expect_tiled(t, q, k, t.randn(1, 8, 3), "tiled_attention where the second block's scores are ~300 above the "
                   "first's (float32)", block=4)
     q, k, v = t.randn(1, 300, 4), t.randn(1, 260, 4, scale=1.5), t.randn(1, 260, 3)  # 78 000 scores > MAX_SCORES
-    _expect_tiled(t, q, k, v, "tiled_attention for query (1, 300, 4), key (1, 260, 4), block=64 (more scores than the "
+    _expect_tiled(t, q, k, v, "tiled_attention for query (1, 300, 4), key (1, 260, 4), block_k=64 (more scores than the "
                   "setup's attention accepts)", block=64)
 
 
@@ -489,10 +556,10 @@ def tiled_causal(t: Trial) -> None:
     """causal=True: query i sees keys 0..i, for blocks that do and do not divide n."""
     for b, n, d, block in [(2, 7, 4, 3), (1, 8, 2, 4), (2, 5, 3, 1)]:
         x, v = t.randn(b, n, d, scale=1.5), t.randn(b, n, 3)
-        _expect_tiled(t, x, x, v, f"tiled_attention(causal=True) for a sequence of {n} positions, block={block}",
+        _expect_tiled(t, x, x, v, f"tiled_attention(causal=True) for a sequence of {n} positions, block_k={block}",
                       causal=True, block=block)
     x, v = t.randn(1, 270, 4, scale=1.5), t.randn(1, 270, 3)  # 72 900 scores > MAX_SCORES
-    _expect_tiled(t, x, x, v, "tiled_attention(causal=True) for a sequence of 270 positions, block=32 (more scores "
+    _expect_tiled(t, x, x, v, "tiled_attention(causal=True) for a sequence of 270 positions, block_k=32 (more scores "
                   "than the setup's attention accepts)", causal=True, block=32)
 
 
@@ -511,7 +578,7 @@ def tiled_mask(t: Trial) -> None:
     keep = t.rand_mask(2, 1, 180, p=0.6)
     keep[1] = False
     _expect_tiled(t, q, k, v, "tiled_attention with a (B, 1, m) padding mask, query (2, 200, 4), key (2, 180, 4), "
-                  "block=50 (more scores than the setup's attention accepts)", mask=keep, block=50)
+                  "block_k=50 (more scores than the setup's attention accepts)", mask=keep, block=50)
 
 
 # -- conceptual questions ------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Exercise 09's fixtures: a language model whose outputs show whether it was used with a cache, and a generator.
 
-The checks of ``autograder/checks/ch09_tiny_gpt.py`` use this module twice: they run it here, in the
+The checks of ``autograder/judging/checks/ch09_tiny_gpt.py`` use this module twice: they run it here, in the
 judge's process, to compute every reference (greedy tokens, the logits of each step), and they send
 its text into the student's process (``Trial.trusted``), where it is executed into a fresh namespace
 of its own; the objects built there are what the student's ``generate`` and ``sample_next`` receive.

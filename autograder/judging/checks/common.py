@@ -1,0 +1,228 @@
+"""What the checks of several chapters share: no chapter's checks import another chapter's (issue 20).
+
+- ``ATTENTION_MISTAKES``: attention's classic mistakes (:mod:`mistakes`) in the words of chapters 01 and 04;
+  ``UNIFORM_ROWS`` names the finite fill that makes a fully masked row uniform (chapters 01, 02, 04).
+- The multi-head layer of chapter 02, as the judge computes it: ``random_weights`` for a
+  ``MultiHeadAttention(E, H)``, ``reference`` / ``expected`` for its ``(output, weights)``, ``head_mistakes`` and
+  ``mha_mistakes`` for its classic mistakes, and ``expect_layer`` that compares a layer's answer with all of them
+  (chapter 02's layer, chapter 03's self-attention, chapter 04's masked layer).
+- ``row_set``: a question's listed row numbers, order-free (chapters 03 and 04).
+
+Everything here runs in the judge, on the judge's tensors; nothing reaches the student's process.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from attnkit import MultiHeadAttention as RefMHA
+from attnkit import merge_heads as ref_merge
+from attnkit import softmax as ref_softmax
+from attnkit import split_heads as ref_split
+from attnkit.torch_twins import to_torch_multihead
+from autograder.judging.checks import Trial, expect_close, expect_tensor, mistakes
+
+TIMES_SQRT = "the scores are multiplied by sqrt(d_k); the scale is 1/sqrt(d_k): divide Q K^T by sqrt(d_k)"
+UNIFORM_ROWS = ("a query whose keys are all masked gets equal weights on every key instead of zeros: filling with a "
+                "large negative number (such as torch.finfo(dtype).min) instead of -inf makes such a row uniform. The "
+                "contract asks for zero weights and a zero output row there (fill with -inf and turn the NaN rows "
+                "into 0, or zero the rows that have no allowed key)")
+
+# the classic mistakes of attention (computed in mistakes.py), in the words of chapters 01 and 04. Tried in
+# this order: the first one the answer equals is named.
+ATTENTION_MISTAKES = {
+    mistakes.NOT_SCALED: "the scores are not scaled: divide Q K^T by sqrt(d_k)",
+    mistakes.BY_D_K: "the scores are divided by d_k; the scale is 1/sqrt(d_k)",
+    mistakes.TIMES_SQRT_D_K: TIMES_SQRT,
+    mistakes.BY_SQRT_D_V: "the scores are scaled by sqrt(d_v); the scale uses the key width d_k",
+    mistakes.OVER_QUERIES: "the softmax runs over the queries (dim=-2); it must run over the keys (dim=-1)",
+    mistakes.WEIGHTS_ON_KEYS: "the weights multiply the keys; they must multiply the values",
+    mistakes.MASK_INVERTED: "the mask polarity is inverted: True means 'may attend', so fill where the mask is False",
+    mistakes.MASK_AFTER: "the mask is applied after the softmax: masked weights are zero but the rest no longer sum "
+                         "to 1. Fill the scores with -inf before the softmax",
+    mistakes.FINITE_FILL: UNIFORM_ROWS,
+}
+
+
+NO_TRANSPOSE_SPLIT = ("it reshapes to (B, H, n, Dh) without the transpose, which mixes positions into heads: "
+                      "view as (B, n, H, Dh) first, then transpose(1, 2)")
+INTERLEAVED_SPLIT = ("the heads are interleaved (head h gets features h, h + H, ...): view the last axis as "
+                     "(H, Dh), not (Dh, H), so head h gets the contiguous block h*Dh:(h+1)*Dh")
+NO_TRANSPOSE_MERGE = ("it reshapes (B, H, n, Dh) to (B, n, H*Dh) without the transpose, which mixes positions "
+                      "into features: transpose(1, 2) back to (B, n, H, Dh) first, then reshape")
+REVERSED_HEADS = ("the heads are concatenated in reverse order (head H-1 first): merge head h into features "
+                  "h*Dh:(h+1)*Dh, in head order, with transpose(1, 2) then reshape")
+NAN_ROWS = ("a query whose keys are all masked gets NaN: the softmax of a row of -inf is 0/0. The contract "
+            "asks for zero weights there (so that row's output is out_proj of zeros): use the given "
+            "scaled_dot_product_attention, or turn the NaN rows of your softmax into 0")
+MASK_AXES = ("a (B, n, m) mask lines up with the wrong axes of the (B, H, n, m) scores: add a head axis with "
+             "mask.unsqueeze(1) so the same mask applies to every head")
+
+
+# -- MultiHeadAttention ---------------------------------------------------------------------------
+
+Params = dict[str, Tensor]
+
+
+def random_weights(t: Trial, e: int, bias: bool = True) -> Params:
+    """Weights for a MultiHeadAttention(e, H), drawn from the trial (also loaded by chapters 03 and 04)."""
+    p = {}
+    for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        p[f"{name}.weight"] = t.randn(e, e, scale=1.0 / math.sqrt(e))
+        if bias:
+            p[f"{name}.bias"] = t.randn(e, scale=0.5)
+    return p
+
+
+def reference_module(p: Params, h: int) -> RefMHA:
+    """attnkit's MultiHeadAttention holding the weights ``p``, in float64."""
+    ref = RefMHA(p["q_proj.weight"].shape[0], h, bias="q_proj.bias" in p).double()
+    ref.load_state_dict({k: v.double() for k, v in p.items()})
+    return ref
+
+
+def _lin(p: Params, name: str, x: Tensor) -> Tensor:
+    y = x.double() @ p[f"{name}.weight"].double().T
+    return y + p[f"{name}.bias"].double() if f"{name}.bias" in p else y
+
+
+def _full(mask: Tensor, b: int, h: int, n: int, m: int) -> Tensor:
+    """``mask`` broadcast to (B, H, n, m), a 3-D one applying to every head."""
+    return (mask.unsqueeze(1) if mask.dim() == 3 else mask).expand(b, h, n, m)
+
+
+def _heads(p: Params, qp: Tensor, kp: Tensor, vp: Tensor, h: int, mask: Tensor | None = None, *,
+           scale: float | None = None, out_proj: bool = True,
+           split: Callable[[Tensor, int], Tensor] = ref_split,
+           merge: Callable[[Tensor], Tensor] = ref_merge) -> tuple[Tensor, Tensor]:
+    """Multi-head attention from projected inputs, with switches that reproduce the layer's classic mistakes."""
+    q, k, v = split(qp, h), split(kp, h), split(vp, h)  # (B, H, n|m, Dh)
+    s = q @ k.transpose(-2, -1) / math.sqrt(scale or q.shape[-1])  # (B, H, n, m)
+    if mask is not None:
+        s = s.masked_fill(~(mask.unsqueeze(1) if mask.dim() == 3 else mask), float("-inf"))
+    w = ref_softmax(s)
+    o = merge(w @ v)  # (B, n, E)
+    return (_lin(p, "out_proj", o) if out_proj else o), w
+
+
+def reference(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    return _heads(p, _lin(p, "q_proj", q), _lin(p, "k_proj", k), _lin(p, "v_proj", v), h, mask)
+
+
+def torch_reference(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """torch.nn.MultiheadAttention with the same weights (its bool mask means 'may NOT attend')."""
+    kw = {}
+    if mask is not None:
+        full = _full(mask, q.shape[0], h, q.shape[1], k.shape[1]).reshape(-1, q.shape[1], k.shape[1])
+        kw["attn_mask"] = ~full  # ours: True = may attend; torch's: True = may not
+    with torch.no_grad():
+        out, w = to_torch_multihead(reference_module(p, h))(q.double(), k.double(), v.double(),
+                                                            average_attn_weights=False, **kw)
+    return out, w
+
+
+def expected(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The right (output, weights): torch's module, or the formula where some query has no allowed key
+    (torch gives NaN there; the contract asks for zero weights, so that row's output is out_proj(0))."""
+    if mask is not None and not bool(_full(mask, q.shape[0], h, q.shape[1], k.shape[1]).any(-1).all()):
+        return reference(p, q, k, v, h, mask)
+    return torch_reference(p, q, k, v, h, mask)
+
+
+def head_mistakes(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None) -> mistakes.Pairs:
+    """message -> (output, weights) of the layer when every head makes one of attention's classic mistakes
+    (unscaled scores, the mask ignored, inverted, applied after the softmax, filled with a finite number)."""
+    e = q.shape[-1]
+    heads = mistakes.wrong_attention(ref_split(_lin(p, "q_proj", q), h), ref_split(_lin(p, "k_proj", k), h),
+                                     ref_split(_lin(p, "v_proj", v), h),
+                                     None if mask is None else (mask.unsqueeze(1) if mask.dim() == 3 else mask))
+    messages = {
+        mistakes.MASK_IGNORED: "the mask is ignored: pass it to the attention of every head (True = may attend)",
+        mistakes.MASK_INVERTED: "the mask polarity is inverted: True means 'may attend', so fill the scores where the "
+                                "mask is False",
+        mistakes.MASK_AFTER: "the mask is applied after the softmax: mask the scores with -inf before the softmax",
+        mistakes.FINITE_FILL: UNIFORM_ROWS,
+        **({mistakes.NOT_SCALED: f"the scores are not scaled: divide each head's Q K^T by sqrt(head_dim) = "
+                                 f"sqrt({e // h})"} if e > h else {}),
+    }
+    return {msg: (_lin(p, "out_proj", ref_merge(o)), w) for msg, (o, w) in mistakes.named(heads, messages).items()}
+
+
+def mha_mistakes(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None) -> mistakes.Pairs:
+    """message -> (output, weights) a classic mistake would produce on these inputs and weights."""
+    e = q.shape[-1]
+    Q, K, V = _lin(p, "q_proj", q), _lin(p, "k_proj", k), _lin(p, "v_proj", v)
+    out: mistakes.Pairs = {}
+
+    def bad_split(x: Tensor, heads: int) -> Tensor:
+        return x.reshape(x.shape[0], heads, x.shape[1], x.shape[2] // heads)
+
+    def interleaved(x: Tensor, heads: int) -> Tensor:
+        return x.reshape(x.shape[0], x.shape[1], x.shape[2] // heads, heads).permute(0, 3, 1, 2)
+
+    def bad_merge(x: Tensor) -> Tensor:
+        return x.reshape(x.shape[0], x.shape[2], x.shape[1] * x.shape[3])
+
+    if h > 1:
+        out[f"the scores are divided by sqrt(embed_dim) = sqrt({e}); each head is a {e // h}-wide attention, so "
+            f"divide by sqrt(head_dim) = sqrt({e // h})"] = _heads(p, Q, K, V, h, mask, scale=e)
+    out["the output projection out_proj is missing: apply it to the concatenated heads"] = _heads(
+        p, Q, K, V, h, mask, out_proj=False)
+    out |= head_mistakes(p, q, k, v, h, mask)
+    if h > 1:
+        out["splitting the heads: " + NO_TRANSPOSE_SPLIT] = _heads(p, Q, K, V, h, mask, split=bad_split)
+        out["splitting the heads: " + INTERLEAVED_SPLIT] = _heads(p, Q, K, V, h, mask, split=interleaved)
+        out["merging the heads: " + NO_TRANSPOSE_MERGE] = _heads(p, Q, K, V, h, mask, merge=bad_merge)
+        out["merging the heads: " + REVERSED_HEADS] = _heads(p, Q, K, V, h, mask, merge=lambda x: ref_merge(x.flip(1)))
+        out["the heads are split and merged with reshape but no transpose, which mixes positions into heads: "
+            "view as (B, n, H, Dh), then transpose(1, 2)"] = _heads(p, Q, K, V, h, mask, split=bad_split, merge=bad_merge)
+    wrong = "a projection is applied to the wrong input: "
+    out[wrong + "k_proj and v_proj are swapped (keys must go through k_proj, values through v_proj)"] = _heads(
+        p, Q, _lin(p, "v_proj", k), _lin(p, "k_proj", v), h, mask)
+    out[wrong + "the key and value tensors are swapped (k_proj(value), v_proj(key)); keys are k_proj(key), "
+        "values v_proj(value)"] = _heads(p, Q, _lin(p, "k_proj", v), _lin(p, "v_proj", k), h, mask)
+    out[wrong + "the keys are projected with q_proj; use k_proj"] = _heads(p, Q, _lin(p, "q_proj", k), V, h, mask)
+    out[wrong + "the values are projected with k_proj; use v_proj"] = _heads(p, Q, K, _lin(p, "k_proj", v), h, mask)
+    out[wrong + "the values go through k_proj(key) instead of v_proj(value)"] = _heads(p, Q, K, K, h, mask)
+    out[wrong + "the keys come from the value tensor (k_proj(value)); keys are k_proj(key)"] = _heads(
+        p, Q, _lin(p, "k_proj", v), V, h, mask)
+    out[wrong + "the values come from the key tensor (v_proj(key)); values are v_proj(value)"] = _heads(
+        p, Q, K, _lin(p, "v_proj", k), h, mask)
+    if q.shape == k.shape:
+        out[wrong + "the keys come from the query tensor (k_proj(query)); keys are k_proj(key)"] = _heads(
+            p, Q, _lin(p, "k_proj", q), V, h, mask)
+        out[wrong + "the values come from the query tensor; values are v_proj(value)"] = _heads(
+            p, Q, K, _lin(p, "v_proj", q), h, mask)
+    if mask is not None and mask.dim() == 3 and mask.shape[0] == h:
+        out[MASK_AXES] = _heads(p, Q, K, V, h, mask.unsqueeze(0))  # example b's mask lands on head b
+    return out
+
+
+def expect_layer(out, w, p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None, layer: str,
+                 weights_name: str = "weights", also: mistakes.Pairs | None = None) -> None:
+    """A layer's ``(out, w)`` must be MultiHeadAttention's with weights ``p`` on (q, k, v, mask): no NaN, shapes
+    (B, n, E) and (B, H, n, m), then the values, naming the layer's classic mistakes and those in ``also``."""
+    (b, n, e), m = q.shape, k.shape[1]
+    if mask is not None:
+        mistakes.expect_no_nan({weights_name: w, "output": out}, f" of {layer}", f": {NAN_ROWS}")
+    expect_tensor(out, (b, n, e), f"the output of {layer}")
+    expect_tensor(w, (b, h, n, m), f"the {weights_name} of {layer}")
+    exp_out, exp_w = expected(p, q, k, v, h, mask)
+    wrong = mha_mistakes(p, q, k, v, h, mask) | (also or {})
+    expect_close(out, exp_out, f"the output of {layer}", mistakes.outputs(wrong))
+    expect_close(w, exp_w, f"the {weights_name} of {layer}", mistakes.weights(wrong))
+
+
+# -- questions --------------------------------------------------------------------------------
+
+
+def row_set(value):
+    """A listed set of row numbers in increasing order (the order a student lists them in does not matter);
+    any other value unchanged, for ``expect_tuple`` to judge."""
+    if isinstance(value, (tuple, list)) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        return tuple(sorted(value))
+    return value
