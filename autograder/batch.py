@@ -28,7 +28,6 @@ Imports: course, judge, notebook, sandbox (``Limits``), results, written, gradeb
 
 from __future__ import annotations
 
-import ast
 import concurrent.futures as cf
 import datetime
 import hashlib
@@ -53,7 +52,10 @@ from autograder.records.written import student_cells
 
 HERE = Path(__file__).resolve().parent
 STUDENT_ID = re.compile(r"^[A-Za-z0-9_.@+-]{1,128}$")
-GRADING_ROOTS = ("judging/judge.py", "in_sandbox/harness.py", "isolation/zygote.py")  # what grading runs; their imports are followed
+# What grading runs, by folder: the judge with its shared checks, the sandbox and what runs in it, the notebook reader.
+# A chapter's checks import no other chapter's (tests/test_stated_requirements.py), so the assignment's own
+# module is the only chapter module that decides its grades.
+GRADING_CODE = ("judging", "isolation", "in_sandbox", "notebook.py")
 
 
 # -- fingerprints ---------------------------------------------------------------------------------------
@@ -75,72 +77,28 @@ def _hash_files(h: "hashlib._Hash", paths: list[Path]) -> None:
         h.update(b"\0")
 
 
-def _module_file(name: str) -> Path | None:
-    """The file of module ``autograder.x.y`` in this tree (``None`` for other packages)."""
-    parts = name.split(".")
-    if parts[0] != "autograder":
-        return None
-    base = HERE.joinpath(*parts[1:])
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _module_name(path: Path) -> str:
-    rel = path.relative_to(HERE.parent).with_suffix("")
-    parts = list(rel.parts[:-1]) if rel.name == "__init__" else list(rel.parts)
-    return ".".join(parts)
-
-
-def import_closure(roots: list[Path]) -> list[Path]:
-    """Every module of this package that ``roots`` import, directly or not (read with ``ast``, not run).
-
-    ``checks/ch03_self_attention.py`` imports ``checks/ch02_multi_head.py``, which
-    imports ``checks/ch01_single_head.py``: all three decide chapter 03's grades.
-    """
-    seen: set[Path] = set()
-    todo = [p.resolve() for p in roots]
-    while todo:
-        path = todo.pop()
-        if path in seen or not path.is_file():
-            continue
-        seen.add(path)
-        name = _module_name(path)
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        names: list[str] = [package.rpartition(".")[0]] if "." in package else []  # parent packages run first
-        names.append(package)
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                names += [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")
-                    base = base[: len(base) - node.level + 1]
-                    module = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    module = node.module or ""
-                names.append(module)
-                names += [f"{module}.{a.name}" for a in node.names]  # ``from pkg import submodule``
-        for n in names:
-            while n:
-                found = _module_file(n)
-                if found is not None and found not in seen:
-                    todo.append(found)
-                n = n.rpartition(".")[0]
-    return sorted(seen)
+def grading_code(assignment: str) -> list[Path]:
+    """The modules of this package that decide ``assignment``'s grades (other chapters' checks excluded)."""
+    own = f"ch{assignment}.py"
+    found = []
+    for entry in GRADING_CODE:
+        path = HERE / entry
+        for p in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            chapter = p.parent.name == "checks" and p.name.startswith("ch") and p.name[2:4].isdigit()
+            if not chapter or p.name == own:
+                found.append(p)
+    return found
 
 
 def grader_version(assignment: str, limits: Limits | None = None) -> str:
     """A hash of everything that decides a grade besides the submission itself: the source notebooks,
-    the grader and every module the assignment's checks import, the reference package the checks
-    compare with, and the limits."""
+    the grading code (every module of ``GRADING_CODE`` but the other chapters' checks), the reference
+    package the checks compare with, and the limits."""
     import attnkit
 
     h = hashlib.sha256(repr(limits or Limits()).encode())
     _hash_files(h, course.source_notebooks(assignment))
-    roots = [HERE / name for name in GRADING_ROOTS] + [HERE / "judging" / "checks" / f"ch{assignment}.py"]
-    for path in import_closure(roots):
+    for path in grading_code(assignment):
         h.update(str(path.relative_to(HERE)).encode() + b"\0" + path.read_bytes() + b"\0")
     _hash_files(h, sorted(Path(attnkit.__file__).parent.glob("*.py")))
     return h.hexdigest()

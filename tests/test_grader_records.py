@@ -257,17 +257,22 @@ def test_changed_grader_keeps_recorded_grades_until_regrade(graded, monkeypatch)
         assert gb.find_grade(WRITTEN, "single_head", A, "alice").manual_score == 1.5
 
 
-def test_fingerprint_follows_the_checks_import_closure(tmp_path, monkeypatch):
-    closure = {p.name for p in batch.import_closure([batch.HERE / "judging" / "checks" / "ch03_self_attention.py"])}
-    assert {"ch01_single_head.py", "ch02_multi_head.py", "__init__.py", "wire.py"} <= closure
+def test_the_grader_version_covers_the_grading_code_and_only_this_chapters_checks(tmp_path, monkeypatch):
+    code = {str(p.relative_to(batch.HERE)) for p in batch.grading_code("03_self_attention")}
+    assert {"judging/judge.py", "judging/checks/__init__.py", "judging/checks/common.py", "in_sandbox/harness.py",
+            "isolation/zygote.py", "notebook.py", "judging/checks/ch03_self_attention.py"} <= code
+    assert not any(c.startswith("judging/checks/ch") and "ch03" not in c for c in code), code
     copy = tmp_path / "autograder"
     shutil.copytree(batch.HERE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(batch, "HERE", copy)
-    v03, v05 = batch.grader_version("03_self_attention"), batch.grader_version("05_cross_attention")
+    v01, v03 = batch.grader_version("01_single_head"), batch.grader_version("03_self_attention")
     ch01 = copy / "judging" / "checks" / "ch01_single_head.py"
     ch01.write_text(ch01.read_text() + "\n# a change to chapter 01's checks\n")
-    assert batch.grader_version("03_self_attention") != v03  # ch03 imports ch02, which imports ch01
-    assert batch.grader_version("05_cross_attention") == v05  # ch05 does not
+    assert batch.grader_version("01_single_head") != v01
+    assert batch.grader_version("03_self_attention") == v03  # no chapter's checks import another's
+    common = copy / "judging" / "checks" / "common.py"
+    common.write_text(common.read_text() + "\n# a change to what the chapters share\n")
+    assert batch.grader_version("03_self_attention") != v03
 
 
 def test_zip_collect_maps_lms_ids_through_the_roster_and_keeps_the_collectors_time(tmp_path):
