@@ -123,6 +123,16 @@ class Plan:
     notes: list[str] = field(default_factory=list)
 
 
+def cell_label(code: str, grade_id: str | None) -> str:
+    """How a message names a cell so that a student finds it in the notebook (the feedback shows no cell
+    numbers): an answer cell by its name, any other by its first line of code."""
+    if grade_id:
+        return f"your cell {grade_id!r}"
+    first = next((line.strip() for line in code.splitlines() if line.strip() and not line.lstrip().startswith("#")),
+                 code.strip().splitlines()[0] if code.strip() else "")
+    return f"your cell that begins {first[:50]!r}"
+
+
 def plan_cells(source: SourceNotebook, student: dict) -> Plan:
     """Match the student's cells to the source and list the code to run.
 
@@ -163,7 +173,7 @@ def plan_cells(source: SourceNotebook, student: dict) -> Plan:
             continue
         if not code.strip():
             continue
-        label = f"cell {i + 1}" + (f" ({gid})" if gid else "")
+        label = cell_label(code, gid)
         plan.cells.append((label, code))
         part = gid if gid in parts else next((p for p in sorted(defined_names(code)) if p in parts), None)
         if part is not None:

@@ -331,7 +331,7 @@ def expect_close(actual: Tensor, expected: Tensor, what: str, mistakes: Mapping[
         return
     for message, wrong in (mistakes or {}).items():
         if close(actual, wrong, atol, rtol):
-            raise CheckFailed(f"{what} is wrong: {message}")
+            raise CheckFailed(f"mistake in {what}: {message}")
     err = (actual.to(torch.float64) - expected.to(torch.float64)).abs().max().item()
     raise CheckFailed(f"{what} does not match the expected values (largest difference {err:.3g})")
 
@@ -366,7 +366,7 @@ def expect_number(value: Any, expected: float, what: str, mistakes: Mapping[str,
         return
     for message, wrong in (mistakes or {}).items():
         if math.isclose(v, wrong, rel_tol=rel, abs_tol=abs_tol):
-            raise CheckFailed(f"{what} is wrong: {message}")
+            raise CheckFailed(f"mistake in {what}: {message}")
     raise CheckFailed(f"{what} is not right (you answered {v:.6g})")
 
 
@@ -381,7 +381,7 @@ def expect_tuple(value: Any, expected: tuple, what: str, mistakes: Mapping[str, 
         return
     for message, wrong in (mistakes or {}).items():
         if got == tuple(wrong):
-            raise CheckFailed(f"{what} is wrong: {message}")
+            raise CheckFailed(f"mistake in {what}: {message}")
     raise CheckFailed(f"{what} is not right (you answered {got!r})")
 
 
@@ -400,7 +400,7 @@ def expect_choice(value: Any, expected: str, what: str, choices: Iterable[str],
         return
     for wrong, message in (mistakes or {}).items():
         if got == wrong.lower():
-            raise CheckFailed(f"{what} is wrong: {message}")
+            raise CheckFailed(f"mistake in {what}: {message}")
     raise CheckFailed(f"{what} is not right (you chose {value.strip()[:40]!r})")
 
 
@@ -410,6 +410,15 @@ def seed_for(secret: str, assignment: str, grade_id: str) -> int:
 
 
 def run_local(assignment: str, grade_id: str, namespace: Mapping[str, Any], secret: str = "local") -> None:
-    """Run one check against the functions in ``namespace`` (a notebook's ``globals()``)."""
+    """Run one check against the functions in ``namespace`` (a notebook's ``globals()``).
+
+    This is what the source notebooks' hidden tests call, so that the instructor sees them pass on the
+    reference. Under plain ``nbgrader autograde`` it runs in the student's own kernel, with the
+    grader's rights and no sandbox: a warning says so (once per kernel)."""
+    import warnings
+
+    warnings.warn("this check runs in this notebook's own kernel, not in the grader's sandbox: grade "
+                  "submissions with `python -m autograder grade` (autograder/README.md); plain "
+                  "`nbgrader autograde` runs student code unconfined, with your rights", UserWarning, stacklevel=2)
     backend = LocalBackend(dict(namespace) if not isinstance(namespace, dict) else namespace)
     load_suite(assignment).run(grade_id, backend, seed_for(secret, assignment, grade_id))

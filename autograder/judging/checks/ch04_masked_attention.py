@@ -117,9 +117,9 @@ def expect_equal_mask(actual: Tensor, expected: Tensor, what: str, known: dict[s
         return
     for message, wrong in known.items():
         if wrong.shape == actual.shape and torch.equal(actual, wrong):
-            raise CheckFailed(f"{what} is wrong: {message}")
+            raise CheckFailed(f"mistake in {what}: {message}")
     bad = (actual != expected).nonzero()[0].tolist()
-    raise CheckFailed(f"{what} is wrong at index {tuple(bad)}: got {bool(actual[tuple(bad)])}, "
+    raise CheckFailed(f"mistake in {what} at index {tuple(bad)}: got {bool(actual[tuple(bad)])}, "
                       f"expected {bool(expected[tuple(bad)])}")
 
 

@@ -301,8 +301,8 @@ def source_padding_mask_check(t: Trial) -> None:
         }
         for message, wrong in mistakes.items():
             if torch.equal(got, wrong):
-                raise CheckFailed(f"{what} is wrong: {message}")
-        raise CheckFailed(f"{what} is wrong: row b should be True at positions 0 .. lengths[b] - 1 and False after")
+                raise CheckFailed(f"mistake in {what}: {message}")
+        raise CheckFailed(f"mistake in {what}: row b should be True at positions 0 .. lengths[b] - 1 and False after")
 
 
 @SUITE.check("test_source_padding_mask_errors", parts=[SOURCE_MASK])

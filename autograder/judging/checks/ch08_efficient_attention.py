@@ -219,7 +219,7 @@ def _expect_state(got: State, expected: State, what: str, mistakes: list[tuple[s
         return
     for message, wrong in mistakes:
         if _states_close(got, wrong):
-            raise CheckFailed(f"{what} is wrong: {message}")
+            raise CheckFailed(f"mistake in {what}: {message}")
     for name, i in (("running_max", 0), ("running_sum", 1), ("acc", 2)):
         g, e = (_finite(got[i]), _finite(expected[i])) if i == 0 else (got[i], expected[i])
         if not close(g, e):
@@ -291,7 +291,7 @@ def update_masked(t: Trial) -> None:
     raw = t.call(UPDATE, m, l, a, scores, values)
     if isinstance(raw, (tuple, list)) and len(raw) == 3 and all(isinstance(x, Tensor) for x in raw) \
             and any(torch.isnan(x).any() for x in raw):
-        raise CheckFailed(f"{what} is wrong: {NAN_ROWS}")
+        raise CheckFailed(f"mistake in {what}: {NAN_ROWS}")
     got = _state(raw, what, n, d_v, ())
     expected = ref_update(m.double(), l.double(), a.double(), scores.double(), values.double())
     if not (got[0][2].item() == -math.inf and got[1][2].item() == 0 and torch.all(got[2][2] == 0)):
@@ -315,10 +315,10 @@ def _expect_cache(value, expected: tuple[Tensor, Tensor], what: str, old: tuple[
         if new is not None:
             twice = torch.cat([*([old[i]] if old is not None else []), new[i], new[i]], dim=-2)
             if close(got, twice):
-                raise CheckFailed(f"{what} is wrong: {TWICE}")
+                raise CheckFailed(f"mistake in {what}: {TWICE}")
         if tuple(got.shape) != tuple(exp.shape):
             if old is not None and tuple(got.shape) == tuple(old[i].shape):
-                raise CheckFailed(f"{what} is wrong: {OLD_CACHE}")
+                raise CheckFailed(f"mistake in {what}: {OLD_CACHE}")
             if got.dim() == exp.dim() and got.numel() == exp.numel():
                 raise CheckFailed(f"{what}: {name} have shape {tuple(got.shape)}, expected {tuple(exp.shape)}: "
                                   f"{WRONG_AXIS}")
@@ -327,7 +327,7 @@ def _expect_cache(value, expected: tuple[Tensor, Tensor], what: str, old: tuple[
             if old is not None and new is not None:
                 i = 0 if name == "keys" else 1
                 if close(got, torch.cat([new[i], old[i]], dim=-2)):
-                    raise CheckFailed(f"{what} is wrong: {NEW_FIRST}")
+                    raise CheckFailed(f"mistake in {what}: {NEW_FIRST}")
             raise CheckFailed(f"{what}: {name} do not hold the cached positions followed by the new ones")
     return value[0], value[1]
 
@@ -357,7 +357,7 @@ def _expect_output(got, expected: Tensor, what: str, mistakes: dict[str, Tensor]
         return got
     for message, wrong in mistakes.items():
         if close(got, wrong):
-            raise CheckFailed(f"{what} is wrong: {message}")
+            raise CheckFailed(f"mistake in {what}: {message}")
     err = (got.double() - expected).abs().max().item()
     raise CheckFailed(f"{what} differs from {against} (largest difference {err:.3g})")
 
@@ -703,7 +703,7 @@ def _expect_gqa(t: Trial, q: Tensor, k: Tensor, v: Tensor, what: str, mask: Tens
     if isinstance(got, Tensor) and tuple(got.shape) != tuple(expected.shape):
         for message, wrong in mistakes.items():
             if close(got, wrong):
-                raise CheckFailed(f"{what} is wrong: {message}")
+                raise CheckFailed(f"mistake in {what}: {message}")
     _expect_output(got, expected, what, mistakes, "attention with each query head given its group's key-value head")
     if got.dtype != q.dtype:
         raise CheckFailed(f"{what} has dtype {got.dtype} for {q.dtype} inputs: keep the inputs' dtype")

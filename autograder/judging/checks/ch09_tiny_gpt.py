@@ -176,7 +176,7 @@ def _expect_sampled(t: Trial, logits: Tensor, temperature: float, top_k: int | N
     if (freq - expected).abs().max() > tol:
         for message, wrong in mistakes.items():
             if (freq - wrong).abs().max() <= tol:
-                raise CheckFailed(f"{what} is wrong: {message}")
+                raise CheckFailed(f"mistake in {what}: {message}")
         raise CheckFailed(f"{what}: the frequencies of the drawn tokens {[round(x, 3) for x in freq.tolist()]} do "
                           "not match softmax(logits / temperature)")
     if same >= 0.9:
@@ -308,7 +308,7 @@ def generate_greedy(t: Trial) -> None:
         for way, message in LOOP_MISTAKES.items():
             wrong = _greedy_tokens(model, prompt, max_new, way)
             if wrong is not None and torch.equal(out, wrong):
-                raise CheckFailed(f"{what} is wrong: {message}")
+                raise CheckFailed(f"mistake in {what}: {message}")
         raise CheckFailed(f"{what}: tokens {out.tolist()} differ from greedy decoding with the cache "
                           f"{expected.tolist()} (the arg max of the logits at the last position, each new token "
                           "fed alone with the cache the model returned)")
@@ -334,7 +334,7 @@ def generate_sampling(t: Trial) -> None:
         for way, message in LOOP_MISTAKES.items():
             try:
                 if not outside(_loop(model, prompt, max_new, way, forced)[1]):
-                    raise CheckFailed(f"{what} is wrong: {message}")
+                    raise CheckFailed(f"mistake in {what}: {message}")
             except ValueError:  # this mistake's loop runs out of positions
                 pass
         raise CheckFailed(f"{what}: token {n + outside(lasts)[0]} is not among the {k} most likely of its step: pass "
