@@ -33,6 +33,7 @@ from attnkit.transformer import TransformerEncoderBlock
 
 __all__ = [
     "POSITIONS",
+    "INITS",
     "CharTokenizer",
     "stdlib_corpus",
     "GPT",
@@ -46,6 +47,7 @@ __all__ = [
 ]
 
 POSITIONS = ("learned", "sinusoidal", "rope", "none")
+INITS = ("gpt2", "torch")
 
 
 # -- text ----------------------------------------------------------------------------------------------
@@ -146,6 +148,12 @@ class GPT(nn.Module):
     kernel (on a CPU it does); its GPU kernels draw their own random masks, and no kernel
     returns the weights it dropped.
     ``decode`` is for generation and refuses training mode with attention dropout.
+
+    ``feed_forward=False`` removes each block's feed-forward network and the norm before it
+    (``block.feed_forward`` and ``block.norm2`` are ``None``): an attention-only model, the
+    smallest that forms an induction circuit (Olsson et al., 2022; :mod:`attnkit.induction`).
+    ``init="gpt2"`` draws every weight from N(0, 0.02) with zero biases (GPT-2's choice);
+    ``init="torch"`` keeps PyTorch's default initialisation of each layer.
     """
 
     def __init__(
@@ -159,10 +167,14 @@ class GPT(nn.Module):
         position: str = "learned",
         dropout: float = 0.0,
         tie_weights: bool = True,
+        feed_forward: bool = True,
+        init: str = "gpt2",
     ) -> None:
         super().__init__()
         if position not in POSITIONS:
             raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
+        if init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {init!r}")
         if (
             position in ("rope", "sinusoidal")
             and (embed_dim // num_heads if position == "rope" else embed_dim) % 2
@@ -184,9 +196,14 @@ class GPT(nn.Module):
             )
             for _ in range(num_layers)
         )
+        if not feed_forward:  # attention only: no feed-forward network, no norm before it
+            for block in self.blocks:
+                block.feed_forward, block.norm2 = None, None
+        self.attention_only = not feed_forward
         self.norm = nn.LayerNorm(embed_dim)
         self.readout = nn.Linear(embed_dim, vocab_size, bias=False)
-        self.apply(self._init)
+        if init == "gpt2":
+            self.apply(self._init)
         if tie_weights:
             # one (V, E) matrix embeds and reads out
             self.readout.weight = self.token_embed.weight
@@ -308,7 +325,8 @@ class GPT(nn.Module):
                 None if head_mask is None else head_mask[i],
             )
             x = x + out
-            x = x + block.dropout2(block.feed_forward(block.norm2(x)))  # (B, s, E)
+            if block.feed_forward is not None:
+                x = x + block.dropout2(block.feed_forward(block.norm2(x)))  # (B, s, E)
             weights.append(w)
             new_caches.append(cache)
         return self.readout(self.norm(x)), weights, new_caches  # (B, s, V)
