@@ -252,15 +252,15 @@ def train_on_repeats(
     """Train ``model`` with Adam on :func:`repeated_block_batch` data, scoring it as it learns.
 
     Every ``eval_every`` steps (and at step 0) :func:`measure` runs on ``eval_data`` (default:
-    256 fresh sequences from a generator seeded ``seed + 1``); ``data_kwargs`` go to
-    :func:`repeated_block_batch` for the training data (``n``, ``lengths``, ``start``).
+    256 fresh sequences from a generator seeded ``seed + 1``, laid out as the training data);
+    ``data_kwargs`` (``n``, ``lengths``, ``start``) go to :func:`repeated_block_batch`, whose
+    ``vocab_size`` is the model's less the start token.
     """
     device = next(model.parameters()).device
-    n = data_kwargs.setdefault("n", 24)
-    vocab = data_kwargs.setdefault("vocab_size", model.vocab_size - 1)
+    data_kwargs.setdefault("vocab_size", model.vocab_size - 1)
     if eval_data is None:
         eval_data = repeated_block_batch(
-            256, n, vocab, generator=torch.Generator().manual_seed(seed + 1)
+            256, generator=torch.Generator().manual_seed(seed + 1), **data_kwargs
         )
     gen = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
