@@ -273,6 +273,24 @@ def test_bad_input_errors():
         generate(model, torch.zeros(0, dtype=torch.long), 3)
     longer = GPT(V, E, H, L, max_len=8, position="rope")
     assert generate(longer, torch.zeros(1, 4, dtype=torch.long), 10).shape == (1, 14)  # no length limit
+    with pytest.raises(ValueError, match="window"):
+        generate(longer, torch.zeros(1, 4, dtype=torch.long), 3, window=0)
+
+
+@pytest.mark.parametrize("position", ["learned", "rope"])
+def test_generate_with_a_window_crops_the_context(position):
+    """Up to `window` tokens it is plain generation; beyond, each step sees only the last `window` tokens,
+    from position 0: learned positions never run out, and the logits are those of the cropped text alone."""
+    model = tiny(position).eval()
+    prompt = torch.randint(0, V, (2, 3))
+    short = generate(model, prompt, 5, 1.0, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(
+        generate(model, prompt, 5, 1.0, generator=torch.Generator().manual_seed(0), window=8), short)
+    long = generate(model, prompt, 40, 0.0, window=6)  # 43 > max_len = 32 positions
+    assert long.shape == (2, 43)
+    for i in range(10, 43):  # greedy: each token is the arg max given the 6 before it
+        logits, _ = model(long[:, i - 6:i])
+        assert torch.equal(long[:, i], logits[:, -1].argmax(-1))
 
 
 def test_head_mask_zeroes_a_head():

@@ -424,6 +424,7 @@ def generate(
     top_k: int | None = None,
     generator: torch.Generator | None = None,
     use_cache: bool = True,
+    window: int | None = None,
 ) -> Tensor:
     """The prompt followed by ``max_new_tokens`` sampled tokens (chapter 09).
 
@@ -433,6 +434,11 @@ def generate(
     values from the cache (chapter 08); without it every step runs the whole sequence again. Both
     give the same tokens for the same ``generator``. The model runs in ``eval()`` mode (no dropout)
     and is put back in the mode it was in.
+
+    ``window`` crops the context: each step runs the model, without the cache, on the last
+    ``window`` tokens only, their positions counted from 0, so a model trained on windows of that
+    length never meets a position (or, with RoPE, a distance) it was not trained on, however long
+    the text grows. As long as the text is at most ``window`` tokens this gives the same tokens.
     """
     if (
         not isinstance(prompt, Tensor)
@@ -445,13 +451,17 @@ def generate(
         )
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be an int >= 1 or None, got {window!r}")
     tokens = prompt if prompt.dim() == 2 else prompt[None]  # (B, n)
     was_training = model.training
     model.eval()
     try:
         cache, step_input = None, tokens
         for _ in range(max_new_tokens):
-            if use_cache:
+            if window is not None:  # the last `window` tokens, from position 0
+                logits, _ = model(tokens[:, -window:])  # (B, min(n + i, window), V)
+            elif use_cache:
                 logits, cache = model.decode(
                     step_input, cache
                 )  # (B, s, V): s = n first, then 1
