@@ -119,20 +119,22 @@ def _check_weights(weights: Tensor, first: Tensor, length: Tensor) -> None:
 
 
 def induction_score(weights: Tensor, first: Tensor, length: Tensor) -> Tensor:
-    """Induction score per head, each sequence at its own offset: ``(B, H, n, n) -> (H,)`` (chapter 09).
+    """Induction score per head, each sequence at its own offset (chapter 09).
 
-    The mean weight, over the :func:`second_copy_queries` ``i`` of every sequence, on the key
-    ``i - length + 1``: the token that followed the earlier occurrence of token ``i``
-    (Olsson et al., 2022). Because ``first`` and ``length`` differ from sequence to sequence, a
-    head that attends to a fixed absolute position or a fixed distance back scores little; only
-    one that finds the earlier occurrence by its content scores near 1.
+    ``weights`` ``(B, H, n, n)``, ``first`` and ``length`` ``(B,)`` -> ``(H,)``: the
+    mean weight, over the :func:`second_copy_queries` ``i`` of every sequence, on the
+    key ``i - length + 1``, the token that followed the earlier occurrence of token
+    ``i`` (Olsson et al., 2022). As ``first`` and ``length`` differ from sequence to
+    sequence, a head that attends to a fixed position or a fixed distance back scores
+    little; only one that finds the earlier occurrence by its content scores near 1.
     """
     _check_weights(weights, first, length)
-    n = weights.shape[-1]
-    queries = second_copy_queries(first.to(weights.device), length.to(weights.device), n)
-    keys = (torch.arange(n, device=weights.device) - length.to(weights.device)[:, None] + 1)
-    picked = weights.gather(-1, keys.clamp(min=0)[:, None, :, None].expand(
-        -1, weights.shape[1], -1, 1)).squeeze(-1)  # (B, H, n): weight of query i on its key
+    B, H, n, _ = weights.shape
+    first, length = first.to(weights.device), length.to(weights.device)
+    queries = second_copy_queries(first, length, n)  # (B, n) bool
+    keys = torch.arange(n, device=weights.device) - length[:, None] + 1  # (B, n)
+    index = keys.clamp(min=0)[:, None, :, None].expand(B, H, n, 1)
+    picked = weights.gather(-1, index).squeeze(-1)  # (B, H, n): query i on its key
     q = queries[:, None].to(picked.dtype)  # (B, 1, n)
     return (picked * q).sum(dim=(0, 2)) / q.sum()  # (H,)
 
@@ -146,7 +148,9 @@ def fixed_offset_induction_score(weights: Tensor, first: int, length: int) -> Te
     """
     B = weights.shape[0]
     return induction_score(
-        weights, torch.full((B,), first, dtype=torch.long), torch.full((B,), length, dtype=torch.long)
+        weights,
+        torch.full((B,), first, dtype=torch.long),
+        torch.full((B,), length, dtype=torch.long),
     )
 
 
@@ -208,7 +212,9 @@ def head_mask(
 
 
 @torch.no_grad()
-def measure(model: GPT, data: RepeatedBatch, mask: Tensor | None = None) -> dict[str, Tensor | float]:
+def measure(
+    model: GPT, data: RepeatedBatch, mask: Tensor | None = None
+) -> dict[str, Tensor | float]:
     """Second-copy loss (bits) and the ``(L, H)`` previous-token and induction scores on ``data``.
 
     The previous-token score is :func:`~attnkit.gpt.previous_token_scores` on the same random
