@@ -12,7 +12,7 @@ from attnkit import TransformerEncoderBlock, causal_mask
 from attnkit.torch_twins import to_torch_encoder_layer
 from attnkit.gpt import (GPT, POSITIONS, CharTokenizer, generate, induction_scores, language_model_loss,
                          ngram_bits_per_char, previous_token_scores, repeated_random_tokens, sample_next,
-                         stdlib_corpus)
+                         stdlib_corpus, windowed_bits_per_char)
 
 V, E, H, L, N = 11, 16, 4, 2, 12
 
@@ -353,3 +353,21 @@ def test_bench_gpt_pair_computes_the_same_logits_and_runs():
         torch.testing.assert_close(model(tokens)[0], twin(tokens), atol=1e-5, rtol=1e-5)
     row = bench.gpt_train_step_row(batch=2, n=8, embed_dim=16, num_heads=2, num_layers=1, vocab_size=V, repeats=2)
     assert row.module == "gpt" and row.ratio > 0 and len(row.ours_runs_ms) == 2
+
+
+def test_windowed_bits_scores_each_character_once_with_enough_context():
+    """Each character from min_context to end is scored once, from the context the windows give it:
+    the same number as scoring every position one by one from its own window."""
+    model = tiny("rope").eval()
+    ids = torch.randint(0, V, (50,))
+    bits, end = windowed_bits_per_char(model, ids, context=8, min_context=3)
+    stride = 6
+    assert end == 3 + ((50 - stride) // stride) * stride
+    expected = []
+    for target in range(3, end):
+        start = (target - 3) // stride * stride  # the window that scores it
+        logits, _ = model(ids[None, start:start + 9])
+        expected.append(-torch.log_softmax(logits[0, target - start - 1], -1)[ids[target]].item())
+    assert bits == pytest.approx(sum(expected) / len(expected) / math.log(2), rel=1e-6)
+    with pytest.raises(ValueError, match="min_context"):
+        windowed_bits_per_char(model, ids, context=8, min_context=9)

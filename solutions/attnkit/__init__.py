@@ -41,7 +41,8 @@ only modules listed above it (and torch); nothing in the package imports
     A decoder-only language model from chapter 07's blocks and what opens it up:
     ``CharTokenizer``, ``stdlib_corpus``, ``GPT`` (its ``POSITIONS`` schemes),
     ``language_model_loss``, ``sample_next``, ``generate`` (with chapter 08's
-    cache), the counting baseline ``ngram_bits_per_char``, and head scores
+    cache), the counting baseline ``ngram_bits_per_char`` and the model on the same
+    characters, ``windowed_bits_per_char``, and head scores
     ``previous_token_scores``, ``induction_scores`` on ``repeated_random_tokens``; ``INITS``
     (``GPT(init=...)``; ``feed_forward=False`` builds an attention-only model).
 ``induction`` (chapter 09)
@@ -83,7 +84,7 @@ from attnkit.efficient import (append_to_cache, cached_attention, causal_linear_
                                peak_memory, tiled_attention)
 from attnkit.gpt import (GPT, INITS, POSITIONS, CharTokenizer, generate, induction_scores, language_model_loss,
                          ngram_bits_per_char, previous_token_scores, repeated_random_tokens, sample_next,
-                         stdlib_corpus)
+                         stdlib_corpus, windowed_bits_per_char)
 from attnkit.induction import (InductionHistory, RepeatedBatch, attention_only_gpt, fixed_offset_induction_score, head_mask,
                                induction_score, measure, repeated_block_batch, second_copy_bits,
                                second_copy_queries, train_on_repeats)
@@ -116,6 +117,7 @@ __all__ = [
     # chapter 09
     "POSITIONS", "CharTokenizer", "stdlib_corpus", "GPT", "language_model_loss", "sample_next", "generate",
     "ngram_bits_per_char", "previous_token_scores", "induction_scores", "repeated_random_tokens", "INITS",
+    "windowed_bits_per_char",
     "RepeatedBatch", "repeated_block_batch", "second_copy_queries", "induction_score",
     "fixed_offset_induction_score", "second_copy_bits", "attention_only_gpt", "head_mask", "measure",
     "train_on_repeats", "InductionHistory",

@@ -9,7 +9,8 @@ model width ``embed_dim``, ``H`` heads, ``Dh = E // H``, ``L`` layers, ``V`` the
   ``"none"``), pre-norm :class:`~attnkit.transformer.TransformerEncoderBlock` s with the causal mask
   (Radford et al., 2019), a final layer norm and a read-out tied to the embedding (Press and Wolf, 2017).
 * :func:`language_model_loss`, :func:`sample_next`, :func:`generate` (with chapter 08's key-value cache).
-* :func:`ngram_bits_per_char`: the counting baseline the model has to beat.
+* :func:`ngram_bits_per_char`: the counting baseline the model has to beat, and
+  :func:`windowed_bits_per_char`: the model scored on the same characters.
 * :func:`previous_token_scores`, :func:`induction_scores`: what a head does, measured
   (Olsson et al., 2022).
 """
@@ -41,6 +42,7 @@ __all__ = [
     "sample_next",
     "generate",
     "ngram_bits_per_char",
+    "windowed_bits_per_char",
     "previous_token_scores",
     "induction_scores",
     "repeated_random_tokens",
@@ -474,6 +476,46 @@ def generate(
     finally:
         model.train(was_training)
     return tokens if prompt.dim() == 2 else tokens[0]
+
+
+@torch.no_grad()
+def windowed_bits_per_char(
+    model: GPT,
+    ids: Tensor,
+    context: int,
+    min_context: int,
+    head_mask: Tensor | None = None,
+    batch: int = 1024,
+) -> tuple[float, int]:
+    """Bits per character of ``model`` on ``ids`` ``(N,)``, every character read with context (chapter 09).
+
+    Windows of ``context + 1`` tokens every ``stride = context + 1 - min_context`` positions;
+    only the last ``stride`` predictions of each window count, so the characters
+    ``min_context .. end - 1`` are each scored exactly once, from ``min_context`` to ``context``
+    characters of context. Returns ``(bits, end)``; score an n-gram on the same characters with
+    ``ngram_bits_per_char(train, ids[min_context - (order - 1) : end], order, V)``.
+    """
+    if not 1 <= min_context <= context:
+        raise ValueError(f"need 1 <= min_context <= context, got {min_context}, {context}")
+    stride = context + 1 - min_context
+    n_windows = (ids.shape[0] - stride) // stride
+    if n_windows < 1:
+        raise ValueError(f"ids of length {ids.shape[0]} hold no window of {context + 1}")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    for starts in (torch.arange(n_windows) * stride).split(batch):
+        rows = starts[:, None] + torch.arange(context + 1)  # (b, context + 1)
+        tokens = ids[rows].to(device)  # (b, context + 1)
+        logits, _ = model(tokens, head_mask=head_mask)  # (b, context + 1, V)
+        total += F.cross_entropy(
+            logits[:, min_context - 1 : -1].flatten(0, 1).float(),
+            tokens[:, min_context:].flatten(),
+            reduction="sum",
+        ).item()
+    model.train(was_training)
+    return total / (n_windows * stride) / math.log(2), min_context + n_windows * stride
 
 
 # -- a counting baseline ---------------------------------------------------------------------------------
