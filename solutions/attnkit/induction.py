@@ -181,7 +181,7 @@ def attention_only_gpt(
 
     No feed-forward networks, no dropout, a read-out of its own (tied to an N(0, 1) embedding
     it would start with logits far too large); with GPT-2's N(0, 0.02) initialisation instead,
-    no induction head formed within the budgets the chapter uses.
+    no induction head formed in 500 steps on two seeds (second-copy loss still 3.8-4.0 bits).
     """
     return GPT(
         vocab_size,
