@@ -224,6 +224,7 @@ def measure(
     model.eval()
     device = next(model.parameters()).device
     tokens = data.tokens.to(device)
+    mask = None if mask is None else mask.to(device)
     logits, weights = model(tokens, need_weights=True, head_mask=mask)  # L x (B, H, n, n)
     model.train(was_training)
     return {
