@@ -371,3 +371,21 @@ def test_windowed_bits_scores_each_character_once_with_enough_context():
     assert bits == pytest.approx(sum(expected) / len(expected) / math.log(2), rel=1e-6)
     with pytest.raises(ValueError, match="min_context"):
         windowed_bits_per_char(model, ids, context=8, min_context=9)
+
+
+def test_committed_checkpoint_loads_into_the_chapters_model():
+    """scripts/tiny_gpt: float16 weights under 1 MB that fit GPT(**config['model']) with the read-out tied, and a
+    config that records how they were made (chapter 09 re-scores them on the validation text)."""
+    import json
+    from pathlib import Path
+    folder = Path(__file__).resolve().parents[1] / "scripts" / "tiny_gpt"
+    config = json.loads((folder / "config.json").read_text())
+    assert (folder / "checkpoint.pt").stat().st_size < 1_000_000
+    assert config["model"]["vocab_size"] == len(config["chars"]) and config["training"]["steps"] > 0
+    assert 0 < config["validation_bits_per_char"] < 3 and "windowed_bits_per_char" in config["scored"]
+    state = torch.load(folder / "checkpoint.pt", weights_only=True)
+    assert all(v.dtype == torch.float16 for v in state.values())
+    model = GPT(**config["model"])
+    missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    assert missing == ["readout.weight"] and not unexpected
+    assert model.readout.weight is model.token_embed.weight
