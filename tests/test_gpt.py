@@ -10,7 +10,7 @@ from torch import nn
 
 from attnkit import TransformerEncoderBlock, causal_mask
 from attnkit.torch_twins import to_torch_encoder_layer
-from attnkit.gpt import (GPT, POSITIONS, CharTokenizer, generate, induction_scores, language_model_loss,
+from attnkit.gpt import (GPT, POSITIONS, CharTokenizer, generate, language_model_loss,
                          ngram_bits_per_char, previous_token_scores, repeated_random_tokens, sample_next,
                          stdlib_corpus, windowed_bits_per_char)
 
@@ -305,20 +305,13 @@ def test_head_mask_zeroes_a_head():
 
 
 def test_head_scores_on_hand_built_weights():
-    n, length = 6, 3
+    n = 6
     previous = torch.zeros(1, 2, n, n)
     previous[0, 0, 0, 0] = 1
     previous[0, 0, torch.arange(1, n), torch.arange(n - 1)] = 1       # head 0 looks one back
     previous[0, 1] = causal_mask(n) / causal_mask(n).sum(-1, keepdim=True)  # head 1 is uniform
     scores = previous_token_scores(previous)
     assert scores[0] == 1 and scores[1] == pytest.approx(sum(1 / i for i in range(2, n + 1)) / (n - 1))
-    induction = torch.zeros(2, 1, 2 * length, 2 * length)
-    for i in range(length, 2 * length):
-        induction[:, 0, i, i - length + 1] = 1
-    assert induction_scores(induction, length).tolist() == [1.0]
-    assert induction_scores(previous, length)[0] == 0  # one back is not the token after the earlier copy
-    with pytest.raises(ValueError):
-        induction_scores(previous, 4)
     seq = repeated_random_tokens(3, 5, 7, torch.Generator().manual_seed(0))
     assert seq.shape == (3, 10) and torch.equal(seq[:, :5], seq[:, 5:])
 

@@ -11,8 +11,9 @@ model width ``embed_dim``, ``H`` heads, ``Dh = E // H``, ``L`` layers, ``V`` the
 * :func:`language_model_loss`, :func:`sample_next`, :func:`generate` (with chapter 08's key-value cache).
 * :func:`ngram_bits_per_char`: the counting baseline the model has to beat, and
   :func:`windowed_bits_per_char`: the model scored on the same characters.
-* :func:`previous_token_scores`, :func:`induction_scores`: what a head does, measured
-  (Olsson et al., 2022).
+* :func:`previous_token_scores`, :func:`repeated_random_tokens`: what a head does, measured
+  (Olsson et al., 2022); the induction score, at offsets a positional look-up cannot fake, is
+  :func:`attnkit.induction.induction_score`.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ __all__ = [
     "ngram_bits_per_char",
     "windowed_bits_per_char",
     "previous_token_scores",
-    "induction_scores",
     "repeated_random_tokens",
 ]
 
@@ -593,24 +593,3 @@ def repeated_random_tokens(
         0, vocab_size, (batch, length), generator=generator
     )  # (batch, length)
     return torch.cat([first, first], dim=1)
-
-
-def induction_scores(weights: Tensor, length: int) -> Tensor:
-    """Induction score per head on a sequence repeated once: ``(B, H, 2 length, 2 length) -> (H,)`` (chapter 09).
-
-    In the second copy, position ``i`` holds the token seen at ``i - length``; an induction head
-    attends to the token that *followed* that earlier occurrence, position ``i - length + 1``, and
-    so predicts what comes next (Olsson et al., 2022). The score is the mean weight on that key.
-    """
-    if (
-        weights.dim() != 4
-        or weights.shape[-1] != weights.shape[-2]
-        or weights.shape[-1] != 2 * length
-    ):
-        raise ValueError(
-            f"weights must be (B, H, 2 length, 2 length) = (B, H, {2 * length}, {2 * length}), "
-            f"got {tuple(weights.shape)}"
-        )
-    return weights.diagonal(offset=-(length - 1), dim1=-2, dim2=-1)[..., 1:].mean(
-        dim=(0, 2)
-    )  # (H,)
