@@ -275,3 +275,34 @@ def test_the_cache_shows_in_the_tokens_and_the_reference_is_the_judges():
     plain = CacheProbeLM(3, seed=5)
     plain.recomputed = plain.pos  # no mark: recomputing equals the cache, as on TinyLM
     assert torch.equal(_greedy_tokens(plain, prompt, 6, "recomputed"), cached)
+
+
+# the induction circuit (section 6): the score's classic mistakes, and the questions about the hand-set circuit
+IND = "    return (picked * q).sum(dim=(0, 2)) / q.sum()"
+KEYS = "keys = (i - length[:, None] + 1).clamp(min=0)"
+INDUCTION_MISTAKES = {
+    "one offset for every sequence": (mutate(REF, KEYS, "keys = (i - length[:1, None] + 1).clamp(min=0)"),
+                                      "one offset"),
+    "the earlier token itself": (mutate(REF, KEYS, "keys = (i - length[:, None]).clamp(min=0)"), "itself"),
+    "the previous token": (mutate(REF, KEYS, "keys = (i - 1).clamp(min=0).expand(B, n)"), "previous token"),
+    "the last query counted": (mutate(REF, "(first + 2 * length - 2)[:, None]", "(first + 2 * length - 1)[:, None]"),
+                               "last token"),
+    "per-sequence means": (mutate(REF, IND, "    return ((picked * q).sum(-1) / q.sum(-1)).mean(0)"),
+                           "per sequence"),
+}
+
+
+@pytest.mark.parametrize("name", list(INDUCTION_MISTAKES))
+def test_induction_score_mistake_named(name):
+    code, words = INDUCTION_MISTAKES[name]
+    assert_mistake_named(A, name, code, "test_induction_score", words)
+
+
+@pytest.mark.parametrize("name, wrong, words", [
+    ("q_prev_head", "0", "itself"),
+    ("q_induction_ablated", "float(induction_score(toy(repeats)[1][1], first, length)[0])", "every head in place"),
+], ids=["prev-head", "not-ablated"])
+def test_circuit_question_names_the_usual_wrong_answer(name, wrong, words):
+    results = run_suite(A, REF + f"\n{name} = {wrong}\n")
+    assert words.lower() in results[f"test_{name}"].lower(), results[f"test_{name}"]
+    assert sum(1 for m in results.values() if m) == 1

@@ -10,9 +10,9 @@ from torch import nn
 
 from attnkit import TransformerEncoderBlock, causal_mask
 from attnkit.torch_twins import to_torch_encoder_layer
-from attnkit.gpt import (GPT, POSITIONS, CharTokenizer, generate, induction_scores, language_model_loss,
+from attnkit.gpt import (GPT, POSITIONS, CharTokenizer, generate, language_model_loss,
                          ngram_bits_per_char, previous_token_scores, repeated_random_tokens, sample_next,
-                         stdlib_corpus)
+                         stdlib_corpus, windowed_bits_per_char)
 
 V, E, H, L, N = 11, 16, 4, 2, 12
 
@@ -273,6 +273,24 @@ def test_bad_input_errors():
         generate(model, torch.zeros(0, dtype=torch.long), 3)
     longer = GPT(V, E, H, L, max_len=8, position="rope")
     assert generate(longer, torch.zeros(1, 4, dtype=torch.long), 10).shape == (1, 14)  # no length limit
+    with pytest.raises(ValueError, match="window"):
+        generate(longer, torch.zeros(1, 4, dtype=torch.long), 3, window=0)
+
+
+@pytest.mark.parametrize("position", ["learned", "rope"])
+def test_generate_with_a_window_crops_the_context(position):
+    """Up to `window` tokens it is plain generation; beyond, each step sees only the last `window` tokens,
+    from position 0: learned positions never run out, and the logits are those of the cropped text alone."""
+    model = tiny(position).eval()
+    prompt = torch.randint(0, V, (2, 3))
+    short = generate(model, prompt, 5, 1.0, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(
+        generate(model, prompt, 5, 1.0, generator=torch.Generator().manual_seed(0), window=8), short)
+    long = generate(model, prompt, 40, 0.0, window=6)  # 43 > max_len = 32 positions
+    assert long.shape == (2, 43)
+    for i in range(10, 43):  # greedy: each token is the arg max given the 6 before it
+        logits, _ = model(long[:, i - 6:i])
+        assert torch.equal(long[:, i], logits[:, -1].argmax(-1))
 
 
 def test_head_mask_zeroes_a_head():
@@ -287,20 +305,13 @@ def test_head_mask_zeroes_a_head():
 
 
 def test_head_scores_on_hand_built_weights():
-    n, length = 6, 3
+    n = 6
     previous = torch.zeros(1, 2, n, n)
     previous[0, 0, 0, 0] = 1
     previous[0, 0, torch.arange(1, n), torch.arange(n - 1)] = 1       # head 0 looks one back
     previous[0, 1] = causal_mask(n) / causal_mask(n).sum(-1, keepdim=True)  # head 1 is uniform
     scores = previous_token_scores(previous)
     assert scores[0] == 1 and scores[1] == pytest.approx(sum(1 / i for i in range(2, n + 1)) / (n - 1))
-    induction = torch.zeros(2, 1, 2 * length, 2 * length)
-    for i in range(length, 2 * length):
-        induction[:, 0, i, i - length + 1] = 1
-    assert induction_scores(induction, length).tolist() == [1.0]
-    assert induction_scores(previous, length)[0] == 0  # one back is not the token after the earlier copy
-    with pytest.raises(ValueError):
-        induction_scores(previous, 4)
     seq = repeated_random_tokens(3, 5, 7, torch.Generator().manual_seed(0))
     assert seq.shape == (3, 10) and torch.equal(seq[:, :5], seq[:, 5:])
 
@@ -335,3 +346,39 @@ def test_bench_gpt_pair_computes_the_same_logits_and_runs():
         torch.testing.assert_close(model(tokens)[0], twin(tokens), atol=1e-5, rtol=1e-5)
     row = bench.gpt_train_step_row(batch=2, n=8, embed_dim=16, num_heads=2, num_layers=1, vocab_size=V, repeats=2)
     assert row.module == "gpt" and row.ratio > 0 and len(row.ours_runs_ms) == 2
+
+
+def test_windowed_bits_scores_each_character_once_with_enough_context():
+    """Each character from min_context to end is scored once, from the context the windows give it:
+    the same number as scoring every position one by one from its own window."""
+    model = tiny("rope").eval()
+    ids = torch.randint(0, V, (50,))
+    bits, end = windowed_bits_per_char(model, ids, context=8, min_context=3)
+    stride = 6
+    assert end == 3 + ((50 - stride) // stride) * stride
+    expected = []
+    for target in range(3, end):
+        start = (target - 3) // stride * stride  # the window that scores it
+        logits, _ = model(ids[None, start:start + 9])
+        expected.append(-torch.log_softmax(logits[0, target - start - 1], -1)[ids[target]].item())
+    assert bits == pytest.approx(sum(expected) / len(expected) / math.log(2), rel=1e-6)
+    with pytest.raises(ValueError, match="min_context"):
+        windowed_bits_per_char(model, ids, context=8, min_context=9)
+
+
+def test_committed_checkpoint_loads_into_the_chapters_model():
+    """scripts/tiny_gpt: float16 weights under 1 MB that fit GPT(**config['model']) with the read-out tied, and a
+    config that records how they were made (chapter 09 re-scores them on the validation text)."""
+    import json
+    from pathlib import Path
+    folder = Path(__file__).resolve().parents[1] / "scripts" / "tiny_gpt"
+    config = json.loads((folder / "config.json").read_text())
+    assert (folder / "checkpoint.pt").stat().st_size < 1_000_000
+    assert config["model"]["vocab_size"] == len(config["chars"]) and config["training"]["steps"] > 0
+    assert 0 < config["validation_bits_per_char"] < 3 and "windowed_bits_per_char" in config["scored"]
+    state = torch.load(folder / "checkpoint.pt", weights_only=True)
+    assert all(v.dtype == torch.float16 for v in state.values())
+    model = GPT(**config["model"])
+    missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    assert missing == ["readout.weight"] and not unexpected
+    assert model.readout.weight is model.token_embed.weight

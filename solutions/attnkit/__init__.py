@@ -41,8 +41,16 @@ only modules listed above it (and torch); nothing in the package imports
     A decoder-only language model from chapter 07's blocks and what opens it up:
     ``CharTokenizer``, ``stdlib_corpus``, ``GPT`` (its ``POSITIONS`` schemes),
     ``language_model_loss``, ``sample_next``, ``generate`` (with chapter 08's
-    cache), the counting baseline ``ngram_bits_per_char``, and head scores
-    ``previous_token_scores``, ``induction_scores`` on ``repeated_random_tokens``.
+    cache), the counting baseline ``ngram_bits_per_char`` and the model on the same
+    characters, ``windowed_bits_per_char``, and head scores
+    ``previous_token_scores``, ``repeated_random_tokens`` (the in-context loss curve); ``INITS``
+    (``GPT(init=...)``; ``feed_forward=False`` builds an attention-only model).
+``induction`` (chapter 09)
+    Induction heads grown and proven: ``RepeatedBatch``, ``repeated_block_batch`` (a block
+    repeated at a random offset), ``second_copy_queries``, the per-sequence
+    ``induction_score`` and the foolable ``fixed_offset_induction_score``,
+    ``second_copy_bits``, ``attention_only_gpt``, ``head_mask``, ``measure``,
+    ``train_on_repeats`` and what it records, ``InductionHistory``.
 ``torch_twins`` (the tests, the checks, the benchmark)
     torch's layers holding our weights: ``to_torch_multihead``,
     ``to_torch_encoder_layer``, ``to_torch_decoder_layer``.
@@ -74,9 +82,12 @@ from attnkit.transformer import FeedForward, Transformer, TransformerDecoderBloc
 from attnkit.efficient import (append_to_cache, cached_attention, causal_linear_attention, elu_feature_map,
                                fused_attention, kv_cache_bytes_per_token, linear_attention, online_softmax_update,
                                peak_memory, tiled_attention)
-from attnkit.gpt import (GPT, POSITIONS, CharTokenizer, generate, induction_scores, language_model_loss,
+from attnkit.gpt import (GPT, INITS, POSITIONS, CharTokenizer, generate, language_model_loss,
                          ngram_bits_per_char, previous_token_scores, repeated_random_tokens, sample_next,
-                         stdlib_corpus)
+                         stdlib_corpus, windowed_bits_per_char)
+from attnkit.induction import (InductionHistory, RepeatedBatch, attention_only_gpt, fixed_offset_induction_score, head_mask,
+                               induction_score, measure, repeated_block_batch, second_copy_bits,
+                               second_copy_queries, train_on_repeats)
 from attnkit.torch_twins import to_torch_decoder_layer, to_torch_encoder_layer, to_torch_multihead
 
 __all__ = [
@@ -105,7 +116,11 @@ __all__ = [
     "kv_cache_bytes_per_token", "elu_feature_map", "linear_attention", "causal_linear_attention", "peak_memory",
     # chapter 09
     "POSITIONS", "CharTokenizer", "stdlib_corpus", "GPT", "language_model_loss", "sample_next", "generate",
-    "ngram_bits_per_char", "previous_token_scores", "induction_scores", "repeated_random_tokens",
+    "ngram_bits_per_char", "previous_token_scores", "repeated_random_tokens", "INITS",
+    "windowed_bits_per_char",
+    "RepeatedBatch", "repeated_block_batch", "second_copy_queries", "induction_score",
+    "fixed_offset_induction_score", "second_copy_bits", "attention_only_gpt", "head_mask", "measure",
+    "train_on_repeats", "InductionHistory",
     # oracles
     "to_torch_multihead", "to_torch_encoder_layer", "to_torch_decoder_layer",
 ]

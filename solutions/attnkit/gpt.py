@@ -9,9 +9,11 @@ model width ``embed_dim``, ``H`` heads, ``Dh = E // H``, ``L`` layers, ``V`` the
   ``"none"``), pre-norm :class:`~attnkit.transformer.TransformerEncoderBlock` s with the causal mask
   (Radford et al., 2019), a final layer norm and a read-out tied to the embedding (Press and Wolf, 2017).
 * :func:`language_model_loss`, :func:`sample_next`, :func:`generate` (with chapter 08's key-value cache).
-* :func:`ngram_bits_per_char`: the counting baseline the model has to beat.
-* :func:`previous_token_scores`, :func:`induction_scores`: what a head does, measured
-  (Olsson et al., 2022).
+* :func:`ngram_bits_per_char`: the counting baseline the model has to beat, and
+  :func:`windowed_bits_per_char`: the model scored on the same characters.
+* :func:`previous_token_scores`, :func:`repeated_random_tokens`: what a head does, measured
+  (Olsson et al., 2022); the induction score, at offsets a positional look-up cannot fake, is
+  :func:`attnkit.induction.induction_score`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from attnkit.transformer import TransformerEncoderBlock
 
 __all__ = [
     "POSITIONS",
+    "INITS",
     "CharTokenizer",
     "stdlib_corpus",
     "GPT",
@@ -40,12 +43,13 @@ __all__ = [
     "sample_next",
     "generate",
     "ngram_bits_per_char",
+    "windowed_bits_per_char",
     "previous_token_scores",
-    "induction_scores",
     "repeated_random_tokens",
 ]
 
 POSITIONS = ("learned", "sinusoidal", "rope", "none")
+INITS = ("gpt2", "torch")
 
 
 # -- text ----------------------------------------------------------------------------------------------
@@ -146,6 +150,12 @@ class GPT(nn.Module):
     kernel (on a CPU it does); its GPU kernels draw their own random masks, and no kernel
     returns the weights it dropped.
     ``decode`` is for generation and refuses training mode with attention dropout.
+
+    ``feed_forward=False`` removes each block's feed-forward network and the norm before it
+    (``block.feed_forward`` and ``block.norm2`` are ``None``): an attention-only model, the
+    smallest that forms an induction circuit (Olsson et al., 2022; :mod:`attnkit.induction`).
+    ``init="gpt2"`` draws every weight from N(0, 0.02) with zero biases (GPT-2's choice);
+    ``init="torch"`` keeps PyTorch's default initialisation of each layer.
     """
 
     def __init__(
@@ -159,10 +169,14 @@ class GPT(nn.Module):
         position: str = "learned",
         dropout: float = 0.0,
         tie_weights: bool = True,
+        feed_forward: bool = True,
+        init: str = "gpt2",
     ) -> None:
         super().__init__()
         if position not in POSITIONS:
             raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
+        if init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {init!r}")
         if (
             position in ("rope", "sinusoidal")
             and (embed_dim // num_heads if position == "rope" else embed_dim) % 2
@@ -184,9 +198,14 @@ class GPT(nn.Module):
             )
             for _ in range(num_layers)
         )
+        if not feed_forward:  # attention only: no feed-forward network, no norm before it
+            for block in self.blocks:
+                block.feed_forward, block.norm2 = None, None
+        self.attention_only = not feed_forward
         self.norm = nn.LayerNorm(embed_dim)
         self.readout = nn.Linear(embed_dim, vocab_size, bias=False)
-        self.apply(self._init)
+        if init == "gpt2":
+            self.apply(self._init)
         if tie_weights:
             # one (V, E) matrix embeds and reads out
             self.readout.weight = self.token_embed.weight
@@ -308,7 +327,8 @@ class GPT(nn.Module):
                 None if head_mask is None else head_mask[i],
             )
             x = x + out
-            x = x + block.dropout2(block.feed_forward(block.norm2(x)))  # (B, s, E)
+            if block.feed_forward is not None:
+                x = x + block.dropout2(block.feed_forward(block.norm2(x)))  # (B, s, E)
             weights.append(w)
             new_caches.append(cache)
         return self.readout(self.norm(x)), weights, new_caches  # (B, s, V)
@@ -406,6 +426,7 @@ def generate(
     top_k: int | None = None,
     generator: torch.Generator | None = None,
     use_cache: bool = True,
+    window: int | None = None,
 ) -> Tensor:
     """The prompt followed by ``max_new_tokens`` sampled tokens (chapter 09).
 
@@ -415,6 +436,11 @@ def generate(
     values from the cache (chapter 08); without it every step runs the whole sequence again. Both
     give the same tokens for the same ``generator``. The model runs in ``eval()`` mode (no dropout)
     and is put back in the mode it was in.
+
+    ``window`` crops the context: each step runs the model, without the cache, on the last
+    ``window`` tokens only, their positions counted from 0, so a model trained on windows of that
+    length never meets a position (or, with RoPE, a distance) it was not trained on, however long
+    the text grows. As long as the text is at most ``window`` tokens this gives the same tokens.
     """
     if (
         not isinstance(prompt, Tensor)
@@ -427,13 +453,17 @@ def generate(
         )
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be an int >= 1 or None, got {window!r}")
     tokens = prompt if prompt.dim() == 2 else prompt[None]  # (B, n)
     was_training = model.training
     model.eval()
     try:
         cache, step_input = None, tokens
         for _ in range(max_new_tokens):
-            if use_cache:
+            if window is not None:  # the last `window` tokens, from position 0
+                logits, _ = model(tokens[:, -window:])  # (B, min(n + i, window), V)
+            elif use_cache:
                 logits, cache = model.decode(
                     step_input, cache
                 )  # (B, s, V): s = n first, then 1
@@ -446,6 +476,46 @@ def generate(
     finally:
         model.train(was_training)
     return tokens if prompt.dim() == 2 else tokens[0]
+
+
+@torch.no_grad()
+def windowed_bits_per_char(
+    model: GPT,
+    ids: Tensor,
+    context: int,
+    min_context: int,
+    head_mask: Tensor | None = None,
+    batch: int = 1024,
+) -> tuple[float, int]:
+    """Bits per character of ``model`` on ``ids`` ``(N,)``, every character read with context (chapter 09).
+
+    Windows of ``context + 1`` tokens every ``stride = context + 1 - min_context`` positions;
+    only the last ``stride`` predictions of each window count, so the characters
+    ``min_context .. end - 1`` are each scored exactly once, from ``min_context`` to ``context``
+    characters of context. Returns ``(bits, end)``; score an n-gram on the same characters with
+    ``ngram_bits_per_char(train, ids[min_context - (order - 1) : end], order, V)``.
+    """
+    if not 1 <= min_context <= context:
+        raise ValueError(f"need 1 <= min_context <= context, got {min_context}, {context}")
+    stride = context + 1 - min_context
+    n_windows = (ids.shape[0] - stride) // stride
+    if n_windows < 1:
+        raise ValueError(f"ids of length {ids.shape[0]} hold no window of {context + 1}")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    for starts in (torch.arange(n_windows) * stride).split(batch):
+        rows = starts[:, None] + torch.arange(context + 1)  # (b, context + 1)
+        tokens = ids[rows].to(device)  # (b, context + 1)
+        logits, _ = model(tokens, head_mask=head_mask)  # (b, context + 1, V)
+        total += F.cross_entropy(
+            logits[:, min_context - 1 : -1].flatten(0, 1).float(),
+            tokens[:, min_context:].flatten(),
+            reduction="sum",
+        ).item()
+    model.train(was_training)
+    return total / (n_windows * stride) / math.log(2), min_context + n_windows * stride
 
 
 # -- a counting baseline ---------------------------------------------------------------------------------
@@ -523,24 +593,3 @@ def repeated_random_tokens(
         0, vocab_size, (batch, length), generator=generator
     )  # (batch, length)
     return torch.cat([first, first], dim=1)
-
-
-def induction_scores(weights: Tensor, length: int) -> Tensor:
-    """Induction score per head on a sequence repeated once: ``(B, H, 2 length, 2 length) -> (H,)`` (chapter 09).
-
-    In the second copy, position ``i`` holds the token seen at ``i - length``; an induction head
-    attends to the token that *followed* that earlier occurrence, position ``i - length + 1``, and
-    so predicts what comes next (Olsson et al., 2022). The score is the mean weight on that key.
-    """
-    if (
-        weights.dim() != 4
-        or weights.shape[-1] != weights.shape[-2]
-        or weights.shape[-1] != 2 * length
-    ):
-        raise ValueError(
-            f"weights must be (B, H, 2 length, 2 length) = (B, H, {2 * length}, {2 * length}), "
-            f"got {tuple(weights.shape)}"
-        )
-    return weights.diagonal(offset=-(length - 1), dim1=-2, dim2=-1)[..., 1:].mean(
-        dim=(0, 2)
-    )  # (H,)

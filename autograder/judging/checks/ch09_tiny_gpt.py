@@ -418,3 +418,141 @@ def q_induction_position(t: Trial) -> None:
              "which is what it predicts comes next",
         "4": "position 4 is the previous token; that is a previous-token head, not an induction head",
         "0": "position 0 is the first token; an induction head looks for the earlier occurrence of the current token"})
+
+
+# -- the induction circuit ----------------------------------------------------------------------------------
+# The grader's own copy of the exercise's CopyToy and make_repeats (its setup cell): the answers to Q6 and Q7
+# are recomputed here, never read from the student's objects.
+
+INDUCTION = "induction_score"
+FIXED_OFFSET = ("one offset for every sequence: use each sequence's own first[b] and length[b] (the key of "
+                "query i in sequence b is i - length[b] + 1)")
+SAME_TOKEN = ("this is the weight on the earlier occurrence of the token itself, i - length; an induction head "
+              "attends to the token AFTER it, i - length + 1, which is what comes next")
+PREVIOUS = "this is the weight on the previous token, i - 1: a previous-token head, not an induction head"
+LAST_QUERY = ("the last token of the second copy is counted: its next token is not a copy, so the queries end at "
+              "first + 2 length - 2")
+PER_SEQUENCE = ("the scores are averaged per sequence first: average over all (sequence, query) pairs together, "
+                "so a sequence with a longer block counts for more queries")
+
+
+class _CopyToy:
+    """The exercise's hand-set 2-layer circuit: layer 0 head 1 looks one back, layer 1 head 0 copies."""
+
+    def __init__(self, vocab_size: int = 16, max_len: int = 20, sharpness: float = 12.0) -> None:
+        V1, n = vocab_size + 1, max_len
+        self.V1, self.max_len, self.beta = V1, n, sharpness
+        self.tok, self.pos = slice(0, V1), slice(V1, V1 + n)
+        self.prev, self.copy = slice(V1 + n, 2 * V1 + n), slice(2 * V1 + n, 3 * V1 + n)
+        self.dim = 3 * V1 + n
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        n = q.shape[1]
+        causal = torch.ones(n, n, dtype=torch.bool).tril()
+        weights = torch.softmax((self.beta * q @ k.transpose(1, 2)).masked_fill(~causal, float("-inf")), -1)
+        return weights @ v, weights
+
+    def __call__(self, tokens: Tensor, head_mask: Tensor | None = None) -> tuple[Tensor, list[Tensor]]:
+        B, n = tokens.shape
+        mask = torch.ones(2, 2) if head_mask is None else head_mask
+        x = torch.zeros(B, n, self.dim)
+        x[..., self.tok] = F.one_hot(tokens, self.V1).float()
+        x[..., self.pos] = torch.eye(self.max_len)[:n]
+        pos, nothing = x[..., self.pos], torch.zeros_like(x)
+        out00, w00 = self._attend(pos, pos, nothing)
+        v01 = torch.zeros_like(x)
+        v01[..., self.prev] = x[..., self.tok]
+        out01, w01 = self._attend(pos.roll(-1, dims=-1), pos, v01)
+        x = x + mask[0, 0] * out00 + mask[0, 1] * out01
+        v10 = torch.zeros_like(x)
+        v10[..., self.copy] = x[..., self.tok]
+        out10, w10 = self._attend(x[..., self.tok], x[..., self.prev], v10)
+        first = torch.zeros(B, n, 1)
+        first[:, 0] = 1
+        out11, w11 = self._attend(torch.ones(B, n, 1), first, nothing)
+        x = x + mask[1, 0] * out10 + mask[1, 1] * out11
+        return 8.0 * x[..., self.copy], [torch.stack([w00, w01], 1), torch.stack([w10, w11], 1)]
+
+
+def _make_repeats(batch: int, n: int = 20, vocab_size: int = 16, lengths: tuple[int, int] = (3, 8),
+                  seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab_size, (batch, n), generator=g)
+    tokens[:, 0] = vocab_size
+    length = torch.randint(lengths[0], lengths[1] + 1, (batch,), generator=g)
+    first = torch.stack([torch.randint(1, n - 2 * int(l) + 1, (1,), generator=g)[0] for l in length])
+    for b in range(batch):
+        f, l = int(first[b]), int(length[b])
+        tokens[b, f + l:f + 2 * l] = tokens[b, f:f + l]
+    return tokens, first, length
+
+
+def _induction(weights: Tensor, first: Tensor, length: Tensor, back: Tensor | None = None, last: int = 2,
+               pooled: bool = True) -> Tensor:
+    """Reference score (key i - (length - 1), queries up to first + 2 length - 2, pooled over sequences and
+    queries) and its classic variants: another distance ``back`` (B,), another last query, per-sequence means."""
+    B, H, n, _ = weights.shape
+    i = torch.arange(n)
+    queries = ((i >= (first + length)[:, None]) & (i <= (first + 2 * length - last)[:, None])).double()
+    keys = (i - (length - 1 if back is None else back)[:, None]).clamp(min=0)  # (B, n)
+    picked = weights.double().gather(-1, keys[:, None, :, None].expand(B, H, n, 1))[..., 0]  # (B, H, n)
+    if pooled:
+        return (picked * queries[:, None]).sum(dim=(0, 2)) / queries.sum()
+    return ((picked * queries[:, None]).sum(-1) / queries.sum(-1)[:, None]).mean(0)
+
+
+@SUITE.check("test_induction_score", parts=[INDUCTION])
+def induction_check(t: Trial) -> None:
+    """One score per head from random causal weights and per-sequence offsets, against fixed offsets, the wrong
+    keys, the last query counted and per-sequence means."""
+    b, h, n = 6, 3, 16
+    raw = t.randn(b, h, n, n, scale=2.0).masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    weights = torch.softmax(raw, dim=-1)
+    length = t.randint(2, 8, (b,))
+    length[:2] = torch.tensor([7, 3])  # two lengths at least, far apart
+    first = torch.stack([t.randint(1, n - 2 * int(l) + 1, (1,))[0] for l in length])
+    what = f"induction_score on weights (B, H, n, n) = {(b, h, n, n)} with per-sequence first and length"
+    got = t.call(INDUCTION, weights, first, length)
+    if isinstance(got, Tensor) and tuple(got.shape) != (h,) and got.numel() in (1, b, b * h):
+        raise CheckFailed(f"{what} returned shape {tuple(got.shape)}: return one score per head, (H,)")
+    expect_close(got, _induction(weights, first, length), what, {
+        FIXED_OFFSET: _induction(weights, first[:1].expand(b), length[:1].expand(b)),
+        FIXED_OFFSET + " (not the first sequence's)": _induction(weights, first, length, back=length[:1] - 1),
+        SAME_TOKEN: _induction(weights, first, length, back=length),
+        PREVIOUS: _induction(weights, first, length, back=torch.ones_like(length)),
+        LAST_QUERY: _induction(weights, first, length, last=1),
+        PER_SEQUENCE: _induction(weights, first, length, pooled=False)})
+
+
+@SUITE.check("test_q_prev_head", parts=["q_prev_head"])
+def q_prev_head(t: Trial) -> None:
+    """Layer 0's previous-token head of the hand-set circuit, recomputed here."""
+    tokens, _, _ = _make_repeats(256)
+    _, weights = _CopyToy()(tokens)
+    scores = weights[0].diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))  # (2,)
+    expected = int(scores.argmax())
+    expect_number(t.value("q_prev_head"), expected, "q_prev_head", {
+        f"head {1 - expected} of layer 0 attends to each position itself (score "
+        f"{scores[1 - expected]:.2f}); the previous-token head puts its weight on position i - 1": 1 - expected},
+        rel=0, abs_tol=0.01)
+
+
+@SUITE.check("test_q_induction_ablated", parts=["q_induction_ablated"])
+def q_induction_ablated(t: Trial) -> None:
+    """The induction score of layer 1 head 0 with the previous-token head removed, recomputed on the same data."""
+    tokens, first, length = _make_repeats(256)
+    toy = _CopyToy()
+
+    def score(layer: int, head: int) -> float:
+        mask = torch.ones(2, 2)
+        mask[layer, head] = 0
+        return float(_induction(toy(tokens, mask)[1][1], first, length)[0])
+
+    intact = float(_induction(toy(tokens)[1][1], first, length)[0])
+    prev_head = int(toy(tokens)[1][0].diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2)).argmax())
+    expect_number(t.value("q_induction_ablated"), score(0, prev_head), "q_induction_ablated", {
+        f"that is the score with every head in place ({intact:.3f}), or with a head removed that the "
+        "induction head does not depend on: remove the previous-token head of Q6": intact,
+        "that is head 1 of layer 1, which never attends after an earlier occurrence: the induction head is "
+        "layer 1, head 0": float(_induction(toy(tokens, torch.tensor([[1.0, 0.0], [1.0, 1.0]]))[1][1],
+                                          first, length)[1])}, rel=2e-3, abs_tol=1e-4)
