@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
+from autograder.judging.checks.ch09_tiny_gpt import STATED_REQUIREMENTS
+from chapter_checking import assert_requirement_broken_alone
+from checking import (assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code,
+                      with_answer)
 
 A = "09_tiny_gpt"
 REF = source_code(A)
@@ -306,3 +309,66 @@ def test_circuit_question_names_the_usual_wrong_answer(name, wrong, words):
     results = run_suite(A, REF + f"\n{name} = {wrong}\n")
     assert words.lower() in results[f"test_{name}"].lower(), results[f"test_{name}"]
     assert sum(1 for m in results.values() if m) == 1
+
+
+# -- stated requirements (issue 20): each one, broken alone, costs points on its check with a named message --
+
+STEP = "step_input = sample_next(logits[:, -1], temperature, top_k,\n                                     generator)[:, None]"
+RETURN = "tokens = torch.cat([tokens, step_input], dim=1)\n    return tokens"
+REQUIREMENTS = {
+    # requirement (as in STATED_REQUIREMENTS, which names its check and message): a mutant of the reference
+    # that breaks only it
+    "loss: logits[:, i] predicts tokens[:, i + 1]": MISTAKES["targets not shifted"][0],
+    "loss: the shift goes forward": MISTAKES["shifted the wrong way"][0],
+    "loss: the mean, not the sum": MISTAKES["summed loss"][0],
+    "loss: in nats": mutate(REF, LOSS, LOSS + " / math.log(2)"),
+    "loss: a scalar tensor": mutate(REF, LOSS, LOSS.replace(".reshape(-1))", ".reshape(-1), reduction='none')")),
+    "sample: temperature 0 is the arg max": mutate(REF, "        return logits.argmax(dim=-1)\n",
+                                                   "        probs = torch.softmax(logits, dim=-1)\n"
+                                                   "        return torch.multinomial(probs, 1, generator=generator)"
+                                                   ".squeeze(-1)\n"),
+    "sample: temperature divides the logits before the softmax": MISTAKES["temperature after the softmax"][0],
+    "sample: divide by the temperature, not multiply": MISTAKES["temperature multiplied"][0],
+    "sample: draw from the softmax probabilities": MISTAKES["sampling from the logits"][0],
+    "sample: top_k keeps the k largest, not k - 1": MISTAKES["top-k keeps k - 1"][0],
+    "sample: top_k keeps the k largest, not k + 1": MISTAKES["top-k keeps k + 1"][0],
+    "sample: top_k used": MISTAKES["top-k ignored"][0],
+    "sample: the same seeded generator repeats the draws": MISTAKES["generator not used"][0],
+    "sample: another seed draws other tokens": GLOBAL_RESEED,
+    "sample: each row drawn independently": ONE_NUMBER,
+    "sample: (B,) int64 ids": INT32,
+    "generate: the prompt followed by the new tokens": mutate(REF, RETURN, RETURN + "[:, prompt.shape[1]:]"),
+    "generate: (B, n + max_new_tokens) int64": mutate(REF, RETURN, RETURN + ".int()"),
+    "generate: the cache is used": MISTAKES["cache never used"][0],
+    "generate: only the newest token is fed": MISTAKES["prompt re-fed every step"][0],
+    "generate: the model appends to the cache itself": MISTAKES["cache appended twice"][0],
+    "generate: the last position's logits": MISTAKES["first position's logits"][0],
+    "generate: temperature passed on": mutate(REF, STEP, STEP.replace("temperature, top_k", "1.0, top_k")),
+    "generate: top_k passed on": mutate(REF, STEP, STEP.replace("temperature, top_k", "temperature, None")),
+    "generate: the generator passed on": mutate(REF, STEP, STEP.replace("generator)[", "None)[")),
+    "score: one score per head": MISTAKES["score averaged over heads"][0],
+    "score: position i on position i - 1": MISTAKES["score on the main diagonal"][0],
+    "score: positions i >= 1 only": mutate(REF, SCORE, "return F.pad(weights.diagonal(offset=-1, dim1=-2, dim2=-1), "
+                                                       "(1, 0)).mean(dim=(0, 2))"),
+    "induction: each sequence's own first and length": INDUCTION_MISTAKES["one offset for every sequence"][0],
+    "induction: the key after the earlier occurrence": INDUCTION_MISTAKES["the earlier token itself"][0],
+    "induction: not a fixed distance back": INDUCTION_MISTAKES["the previous token"][0],
+    "induction: the last token of the second copy is not a query": INDUCTION_MISTAKES["the last query counted"][0],
+    "induction: pooled over (sequence, query) pairs": INDUCTION_MISTAKES["per-sequence means"][0],
+    "induction: one score per head": with_answer(mutate(REF, IND, "    return (picked * q).sum(dim=2) / q.sum()"),
+                                                 "q_induction_ablated", "0.5"),  # Q7's answer reads a score per head
+    "q1: a uniform loss in bits": with_answer(REF, "q_uniform_bits", "math.log(64)"),
+    "q2: nats to bits": with_answer(REF, "q_bits_from_nats", "1.2 * math.log(2)"),
+    "q3: the temperature divides the logits": with_answer(REF, "q_temperature_prob", "math.exp(2) / (math.exp(2) + 1)"),
+    "q4: keys and values": with_answer(REF, "q_cache_numbers", "6 * 1000 * 512"),
+    "q4: every layer": with_answer(REF, "q_cache_numbers", "2 * 1000 * 512"),
+    "q5: the token after the earlier occurrence": with_answer(REF, "q_induction_position", '"4"'),
+    "q6: layer 0's previous-token head": with_answer(REF, "q_prev_head", "0"),
+    "q7: the score with the previous-token head removed": with_answer(
+        REF, "q_induction_ablated", "float(induction_score(toy(repeats)[1][1], first, length)[0])"),
+}
+
+
+@pytest.mark.parametrize("name", list(REQUIREMENTS))
+def test_stated_requirement_broken_alone_loses_points_on_its_check(name):
+    assert_requirement_broken_alone(A, STATED_REQUIREMENTS, REQUIREMENTS, name)

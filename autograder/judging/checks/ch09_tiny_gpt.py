@@ -5,6 +5,10 @@ mistakes (targets not shifted or shifted the wrong way, a sum for a mean, scores
 the wrong axis or read from the wrong diagonal) are computed too and named when the answer equals
 one.
 
+``STATED_REQUIREMENTS`` lists every requirement the exercise's text states, each with the check(s) that
+enforce it, words of their message and the text's key phrase (``tests/test_stated_requirements.py``,
+``tests/test_ch09_grading.py``).
+
 Every fixture the student's code receives is the grader's: the model and the seeded generators come
 from :mod:`autograder.judging.checks.trusted_lm`, whose text is sent into the student's process and executed
 there in a namespace of its own (``Trial.trusted``), never looked up among the student's names; every
@@ -57,8 +61,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from autograder.judging.checks import (CheckFailed, Obj, Suite, Trial, close, expect_choice, expect_close, expect_number,
-                               expect_tensor, trusted_lm)
+from autograder.judging.checks import (CheckFailed, Obj, Suite, Trial, close, expect_choice, expect_close,
+                                       expect_number, expect_tensor, requirement, trusted_lm)
 from autograder.judging.checks.trusted_lm import CacheProbeLM
 
 FIXTURES = inspect.getsource(trusted_lm)  # sent into the student's process, executed there in a namespace of its own
@@ -71,6 +75,9 @@ NOT_SHIFTED = ("the targets are not shifted: logits[:, i] predicts the NEXT toke
 WRONG_WAY = ("the targets are shifted the wrong way: logits[:, i] predicts token i + 1, so compare logits[:, :-1] "
              "with tokens[:, 1:], not logits[:, 1:] with tokens[:, :-1]")
 SUMMED = "the loss is summed over the predictions: return the mean (F.cross_entropy's default reduction)"
+IN_BITS = "the loss is in bits: return it in nats (natural logarithm, what F.cross_entropy gives)"
+NOT_SCALAR = ("return one number, the mean over the B (n - 1) predictions, as a scalar tensor (shape ()), not one "
+              "loss per prediction")
 TEMP_AFTER = ("the temperature is applied after the softmax: dividing probabilities by T changes nothing once they "
               "are normalised again; divide the logits by T before the softmax")
 FROM_LOGITS = ("the tokens are drawn in proportion to the logits themselves: turn them into probabilities with a "
@@ -104,6 +111,99 @@ NEXT_DIAG = ("this reads the diagonal above the main one (position i on i + 1, a
              "the previous token is weights[..., i, i - 1], offset -1")
 WITH_FIRST = ("position 0 is counted, although it has no previous token: average over positions 1..n-1 only")
 
+# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words
+# of the exercise text that state it); tests/test_stated_requirements.py and test_ch09_grading.py read it
+_SAMPLES = ("test_sample_next_greedy_topk", "test_sample_next_distribution")
+_GENERATES = ("test_generate_greedy", "test_generate_sampling")
+STATED_REQUIREMENTS = {
+    'loss: logits[:, i] predicts tokens[:, i + 1]': requirement('test_lm_loss', 'not shifted',
+                'the predictions logits[:, i] are compared with the targets tokens[:, i + 1]'),
+    'loss: the shift goes forward': requirement('test_lm_loss', 'wrong way',
+                'the last position has no target and the first token is never predicted'),
+    'loss: the mean, not the sum': requirement('test_lm_loss', 'summed',
+                'return the mean cross-entropy in nats'),
+    'loss: in nats': requirement('test_lm_loss', 'in bits',
+                'return the mean cross-entropy in nats'),
+    'loss: a scalar tensor': requirement('test_lm_loss', 'scalar tensor',
+                'in nats (a scalar tensor) over those b (n - 1) predictions'),
+    'sample: temperature 0 is the arg max': requirement('test_sample_next_greedy_topk', 'arg max of each row',
+                'temperature == 0 means greedy: the arg max of each row'),
+    'sample: temperature divides the logits before the softmax': requirement('test_sample_next_distribution',
+                'after the softmax', 'divide the logits by temperature before the softmax'),
+    'sample: divide by the temperature, not multiply': requirement('test_sample_next_distribution', 'multiplied',
+                'divide the logits by temperature before the softmax'),
+    'sample: draw from the softmax probabilities': requirement('test_sample_next_distribution', 'logits themselves',
+                'draw from the probabilities with torch.multinomial',
+                also=('test_sample_next_greedy_topk',)),  # logits below 0, or -inf outside the top k, are no weights
+    'sample: top_k keeps the k largest, not k - 1': requirement('test_sample_next_greedy_topk', 'k - 1 tokens',
+                'only the k largest logits of each row may be drawn'),
+    'sample: top_k keeps the k largest, not k + 1': requirement('test_sample_next_greedy_topk', 'k + 1 tokens',
+                'only the k largest logits of each row may be drawn'),
+    'sample: top_k used': requirement('test_sample_next_greedy_topk', 'top_k is ignored',
+                'set the others to -\\infty before the softmax'),
+    'sample: the same seeded generator repeats the draws': requirement(_SAMPLES, 'not reproducible',
+                'a seeded generator gives the same tokens every time'),
+    'sample: another seed draws other tokens': requirement(_SAMPLES, 'two different seeds gave exactly the same tokens',
+                'another seed other tokens'),
+    'sample: each row drawn independently': requirement(_SAMPLES, 'shares one random draw',
+                'each row is drawn independently of the others'),
+    'sample: (B,) int64 ids': requirement(_SAMPLES, 'int64',
+                'returns one token id per row, (b,) int64'),
+    'generate: the prompt followed by the new tokens': requirement(_GENERATES, 'should return token ids of shape',
+                'returns the prompt followed by max_new_tokens new tokens'),
+    'generate: (B, n + max_new_tokens) int64': requirement(_GENERATES, 'int64',
+                '(b, n + max_new_tokens) int64'),
+    'generate: the cache is used': requirement(_GENERATES, 'never used',
+                'use the cache: run the prompt through the model once (cache=none)'),
+    'generate: only the newest token is fed': requirement(_GENERATES, 're-fed',
+                'feed only the newest token together with the cache the model returned last time'),
+    'generate: the model appends to the cache itself': requirement(_GENERATES, 'appended twice',
+                'the model appends the new keys and values itself'),
+    "generate: the last position's logits": requirement(_GENERATES, 'last position',
+                'draw each new token from the logits at the last position'),
+    'generate: temperature passed on': requirement('test_generate_greedy', 'differ from greedy decoding',
+                'passing on temperature, top_k and generator'),
+    'generate: top_k passed on': requirement('test_generate_sampling', 'pass top_k to sample_next',
+                'passing on temperature, top_k and generator'),
+    'generate: the generator passed on': requirement('test_generate_sampling', 'same seeded generator differ',
+                'a seeded generator repeats the same tokens'),
+    'score: one score per head': requirement('test_previous_token_score', 'wrong axis',
+                'every sequence of the batch. return one score per head, (h,)'),
+    'score: position i on position i - 1': requirement('test_previous_token_score', 'main diagonal',
+                'its average weight from position i on position i - 1'),
+    'score: positions i >= 1 only': requirement('test_previous_token_score', 'position 0 is counted',
+                'over every i \\ge 1'),
+    "induction: each sequence's own first and length": requirement('test_induction_score', 'one offset',
+                'for each sequence b its block start first[b] and length length[b]'),
+    'induction: the key after the earlier occurrence': requirement('test_induction_score',
+                'earlier occurrence of the token itself',
+                'on the key i - \\ell + 1'),
+    'induction: not a fixed distance back': requirement('test_induction_score', 'previous-token head',
+                'a fixed distance back cannot score high'),
+    'induction: the last token of the second copy is not a query': requirement('test_induction_score', 'last token',
+                'the second copy but its last token'),
+    'induction: pooled over (sequence, query) pairs': requirement('test_induction_score', 'per sequence',
+                'averaged over all those (sequence, query) pairs together'),
+    'induction: one score per head': requirement('test_induction_score', 'one score per head',
+                'score per head, (h,). because every sequence has its own offset'),
+    'q1: a uniform loss in bits': requirement('test_q_uniform_bits', 'nats',
+                'what is its loss on any text, in bits per character'),
+    'q2: nats to bits': requirement('test_q_bits_from_nats', 'divide by ln 2',
+                '(natural logarithm, nats per character). what is that in bits per character'),
+    'q3: the temperature divides the logits': requirement('test_q_temperature_prob', 'before the softmax',
+                'with temperature t = 0.5 (and no top-k), what probability does sample_next give token 0'),
+    'q4: keys and values': requirement('test_q_cache_numbers', 'keys only',
+                'how many numbers does its key-value cache hold'),
+    'q4: every layer': requirement('test_q_cache_numbers', 'one layer',
+                'l = 6 layers of width e = 512'),
+    'q5: the token after the earlier occurrence': requirement('test_q_induction_position', 'previous-token head',
+                'which position does an induction head attend to most'),
+    "q6: layer 0's previous-token head": requirement('test_q_prev_head', 'attends to each position itself',
+                'which head of layer 0 is the previous-token head'),
+    'q7: the score with the previous-token head removed': requirement('test_q_induction_ablated', 'every head in place',
+                'remove the previous-token head you found in q6'),
+}
+
 
 # -- the loss ---------------------------------------------------------------------------------------------
 
@@ -121,10 +221,12 @@ def loss_check(t: Trial) -> None:
         got = t.call(LOSS, logits, tokens)
         if isinstance(got, Tensor) and got.numel() == 1:
             got = got.reshape(())
+        elif isinstance(got, Tensor):
+            raise CheckFailed(f"{what} has shape {tuple(got.shape)}: {NOT_SCALAR}")
         expected = _ce(logits[:, :-1], tokens[:, 1:])
         expect_close(expect_tensor(got, (), what), expected, what, {
             NOT_SHIFTED: _ce(logits, tokens), WRONG_WAY: _ce(logits[:, 1:], tokens[:, :-1]),
-            SUMMED: _ce(logits[:, :-1], tokens[:, 1:], "sum")})
+            SUMMED: _ce(logits[:, :-1], tokens[:, 1:], "sum"), IN_BITS: expected / math.log(2)})
 
 
 # -- sampling ---------------------------------------------------------------------------------------------
