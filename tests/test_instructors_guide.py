@@ -14,7 +14,16 @@ in, so ``.venv/bin/...`` works there as in a clone. The students:
 The one long-running command, ``python -m autograder formgrader``, is started in the background (with a free
 port appended) and checked to serve /formgrader; the hand grades it would record are then set through nbgrader's
 Gradebook API (tests/test_formgrader.py drives formgrader itself in a browser). A command that fails fails the
-test. Runs as the user running the tests (root in the containers; the sandbox tests cover unprivileged grading).
+test.
+
+The guide runs twice, at once (two threads: the commands are mostly Python starting up, one core each), on two
+scratch courses, and every test checks both: as the user running the tests (root in the containers), and as an
+unprivileged user (uid 65534, ``nobody``, switched to with ``setpriv`` as tests/test_isolation_batch.py does) who
+owns that course and its HOME. That user grades under bubblewrap where user namespaces allow it, else plainly (the
+guide does not ask for ``--require-isolation``), and formgrader starts without ``--allow-root``. The second run
+skips, saying why, where the tests do not run as root (nobody to switch to: the first run is then the non-root
+one), without ``setpriv``, or where the Python installation cannot be reached by that user (a folder on its way
+closed to others, such as a pyenv under /root: nothing outside the test's folder is chmod-ed to open it).
 """
 
 from __future__ import annotations
@@ -22,14 +31,19 @@ from __future__ import annotations
 import csv
 import json
 import os
+import pwd
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -43,6 +57,27 @@ GUIDE = course.ROOT / "book" / "instructors.md"
 ROSTER = ("id,first_name,last_name,email,lms_user_id\nalice,Alice,Adams,,1111\nbob,Bob,Smith,,4343\n"
           "carol,Carol,Chen,,2222\n")
 HAND = {"alice": 2.0, "bob": 1.0}  # written_scale, as an instructor would grade it in formgrader
+NOBODY = 65534  # uid and gid of the unprivileged user (nobody/nogroup on Debian and most distributions)
+OWN, UNPRIVILEGED = "own user", "unprivileged user"
+
+
+@dataclass(frozen=True)
+class Instructor:
+    """Who runs the guide: a uid and the command prefix that runs a command as that user."""
+
+    uid: int
+    gid: int
+    prefix: tuple[str, ...]  # () for the tests' own user, setpriv ... for another
+
+    @property
+    def name(self) -> str:
+        try:
+            return pwd.getpwuid(self.uid).pw_name
+        except KeyError:
+            return str(self.uid)
+
+    def cmd(self, *args: str) -> list[str]:
+        return [*self.prefix, *args]
 
 
 def guide_blocks() -> list[str]:
@@ -105,21 +140,21 @@ def hand_in(root: Path, home: Path) -> None:
                    "2026-10-01 09:00:00 UTC")  # backdated by bob; not a notebook: never collected
 
 
-def run_block(block: str, root: Path, env: dict[str, str], log: list[str]) -> None:
-    proc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=900)
+def run_block(block: str, root: Path, env: dict[str, str], log: list[str], who: Instructor) -> None:
+    proc = subprocess.run(who.cmd("bash", "-e", "-o", "pipefail", "-c", block), cwd=root, env=env,
+                          capture_output=True, text=True, timeout=900)
     log.append(f"$ {block}\n{proc.stdout}{proc.stderr}")
     assert proc.returncode == 0, f"the guide's command failed (exit {proc.returncode}):\n{block}\n" \
                                  f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 
 
-def check_formgrader(block: str, root: Path, env: dict[str, str]) -> None:
+def check_formgrader(block: str, root: Path, env: dict[str, str], who: Instructor) -> None:
     """Start the documented formgrader command, see /formgrader served, stop it."""
     port = free_port()
-    logfile = root / "formgrader.log"
+    logfile = root.parent / "formgrader.log"
     with open(logfile, "w") as out:
-        proc = subprocess.Popen(["bash", "-c", block.strip() + f" --port {port}"], cwd=root, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(who.cmd("bash", "-c", block.strip() + f" --port {port}"), cwd=root, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         token = None
@@ -127,7 +162,7 @@ def check_formgrader(block: str, root: Path, env: dict[str, str]) -> None:
             assert proc.poll() is None, f"formgrader stopped:\n{logfile.read_text()[-3000:]}"
             found = re.search(r"token=([0-9a-f]+)", logfile.read_text())
             token = found and found[1]
-            time.sleep(0.5)
+            time.sleep(0.2)
         assert token, f"formgrader printed no address:\n{logfile.read_text()[-3000:]}"
         page = urllib.request.urlopen(f"http://127.0.0.1:{port}/formgrader?token={token}", timeout=30).read().decode()
         assert "Manage Assignments" in page or "formgrader" in page.lower()
@@ -136,14 +171,22 @@ def check_formgrader(block: str, root: Path, env: dict[str, str]) -> None:
         proc.wait(timeout=30)
 
 
-def grade_by_hand(root: Path) -> None:
-    from nbgrader.api import Gradebook
+HAND_GRADING = """import sys
+from nbgrader.api import Gradebook
 
-    with Gradebook(f"sqlite:///{root / 'grading' / 'gradebook.db'}") as gb:
-        for student, score in HAND.items():
-            grade = gb.find_grade("written_scale", "single_head", A, student)
-            grade.manual_score, grade.needs_manual_grade = score, False
-        gb.db.commit()
+with Gradebook(f"sqlite:///{sys.argv[1]}") as gb:
+    for student, score in %r.items():
+        grade = gb.find_grade("written_scale", "single_head", %r, student)
+        grade.manual_score, grade.needs_manual_grade = score, False
+    gb.db.commit()
+""" % (HAND, A)
+
+
+def grade_by_hand(root: Path, env: dict[str, str], who: Instructor) -> None:
+    """Record the hand grades as the instructor running the guide (the gradebook stays theirs)."""
+    proc = subprocess.run(who.cmd(sys.executable, "-c", HAND_GRADING, str(root / "grading" / "gradebook.db")),
+                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"recording the hand grades failed:\n{proc.stderr[-3000:]}"
 
 
 def rows(path: Path, key: str) -> dict[str, dict[str, str]]:
@@ -151,26 +194,105 @@ def rows(path: Path, key: str) -> dict[str, dict[str, str]]:
         return {r[key]: r for r in csv.DictReader(f)}
 
 
-@pytest.fixture(scope="module")
-def term(tmp_path_factory):
-    base = tmp_path_factory.mktemp("term")
+def permits(path: Path, bits: int, who: Instructor) -> bool:
+    """Whether ``who`` gets the permission ``bits`` (stat.S_IROTH / S_IXOTH values) on ``path``."""
+    st = path.stat()
+    shift = 6 if st.st_uid == who.uid else 3 if st.st_gid == who.gid else 0
+    return bool((st.st_mode >> shift) & bits)
+
+
+def closed_folder(paths: list[Path], who: Instructor) -> str | None:
+    """The first folder on the way to one of ``paths`` (as written and with links followed) that ``who`` cannot
+    enter, or a file of them it cannot read, with its mode; None when every one is open."""
+    for path in paths:
+        for target in dict.fromkeys([path.absolute(), path.resolve()]):
+            for folder in [*reversed(target.parents), *([target] if target.is_dir() else [])]:
+                if not permits(folder, stat.S_IXOTH, who):
+                    return f"{folder} (mode {stat.filemode(folder.stat().st_mode)}, owner uid {folder.stat().st_uid})"
+            if not target.is_dir() and not permits(target, stat.S_IROTH, who):
+                return f"{target} (mode {stat.filemode(target.stat().st_mode)})"
+    return None
+
+
+def unprivileged() -> Instructor | str:
+    """The unprivileged instructor, or why the guide cannot be run as one here."""
+    who = Instructor(NOBODY, NOBODY, ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"))
+    if os.geteuid() != 0:
+        return (f"the tests run as uid {os.geteuid()}, not root: no other user can be switched to (the run as the "
+                "tests' own user is the non-root run)")
+    if shutil.which("setpriv") is None:
+        return "no setpriv (util-linux) to switch to an unprivileged user"
+    needed = [Path(sys.prefix), Path(sys.executable), Path(os.__file__), Path(tempfile.gettempdir())]
+    if (course.ROOT / "_vendor").exists():
+        needed.append(course.ROOT / "_vendor")
+    closed = closed_folder(needed, who)
+    if closed:
+        return (f"uid {NOBODY} cannot reach the Python installation or the temporary folder: {closed} is closed "
+                "to other users (no permission is changed outside the test's own folder)")
+    return who
+
+
+def run_guide(who: Instructor, base: Path) -> dict:
+    """Every ``bash`` block of the guide, in order, as ``who``, on a scratch course under ``base``."""
     root, home = scratch_course(base), base / "home"
     hand_in(root, home)
-    # No activated virtual environment: the venv's scripts are not on PATH.
+    # No activated virtual environment (the venv's scripts are not on PATH), nor the tests' PYTHONPATH: as a clone.
     path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
                            if Path(p).resolve() != Path(sys.prefix, "bin").resolve())
-    env = {**{k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}, "HOME": str(home), "PATH": path,
-           "JUPYTER_RUNTIME_DIR": str(base / "runtime"), "JUPYTER_CONFIG_DIR": str(base / "jupyter")}
+    env = {**{k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}, "HOME": str(home),
+           "USER": who.name, "LOGNAME": who.name, "PATH": path, "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
+           "JUPYTER_CONFIG_DIR": str(base / "jupyter")}
+    if who.uid != os.geteuid():
+        for p in [base, *base.rglob("*")]:
+            os.chown(p, who.uid, who.gid, follow_symlinks=False)  # the course and HOME are the instructor's
+        probe = subprocess.run(who.cmd(sys.executable, "-c", "import torch"), env=env, cwd=root,
+                               capture_output=True, text=True, timeout=300)
+        if probe.returncode != 0:
+            pytest.skip(f"uid {who.uid} cannot run this Python installation here: {probe.stderr[-500:]}")
     log: list[str] = []
+    timings: list[str] = []
     blocks = guide_blocks()
     assert any("zip_collect" in b for b in blocks) and any("autograder grade" in b for b in blocks)
     for block in blocks:
+        start = time.monotonic()
         if block.strip().endswith("autograder formgrader"):
-            check_formgrader(block, root, env)
-            grade_by_hand(root)
+            check_formgrader(block, root, env, who)
+            grade_by_hand(root, env, who)
         else:
-            run_block(block, root, env, log)
+            run_block(block, root, env, log, who)
+        timings.append(f"{time.monotonic() - start:6.1f} s  {block.strip().splitlines()[0][:80]}")
+    isolation = re.search(r"^(isolation: [^(]*|WARNING: no isolation)", "\n".join(log), flags=re.MULTILINE)
+    print(f"guide as {who.name} (uid {who.uid}), {isolation and isolation[1].strip()}:\n  " + "\n  ".join(timings),
+          file=sys.stderr)
     return {"root": root, "grading": root / "grading", "log": "\n".join(log)}
+
+
+@pytest.fixture(scope="module")
+def guides(tmp_path_factory):
+    """The guide run as the tests' own user and as an unprivileged one, at once: each run's result, its failure,
+    or why it cannot run here."""
+    own = Instructor(os.geteuid(), os.getegid(), ())
+    other = unprivileged()
+    # pytest's folders are closed to other users: the unprivileged instructor's course lies in a folder of its own.
+    other_base = Path(tempfile.mkdtemp(prefix="attn-guide-")) if isinstance(other, Instructor) else None
+    with ThreadPoolExecutor(2) as pool:
+        runs = {OWN: pool.submit(run_guide, own, tmp_path_factory.mktemp("term"))}
+        if isinstance(other, Instructor):
+            runs[UNPRIVILEGED] = pool.submit(run_guide, other, other_base)
+        done = {label: run.exception() or run.result() for label, run in runs.items()}
+    yield {UNPRIVILEGED: other, **done}
+    if other_base is not None:
+        shutil.rmtree(other_base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", params=[OWN, UNPRIVILEGED])
+def term(request, guides):
+    got = guides[request.param]
+    if isinstance(got, str):
+        pytest.skip(got)
+    if isinstance(got, BaseException):
+        raise got
+    return got
 
 
 def auto_points(root: Path, student: str) -> float:

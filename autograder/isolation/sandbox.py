@@ -257,7 +257,9 @@ class Sandbox:
         return work
 
     def _env(self, work: Path) -> dict[str, str]:
-        site_dirs = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+        # Resolved: a venv reached through a link in a hidden folder (a course's .venv linked to a shared one)
+        # is exposed to bubblewrap only where the link points.
+        site_dirs = [str(Path(sysconfig.get_paths()[k]).resolve()) for k in ("purelib", "platlib")]
         return {
             "PATH": "/usr/bin:/bin",
             "HOME": str(work),
@@ -360,8 +362,10 @@ class Sandbox:
             received = self.root / "received"
             received.mkdir()
             uid = sandbox_uid()
+            # The interpreter by its folder's real path (exposed), keeping its own name so a venv stays one.
+            python = str(Path(sys.executable).parent.resolve() / Path(sys.executable).name)
             cmd = bubblewrap.command(expose, hide, self.root, received, work, self.limits.scratch_bytes, uid,
-                                     sys.executable, harness, [str(r_req), str(w_rep)])
+                                     python, harness, [str(r_req), str(w_rep)])
         else:
             cmd = [sys.executable, "-S", "-B", str(harness), str(r_req), str(w_rep)]
 
