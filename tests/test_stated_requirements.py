@@ -63,9 +63,10 @@ def _is_answer_cell(cell: dict) -> bool:
 
 def instruction_cells(assignment: str, checks: tuple[str, ...] = ()) -> list[str]:
     """What tells the student how to write the answers, in the released notebook: the markdown cells and the
-    stubs (signatures and docstrings) of the solution cells. Not the read-only setup code, not the test cells (their docstrings and
-    messages come after the answer is written), nor an answer cell's stub, nor a question (the markdown
-    cell just before an answer cell) unless ``checks`` grade that question's answer (``test_<answer id>``)."""
+    stubs (signatures and docstrings) of the solution cells. Not the read-only setup code, not the test cells
+    (their docstrings and messages come after the answer is written), nor an answer cell's stub, nor a
+    question (the markdown cell just before an answer cell) unless ``checks`` grade that question's answer
+    (``test_<answer id>``)."""
     kept = []
     for path in sorted((RELEASE / assignment).glob("*.ipynb")):
         cells = json.loads(path.read_text())["cells"]
