@@ -50,12 +50,42 @@ def test_no_chapter_imports_another_chapters_checks(chapter):
     assert not others, f"ch{chapter} imports {sorted(others)}: move what they share to autograder/judging/checks/common.py"
 
 
-def student_text(assignment: str) -> str:
-    """The released notebook's cells (markdown, docstrings, comments, the visible tests), lower case, without
-    markdown's backticks, stars and dollars, whitespace collapsed: what the student reads."""
-    cells = [("".join(c["source"])) for path in sorted((RELEASE / assignment).glob("*.ipynb"))
-             for c in json.loads(path.read_text())["cells"]]
-    return _norm("\n".join(cells))
+def _nbgrader(cell: dict) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def _is_answer_cell(cell: dict) -> bool:
+    """A cell where the student writes an answer to a question: a solution cell that defines no function or
+    class (a value to assign, or a written answer in markdown)."""
+    source = "".join(cell["source"])
+    return bool(_nbgrader(cell).get("solution")) and not re.search(r"^\s*(def|class) ", source, re.MULTILINE)
+
+
+def instruction_cells(assignment: str, checks: tuple[str, ...] = ()) -> list[str]:
+    """What tells the student how to write the answers, in the released notebook: the markdown cells and the
+    stubs (signatures and docstrings) of the solution cells. Not the read-only setup code, not the test cells
+    (their docstrings and messages come after the answer is written), nor an answer cell's stub, nor a
+    question (the markdown cell just before an answer cell) unless ``checks`` grade that question's answer
+    (``test_<answer id>``)."""
+    kept = []
+    for path in sorted((RELEASE / assignment).glob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        for i, cell in enumerate(cells):
+            following = cells[i + 1] if i + 1 < len(cells) else None
+            if _is_answer_cell(cell):
+                continue
+            if cell["cell_type"] == "markdown" and following and _is_answer_cell(following):
+                if f"test_{_nbgrader(following).get('grade_id')}" not in checks:
+                    continue
+            if cell["cell_type"] == "markdown" or _nbgrader(cell).get("solution"):
+                kept.append("".join(cell["source"]))
+    return kept
+
+
+def student_text(assignment: str, checks: tuple[str, ...] = ()) -> str:
+    """The instruction text of the released notebook (``instruction_cells``), lower case, without markdown's
+    backticks, stars and dollars, whitespace collapsed."""
+    return _norm("\n".join(instruction_cells(assignment, checks)))
 
 
 def _norm(text: str) -> str:
@@ -77,7 +107,30 @@ def test_each_requirement_maps_to_checks_of_its_suite(chapter):
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_each_requirement_is_stated_in_the_exercise_text(chapter):
-    """Issue 23: a correct answer written from the text alone can know every requirement a check enforces."""
-    text, table = student_text(chapter), _table(chapter)
-    missing = {name: req.phrase for name, req in table.items() if _norm(req.phrase) not in text}
+    """Issue 23: a correct answer written from the text alone can know every requirement a check enforces: its
+    key phrase is in the instructions (markdown and solution stubs), not only in a test, a question or a message."""
+    table = _table(chapter)
+    missing = {name: req.phrase for name, req in table.items()
+               if _norm(req.phrase) not in student_text(chapter, req.checks + req.also)}
     assert not missing, f"requirements whose key phrase is not in exercises/{chapter}: {missing}"
+
+
+MIN_WORDS, MIN_CHARS = 3, 12
+
+
+def _words(phrase: str) -> list[str]:
+    """The phrase's words: runs of letters, digits and underscores (a formula counts by its symbols:
+    ``mask.unsqueeze(1)`` is three words, ``sqrt(d_k)`` two)."""
+    return re.findall(r"[a-z0-9_]+", _norm(phrase))
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_each_key_phrase_is_distinctive(chapter):
+    """A key phrase names its requirement, so a word that occurs anywhere in the notebook cannot stand for it:
+    every phrase has at least ``MIN_WORDS`` words (runs of letters, digits and underscores, so a formula or a
+    code expression counts by its symbols) and at least ``MIN_CHARS`` characters. ``'device'``, ``'bool'``,
+    ``'sqrt(d_k)'`` or ``'(output, weights)'`` alone fail; ``'mask.unsqueeze(1)'``,
+    ``'softmax(q k^t / sqrt(d_k)) v'`` or ``'(b, 1, max_len)'`` pass."""
+    weak = {name: req.phrase for name, req in _table(chapter).items()
+            if len(_words(req.phrase)) < MIN_WORDS or len(_norm(req.phrase).strip()) < MIN_CHARS}
+    assert not weak, f"ch{chapter}: key phrases too short to show where the text states the requirement: {weak}"

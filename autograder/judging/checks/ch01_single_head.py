@@ -64,7 +64,7 @@ STATED_REQUIREMENTS = {
     'any number of leading dimensions': requirement('test_sdpa_batch_dims', 'leading dimension',
                 'any number of leading batch dimensions'),
     'scale 1/sqrt(d_k)': requirement('test_sdpa_values', 'not scaled',
-                'sqrt(d_k)',
+                'softmax(q k^t / sqrt(d_k)) v',
                 also=('test_sdpa_batch_dims', 'test_sdpa_mask', 'test_sdpa_fully_masked', 'test_sdpa_dtype_stability')),
     'softmax over the keys': requirement('test_sdpa_values', 'over the keys',
                 'weights of the visible keys still sum to 1',
