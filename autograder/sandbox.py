@@ -208,6 +208,63 @@ def _tasks_of(uid: int) -> int:
     return n
 
 
+# -- the student's processes, seen from outside -------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    """The children of every thread of ``pid`` (``/proc/<pid>/task/<tid>/children``); [] once it is gone."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def _descendants(pid: int) -> set[int]:
+    """``pid`` and every process below it (an orphan in a PID namespace is re-parented to its PID 1, below it too)."""
+    seen, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        if p not in seen:
+            seen.add(p)
+            todo += _children(p)
+    return seen
+
+
+def _seccomp(pid: int) -> int | None:
+    """The seccomp mode of ``pid`` as its ``/proc/<pid>/status`` says (2: a filter), or None."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Seccomp:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _end(pid: int) -> bool:
+    """SIGKILL ``pid`` through a pidfd (so a recycled pid is never hit); False if it was already gone."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return False
+    try:
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 # Hidden from student code, besides the course, the submissions and the grading folder: the one list.
 HIDDEN = ("/root", "/home", "/tmp", "/var/tmp", "/dev/shm", "/srv", "/mnt", "/media", "/opt", "/work")
 
@@ -230,6 +287,10 @@ class Sandbox:
         self.deadline = time.monotonic() + self.limits.notebook_timeout
         self._r = self._w = -1
         self.cgroup: Cgroup | None = None
+        self.worker = -1  # the harness's pid, as this machine names it; found from outside once it answered
+        self.confined = False  # the worker cannot start a process (its seccomp filter, read from outside)
+        self.expected: set[int] = set()  # the sandbox's processes before any student code ran
+        self.events: list[str] = []  # what the outside checks did (processes ended), for the result's log
 
     # -- lifecycle -----------------------------------------------------------------
     def __enter__(self) -> "Sandbox":
@@ -313,8 +374,59 @@ class Sandbox:
         # requests, or stalls half-way through a reply, cannot block the grader.
         os.set_blocking(self._w, False)
         os.set_blocking(self._r, False)
-        # A first round trip proves the harness is up.
+        # A first round trip proves the harness is up; no student code has run yet, so what the sandbox's
+        # processes are now (and the worker's seccomp filter) is the harness's own doing.
         self.request({"op": "names"}, timeout=self.limits.start_timeout)
+        self._find_worker()
+
+    # -- one process: found from outside, others ended before every request ----------------------------
+    def _root_pid(self) -> int:
+        """The outermost process the judge started for this sandbox (the zygote's reporter, ``bwrap``, or
+        the harness itself)."""
+        return self.proc.pid if self.proc is not None else -1
+
+    def _find_worker(self) -> None:
+        """Before any student code: record the sandbox's processes and whether the worker is confined.
+
+        The worker is the process under this sandbox whose seccomp filter the harness installed
+        (:func:`autograder.harness.confine_processes`) before it answered its first request; nothing
+        else in the sandbox has one (the zygote's reporter, ``bwrap``). Without one (an architecture
+        with no filter, a kernel without seccomp), the log says so.
+        """
+        root = self._root_pid()
+        if isinstance(self.proc, ZygoteChild):
+            self.expected = {root, self.proc.inner_pid}
+        else:
+            self.expected = _descendants(root)
+        workers = [p for p in self.expected if _seccomp(p) == 2]
+        self.confined = len(workers) == 1
+        self.worker = workers[0] if workers else (self.proc.inner_pid if isinstance(self.proc, ZygoteChild) else root)
+        if self.confined:
+            self.isolation.append("one process: the harness's seccomp filter, installed before the student's "
+                                  "first line and read from outside, refuses fork, clone and exec (threads "
+                                  "work); any other process is ended before every request")
+        else:
+            self.isolation.append("processes NOT confined (no seccomp filter here: see the process log): the "
+                                  "student's code can start processes; any but the worker are ended from "
+                                  "outside before every request, but not during a call")
+
+    def end_others(self) -> list[int]:
+        """End every process of the sandbox but those it had before student code ran (the worker and the
+        processes that started it), from outside; the pids ended. Called before every request."""
+        if not self.expected or self.proc is None:
+            return []
+        now = _descendants(self._root_pid())
+        if self.cgroup is not None:
+            for d in self.cgroup.dirs:
+                try:
+                    now.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+                except (OSError, ValueError):
+                    pass
+        ended = [pid for pid in sorted(now - self.expected) if _end(pid)]
+        if ended:
+            self.events.append(f"ended {len(ended)} process(es) the notebook started beside the worker "
+                               "(only the worker may run student code when a check calls it)")
+        return ended
 
     def _start_zygote(self, work: Path, env: dict[str, str], fds: list[int]) -> None:
         """As root: a process forked by the zygote, which isolates it (see :mod:`autograder.zygote`)."""
@@ -427,6 +539,7 @@ class Sandbox:
         """
         if self.proc is None or self.proc.poll() is not None:
             raise SandboxError("crash", self._death_reason())
+        self.end_others()  # whatever the request runs, the worker runs it alone
         budget = min(timeout, self.deadline - time.monotonic())
         if budget <= 0:
             self.kill()
