@@ -309,6 +309,7 @@ class Runner:
         self.ns = namespace
         self.refs: dict[int, Any] = {}
         self.guard = _process_guard(torch)
+        self.guarded_outside = False  # set by the sandbox's loop, which then guards every call request itself
 
     # conversions ----------------------------------------------------------------------------------
     def to_torch(self, v: Any) -> Any:
@@ -404,13 +405,13 @@ class Runner:
         print(("Appended to" if append else "Writing") + f" {name}")
 
     def _judged(self, req: Mapping[str, Any]) -> contextlib.AbstractContextManager:
+        if self.guarded_outside:  # the sandbox's request loop guards the whole request itself (see main)
+            return contextlib.nullcontext()
         return self.guard.judged(tuple(torch_names.runtime_fragments(req.get("bans") or ())))
 
     def _refused(self) -> None:
         """A refusal the student's code caught still costs the call: the part reached a banned operator."""
-        if self.guard.refusals:
-            raise Delegated(f"{self.guard.refusals[0]} is torch's own implementation (a part's answer may not "
-                            "reach it, by any route); the exercise asks you to compute it yourself")
+        _raise_if_refused(self.guard.refusals)
 
     def op_call(self, req: Mapping[str, Any]) -> Any:
         """Call a function, class or method; ``keep``: keep the result here and send a reference;
@@ -477,6 +478,12 @@ class Runner:
 
     def op_names(self, req: Mapping[str, Any]) -> list[str]:
         return sorted(k for k in self.ns if not k.startswith("__"))
+
+
+def _raise_if_refused(refusals: list[str]) -> None:
+    if refusals:
+        raise Delegated(f"{refusals[0]} is torch's own implementation (a part's answer may not reach it, by any "
+                        "route); the exercise asks you to compute it yourself")
 
 
 _GUARDS: dict[int, Guard] = {}  # one per torch module: the dispatcher and torch's functions are per process
@@ -627,22 +634,38 @@ def main() -> None:
     torch.set_num_threads(1)
     runner = Runner(torch, device=device_name)
     sink = _Capped(OUT_CAP)
+    # What a judged call's guard needs, bound now, before any student code, into this frame's locals: rebinding
+    # Guard.judged, Runner._judged, the runner's guard or this module's globals later (a notebook that walks
+    # the stack up to here) changes none of them. The whole request, conversions included, runs guarded.
+    runner.guarded_outside = True
+    judged, refusals, handle, error_reply = runner.guard.judged, runner.guard.refusals, runner.handle, runner._error_reply
+    fragments_of, raise_if_refused = torch_names.runtime_fragments, _raise_if_refused
+    recv, send, capped_take = wire.recv, wire.send, sink.take
     while True:
         try:
-            req = wire.recv(rfd, MAX_REQUEST)
+            req = recv(rfd, MAX_REQUEST)
         except EOFError:
             return
+        req = req if isinstance(req, dict) else {}
         old_out, old_err = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = sink
         try:
-            reply = runner.handle(req if isinstance(req, dict) else {})
+            if req.get("op") == "call":
+                try:
+                    with judged(tuple(fragments_of(req.get("bans") or ()))):
+                        reply = handle(req)
+                        raise_if_refused(refusals)  # even when the student's code caught the refusal
+                except BaseException as e:  # noqa: BLE001 - the guard's verdict (Delegated, Tampered) is a reply
+                    reply = error_reply(e)
+            else:
+                reply = handle(req)
         finally:
             sys.stdout, sys.stderr = old_out, old_err
-        reply["output"] = sink.take()
+        reply["output"] = capped_take()
         try:
-            wire.send(wfd, reply)
+            send(wfd, reply)
         except wire.WireError as e:
-            wire.send(wfd, {"ok": False, "error": f"the result could not be sent: {e}", "output": ""})
+            send(wfd, {"ok": False, "error": f"the result could not be sent: {e}", "output": ""})
 
 
 if __name__ == "__main__":
