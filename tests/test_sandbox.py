@@ -266,3 +266,70 @@ def test_forked_sandboxes_inherit_the_guards_setup():
         allowed = box.request({"op": "call", "target": "mine", "args": [x]}, timeout=10)
     assert not banned["ok"] and "torch's own implementation" in banned["error"], banned
     assert allowed["ok"] and np.allclose(allowed["value"], 1 / 3), allowed
+
+
+# Inside a sandbox: walk every object of the process for torch's Python functions that compute a softmax or
+# attention without reaching its aten operator, and the functions their closures and __wrapped__ hold.
+ORIGINALS = r'''
+import functools, gc, os, types, warnings, torch
+import torch.nn.functional as F
+root = os.path.dirname(torch.__file__)
+dirs = tuple(os.path.join(root, d) + os.sep for d in ("_refs", "_decomp", "_prims"))
+def banned(f):
+    name = f.__code__.co_name.lower().replace("_", "")
+    return "softmax" in name or "attention" in name
+def guarded(f):
+    return any(isinstance(c, functools.partial) for c in f.__code__.co_consts)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    functions = [o for o in gc.get_objects() if isinstance(o, types.FunctionType)]
+found = [f for f in functions if f.__code__.co_filename.startswith(dirs) and banned(f)]
+found += [F.multi_head_attention_forward, torch.nn.MultiheadAttention.forward]
+held = []
+for f in functions:
+    for c in f.__closure__ or ():
+        try:
+            v = c.cell_contents
+        except ValueError:
+            continue
+        if isinstance(v, types.FunctionType) and v.__code__.co_filename.startswith(dirs) and banned(v):
+            held.append(v)
+print(len(found), len(held), sorted({f"{f.__module__}.{f.__qualname__}" for f in found + held if not guarded(f)}))
+'''
+
+
+@isolated
+def test_no_unguarded_original_of_a_banned_function_is_reachable():
+    """Issue 20: the guard wrapped torch's Python softmax and kept the original in its closure. Now each such
+    function is guarded in place (its own code starts with the check): a walk of every object of the sandbox's
+    process, and of every closure, finds no unguarded one, and the one a closure holds refuses."""
+    with Sandbox() as box:
+        reply = run(box, ORIGINALS, timeout=60)
+        assert reply["ok"], reply
+        found, held, unguarded = reply["output"].strip().split(" ", 2)
+        assert int(found) >= 10 and int(held) >= 5, reply["output"]  # the walk does find them
+        assert unguarded == "[]", unguarded
+        run(box, "import torch._refs\n_inner = [c.cell_contents for c in torch._refs.softmax.__closure__\n"
+                 "          if getattr(c.cell_contents, '__name__', '') == 'softmax'][0]\n"
+                 "def mine(x):\n    return _inner(x, -1)\n")
+        x = np.ones((2, 3), dtype=np.float32)
+        banned = box.request({"op": "call", "target": "mine", "args": [x], "bans": ["softmax"]}, timeout=20)
+    assert not banned["ok"] and "torch's own implementation" in banned["error"], banned
+
+
+@isolated
+def test_the_guard_holds_when_the_runner_is_rebound_from_the_stack():
+    """Issue 20: a cell walks the stack up to the Runner and replaces Guard.judged, Runner._judged and the
+    runner's guard by do-nothing contexts. The request loop bound its guard before any student code ran."""
+    with Sandbox() as box:
+        assert run(box, "import contextlib, sys, torch\nframe = sys._getframe(0)\nwhile frame is not None:\n"
+                        "    r = frame.f_locals.get('self')\n    if type(r).__name__ == 'Runner':\n"
+                        "        type(r.guard).judged = lambda self, f: contextlib.nullcontext()\n"
+                        "        type(r)._judged = lambda self, req: contextlib.nullcontext()\n"
+                        "        r.guard = None\n        print('patched')\n        break\n    frame = frame.f_back\n"
+                        "def mine(x):\n    return torch.softmax(x, -1)\n")["output"].split() == ["patched"]
+        x = np.ones((2, 3), dtype=np.float32)
+        banned = box.request({"op": "call", "target": "mine", "args": [x], "bans": ["softmax"]}, timeout=20)
+        allowed = box.request({"op": "call", "target": "mine", "args": [x]}, timeout=20)
+    assert not banned["ok"] and "torch's own implementation" in banned["error"], banned
+    assert allowed["ok"] and np.allclose(allowed["value"], 1 / 3), allowed
