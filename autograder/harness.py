@@ -411,7 +411,8 @@ class Runner:
 
     def _refused(self) -> None:
         """A refusal the student's code caught still costs the call: the part reached a banned operator."""
-        _raise_if_refused(self.guard.refusals)
+        if not self.guarded_outside:  # else the request loop checks, with the list it bound at start-up
+            _raise_if_refused(self.guard.refusals)
 
     def op_call(self, req: Mapping[str, Any]) -> Any:
         """Call a function, class or method; ``keep``: keep the result here and send a reference;
