@@ -12,8 +12,11 @@ student never ran in.
 During every judged call a :class:`Guard` makes torch's own attention, and whatever else the part
 being graded bans (torch's softmax in the softmax exercise), refuse to run, at the dispatcher, for
 everything that runs during the call, whoever's Python reaches it. The guard is installed for the
-call only and checked from the Runner, outside the student's code, before and after it: a
-switched-off guard costs the call its points.
+call only and checked outside the student's code, before and after it: a switched-off guard costs
+the call its points. Before any student code, :func:`main` makes the process unable to start another
+process or program (:func:`confine_processes`, a seccomp filter the judge reads from outside), so no
+helper process can compute for a judged call. What code in this process can still do to the guard is
+listed in ``autograder/README.md`` ("What the grader does not promise").
 
 Whatever the student does to this process (patch torch, replace this module's functions, print
 "passed") can only change the numbers it sends back, never the verdict. This file is copied into
@@ -68,12 +71,14 @@ class Guard:
     At the dispatcher, the kernels of the banned aten operators are replaced, for the duration of the
     call only, by one that raises :class:`Delegated` (a ``torch.library.Library`` created before the
     call and destroyed after it, which restores torch's own kernels). Every other operator keeps its
-    kernel, so ordinary code runs exactly as fast as before. torch's Python entry points that compute
-    the same thing without reaching those operators (``nn.MultiheadAttention``'s forward, the Python
-    decompositions and references of ``torch._decomp`` and ``torch._refs``) are wrapped once, and refuse
-    while a call bans them.
+    kernel, so ordinary code runs exactly as fast as before. torch's Python functions that compute the
+    same thing without reaching those operators (``nn.MultiheadAttention``'s forward, the Python
+    decompositions and references of ``torch._decomp`` and ``torch._refs``) are guarded in place once per
+    process (their own code starts with a call of the banned operator), so they refuse while a call bans
+    them, and no unguarded original is left for a closure or a table to hand out.
 
-    Integrity is checked by the Runner around every call, outside the student's code: before it, a
+    Integrity is checked around every call (in the sandbox by the request loop, which bound :meth:`judged`
+    before any student code ran; locally by the Runner), outside the student's code: before it, a
     banned operator is called on a tiny tensor, through the whole dispatcher (modes and kernels the
     notebook may have registered included), and must be refused by this guard's kernel; after it, the
     dispatcher's table for the banned operators must be exactly what was installed. Anything else
