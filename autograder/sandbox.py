@@ -26,6 +26,12 @@ In the first two, the scratch folder is a tmpfs of ``Limits.scratch_bytes``
 holding a copy of what the student received: student code can fill it but
 never the host's disk, and nothing it writes reaches a later sandbox.
 
+In every mode the student's side is one process: the harness installs a seccomp filter before the
+student's first line (:func:`autograder.harness.confine_processes`: no fork, clone of a process or exec),
+the sandbox reads it from outside once the harness answers (``Seccomp: 2`` in ``/proc/<pid>/status``)
+and records the sandbox's processes then, and before every request ends any other process it finds
+below the sandbox or in its cgroup (:meth:`Sandbox.end_others`), so none can help a judged call.
+
 No GPU is visible to student code (``CUDA_VISIBLE_DEVICES`` is empty): the checks
 compare on the CPU. Everywhere it gets resource limits (address space, CPU time,
 file size, open files, no core dumps), a wall-clock limit on every request and
