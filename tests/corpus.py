@@ -238,9 +238,10 @@ def scaled_dot_product_attention(query, key, value, mask=None):
     w = torch.full(query.shape[:-1] + key.shape[-2:-1], 1.0 / key.shape[-2])
     return w @ value, w
 ''')), SOFTMAX_POINTS + SHAPES_POINTS + QUESTION_POINTS, message="does not match"),  # of sdpa's tests, shapes only
+        # The request loop bound its channel before any student code (issue 20): rebinding wire.send changes nothing.
         Case("tampers_with_harness", write_nb(notebook(extra=[
             "import sys\nfor m in list(sys.modules.values()):\n    if hasattr(m, 'send') and hasattr(m, 'recv'):\n"
-            "        m.send = lambda fd, msg: None\n"])), FULL, reason="skipped"),
+            "        m.send = lambda fd, msg: None\n"])), FULL),
         # -- honest authorship ---------------------------------------------------------------------------------
         Case("delegates_to_attnkit", write_nb(notebook(sdpa="from attnkit import scaled_dot_product_attention\n")),
              SOFTMAX_POINTS + QUESTION_POINTS, message="attnkit"),
@@ -270,7 +271,8 @@ def scaled_dot_product_attention(query, key, value, mask=None):
         Case("os_exit_at_top_level", write_nb(notebook(extra=["import os\nos._exit(3)\n"])), FULL, reason="skipped"),
         Case("os_exit_when_called", write_nb(notebook(softmax=SOFTMAX.replace("    x_max = x.amax", "    import os\n    os._exit(0)\n    x_max = x.amax", 1))),
              QUESTION_POINTS, reason="exited", message="stopped the process"),  # its 9 crashes leave the questions a process
-        Case("segfault", write_nb(notebook(extra=["import faulthandler\nfaulthandler._sigsegv()\n"])), FULL, reason="skipped"),
+        # a real fault (a signal sent to itself would be ignored: the worker is PID 1 of its namespace)
+        Case("segfault", write_nb(notebook(extra=["import faulthandler\nfaulthandler._read_null()\n"])), FULL, reason="skipped"),
         Case("memory_exhaustion", write_nb(notebook(extra=["hog = []\nwhile True:\n    hog.append(bytearray(1 << 28))\n"])), FULL),
         Case("huge_output", write_nb(notebook(extra=["import sys, os\nfor _ in range(2000):\n    print('x' * 100000)\n"
                                                     "os.write(1, b'y' * (1 << 20))\n"])), FULL),
