@@ -182,7 +182,7 @@ def _offences(unit: _Unit, extra: Mapping[str, str], ctx: _Context, base: bool =
                 low = text.lower()
                 if base and any(h in low for h in STRING_HINTS):
                     found.append(f"looks up {text[:60]!r} by name (a way to reach the reference or torch's own attention)")
-                elif base and squash(text) in TAMPER_HINTS:
+                elif base and (squash(text) in TAMPER_HINTS or text in TAMPERING_MODULES):
                     found.append(f"looks up {text[:60]!r} by name, which reaches into the grader's own process "
                                  "(its run-time guard, its request loop)")
                 else:

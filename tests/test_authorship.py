@@ -473,6 +473,7 @@ REACHING_IN = {
     "a closure's original": "import torch._refs\n_f = torch._refs.softmax.__closure__[0].cell_contents\n",
     "a name built from pieces": "def softmax(x, dim=-1):\n    getattr(softmax, '__clo' + 'sure__')\n    return x\n",
     "ctypes at module level": "import ctypes\nctypes.memmove(0, 0, 0)\n",
+    "ctypes imported by a name built from pieces": "_c = __import__('c' + 'types')\n",
     "the dispatcher": "_lib = torch.library.Library('aten', 'IMPL')\n",
     "the harness's module": "import harness\n",
     "a helper called at module level": "import sys\ndef _patch():\n    sys._getframe(2)\n_patch()\n",
@@ -489,6 +490,7 @@ def test_code_that_reaches_into_the_graders_process_earns_nothing(how):
     assert found, how
     assert all("grader's own process" in why for why in found.values()), found
     if how in ("every object, at module level", "ctypes at module level", "a helper called at module level",
+               "ctypes imported by a name built from pieces",
                "the harness's module", "every class", "a closure's original"):
         assert set(found) == set(PARTS), found
 
