@@ -244,16 +244,28 @@ def _descendants(pid: int) -> set[int]:
     return seen
 
 
-def _seccomp(pid: int) -> int | None:
-    """The seccomp mode of ``pid`` as its ``/proc/<pid>/status`` says (2: a filter), or None."""
+def _status(pid: int, field: str) -> int | None:
+    """An integer field of ``/proc/<pid>/status`` (``Seccomp``, ``Seccomp_filters``, ``PPid``), or None."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("Seccomp:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1])
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def _seccomp(pid: int) -> int | None:
+    """The seccomp mode of ``pid`` (2: filtered), or None."""
+    return _status(pid, "Seccomp")
+
+
+def _own_filter(pid: int) -> bool:
+    """Whether ``pid`` runs under a seccomp filter of its own: one more than its parent's (a container's or
+    bwrap's filters, inherited by every process, do not count)."""
+    mine, parent = _status(pid, "Seccomp_filters"), _status(_status(pid, "PPid") or -1, "Seccomp_filters")
+    return _seccomp(pid) == 2 and mine is not None and mine > (parent or 0)
 
 
 def _end(pid: int) -> bool:
@@ -394,19 +406,19 @@ class Sandbox:
     def _find_worker(self) -> None:
         """Before any student code: record the sandbox's processes and whether the worker is confined.
 
-        The worker is the process under this sandbox whose seccomp filter the harness installed
-        (:func:`autograder.harness.confine_processes`) before it answered its first request; nothing
-        else in the sandbox has one (the zygote's reporter, ``bwrap``). Without one (an architecture
-        with no filter, a kernel without seccomp), the log says so.
+        The worker (the harness) must run under the seccomp filter it installed
+        (:func:`autograder.harness.confine_processes`) before it answered its first request: one filter
+        more than its parent has (a container's or bwrap's own filters are inherited by both). Without
+        it (an architecture with no filter, a kernel without seccomp), the log says so.
         """
         root = self._root_pid()
         if isinstance(self.proc, ZygoteChild):
-            self.expected = {root, self.proc.inner_pid}
-        else:
+            self.expected, self.worker = {root, self.proc.inner_pid}, self.proc.inner_pid
+        else:  # bwrap (and its PID 1) above the harness, or the harness itself: the harness is the one leaf
             self.expected = _descendants(root)
-        workers = [p for p in self.expected if _seccomp(p) == 2]
-        self.confined = len(workers) == 1
-        self.worker = workers[0] if workers else (self.proc.inner_pid if isinstance(self.proc, ZygoteChild) else root)
+            leaves = [p for p in self.expected if not _children(p)]
+            self.worker = leaves[0] if len(leaves) == 1 else root
+        self.confined = _own_filter(self.worker)
         if self.confined:
             self.isolation.append("one process: the harness's seccomp filter, installed before the student's "
                                   "first line and read from outside, refuses fork, clone and exec (threads "

@@ -333,3 +333,24 @@ def test_the_guard_holds_when_the_runner_is_rebound_from_the_stack():
         allowed = box.request({"op": "call", "target": "mine", "args": [x]}, timeout=20)
     assert not banned["ok"] and "torch's own implementation" in banned["error"], banned
     assert allowed["ok"] and np.allclose(allowed["value"], 1 / 3), allowed
+
+
+def test_the_outside_check_tells_the_harness_filter_from_an_inherited_one():
+    """The judge reads confinement from /proc: a process under the filter the harness installs has one filter
+    more than its parent; a plain process (or one that only inherits its parent's filters) does not."""
+    import sys
+
+    from autograder.sandbox import _own_filter
+
+    code = (f"import sys\nsys.path.insert(0, {str(ROOT / 'autograder')!r})\nimport harness\n"
+            "print(harness.confine_processes() or 'confined', flush=True)\nsys.stdin.read()\n")
+    confined = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    plain = subprocess.Popen(["sleep", "30"])
+    try:
+        assert confined.stdout.readline().strip() == "confined"
+        assert _own_filter(confined.pid) and not _own_filter(plain.pid)
+    finally:
+        confined.kill()
+        plain.kill()
+        confined.wait()
+        plain.wait()
