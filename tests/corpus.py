@@ -424,7 +424,7 @@ def softmax(x, dim=-1):
     fns = [getattr(c, _h("{b"cell_contents".hex()}")) for c in cells]
     inner = [f for f in fns if callable(f) and getattr(f, "__name__", "") == _h("{b"softmax".hex()}")][0]
     return inner(x, dim).nan_to_num(0.0)
-''')), QUESTION_POINTS, message="torch's own implementation"),  # the attention part calls this softmax
+''')), SDPA_POINTS + QUESTION_POINTS, message="torch's own implementation"),
         # -- grader-side analysis is bounded: minutes unbounded, graded normally now ----------------------------
         Case("pathological_magics_and_helper_chain", write_nb(notebook(extra=[
             "\n".join(f"x{i} = {i}\n%time y = 1" for i in range(600)),
