@@ -355,10 +355,11 @@ class Sandbox:
         """``(expose, hide)``: the Python installation (read-only) and the folders hidden behind empty mounts."""
         site_dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
         # Resolved, and as Python names them: a virtual environment reached through a symbolic link (a
-        # checkout's .venv linking to a shared one) keeps the paths torch's modules were imported from, so a
-        # module torch imports lazily inside the sandbox is found there too.
+        # checkout's .venv linking to a shared one) keeps the paths of its python and of the modules torch
+        # was imported from, so bwrap finds sys.executable and torch's lazy imports work inside the sandbox.
         expose = _outermost_existing([Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()]
-                                     + [Path(d).resolve() for d in site_dirs] + [Path(d) for d in site_dirs])
+                                     + [Path(d).resolve() for d in site_dirs] + [Path(sys.prefix)]
+                                     + [Path(d) for d in site_dirs])
         hide = _outermost_existing([Path(p) for p in HIDDEN] + [p.resolve() for p in self.hide])
         return expose, hide
 
