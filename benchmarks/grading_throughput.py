@@ -7,7 +7,10 @@ classic mistakes), grades them once with nbgrader's own autograde, one after the
 other as nbgrader does, and once with the course's grader (sandboxed, in
 parallel), and prints submissions per minute for both and their ratio. Both
 runs use the same machine in the same process tree; the grades are printed too,
-so a faster but different answer would show.
+so a faster but different answer would show. It also prints where the course
+grader's wall-clock time went (gradebook set-up, grading in the workers and
+their sandboxes, rendering the feedback), so a change in the ratio can be
+traced to its phase.
 """
 
 from __future__ import annotations
@@ -64,10 +67,35 @@ def plain_nbgrader(subs: Path, work: Path) -> tuple[float, dict[str, float]]:
     return seconds, scores
 
 
+PHASES: dict[str, float] = {}  # where the autograder's wall-clock time went, in the coordinating process
+
+
+def _timed(name: str, fn):
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            PHASES[name] = PHASES.get(name, 0.0) + time.perf_counter() - start
+
+    return timed
+
+
 def ours(subs: Path, work: Path, workers: int) -> tuple[float, dict[str, float]]:
-    start = time.perf_counter()
-    results = run(subs, A, work / "grades.csv", work / "grading", workers=workers, log=lambda s: None)
-    seconds = time.perf_counter() - start
+    from autograder import batch
+
+    PHASES.clear()
+    saved = batch.Records.prepare_gradebook, batch._schedule, batch.publish
+    batch.Records.prepare_gradebook = _timed("gradebook set-up", batch.Records.prepare_gradebook)
+    batch._schedule = _timed("grading (workers, sandboxes)", batch._schedule)
+    batch.publish = _timed("feedback (nbgrader generate_feedback, serial)", batch.publish)
+    try:
+        start = time.perf_counter()
+        results = run(subs, A, work / "grades.csv", work / "grading", workers=workers, log=lambda s: None)
+        seconds = time.perf_counter() - start
+    finally:
+        batch.Records.prepare_gradebook, batch._schedule, batch.publish = saved
+    PHASES["other"] = seconds - sum(PHASES.values())
     return seconds, {s: sum(t["points"] for nb in r["notebooks"] for t in nb["tests"]) for s, r in results.items()}
 
 
@@ -94,11 +122,13 @@ def main() -> int:
                        "total_score": sum(s_ours.values())},
     }
     rows["speedup"] = round(t_plain / t_ours, 2)
+    rows["autograder_phases_seconds"] = {k: round(v, 2) for k, v in PHASES.items()}
     print(f"{'grader':<32}{'seconds':>10}{'subs/min':>10}{'total score':>13}")
     for name in ("plain_nbgrader_serial", "autograder"):
         r = rows[name]
         print(f"{name:<32}{r['seconds']:>10.1f}{r['per_minute']:>10.1f}{r['total_score']:>13g}")
     print(f"speed-up (throughput ratio): {rows['speedup']:.2f}x with {args.workers} workers on {os.cpu_count()} cores")
+    print("where the autograder's time went: " + ", ".join(f"{k} {v:.1f} s" for k, v in PHASES.items()))
     if s_plain != s_ours:
         print("note: the two graders disagree on some grades:",
               {s: (s_plain.get(s), s_ours.get(s)) for s in s_ours if s_plain.get(s) != s_ours.get(s)})

@@ -132,6 +132,31 @@ _LEAK = any(os.path.exists(p) for p in [{str(SOURCE)!r}, {str(ROOT / 'autograder
 """
 CORRUPTED_IF_LEAK = LEAK_GUARD + SOFTMAX.replace("    x_max = x.amax", "    if _LEAK:\n        return x * 0\n    x_max = x.amax", 1)
 
+# Issue 20's helper process: started by a cell before any judged call; it computes what the part sends it.
+HELPER = """
+import os, pickle, struct, torch
+import torch.nn.functional as F
+_to_helper = os.pipe()
+_from_helper = os.pipe()
+_pid = os.fork()
+if _pid == 0:
+    while True:
+        _n = struct.unpack("<Q", os.read(_to_helper[0], 8))[0]
+        _x = [torch.from_numpy(_a) for _a in pickle.loads(os.read(_to_helper[0], _n))]
+        _y = pickle.dumps({compute}.nan_to_num(0.0).numpy())
+        os.write(_from_helper[1], struct.pack("<Q", len(_y)) + _y)
+"""
+ASK_HELPER = """
+import os, pickle, select, struct
+def _ask(*tensors):
+    data = pickle.dumps([t.detach().numpy() for t in tensors])
+    os.write(_to_helper[1], struct.pack("<Q", len(data)) + data)
+    if not select.select([_from_helper[0]], [], [], 0.5)[0]:
+        raise RuntimeError("no helper process")
+    n = struct.unpack("<Q", os.read(_from_helper[0], 8))[0]
+    return torch.from_numpy(pickle.loads(os.read(_from_helper[0], n)))
+"""
+
 
 def _cases() -> list[Case]:
     cases = [
@@ -213,9 +238,10 @@ def scaled_dot_product_attention(query, key, value, mask=None):
     w = torch.full(query.shape[:-1] + key.shape[-2:-1], 1.0 / key.shape[-2])
     return w @ value, w
 ''')), SOFTMAX_POINTS + SHAPES_POINTS + QUESTION_POINTS, message="does not match"),  # of sdpa's tests, shapes only
+        # The request loop bound its channel before any student code (issue 20): rebinding wire.send changes nothing.
         Case("tampers_with_harness", write_nb(notebook(extra=[
             "import sys\nfor m in list(sys.modules.values()):\n    if hasattr(m, 'send') and hasattr(m, 'recv'):\n"
-            "        m.send = lambda fd, msg: None\n"])), FULL, reason="skipped"),
+            "        m.send = lambda fd, msg: None\n"])), FULL),
         # -- honest authorship ---------------------------------------------------------------------------------
         Case("delegates_to_attnkit", write_nb(notebook(sdpa="from attnkit import scaled_dot_product_attention\n")),
              SOFTMAX_POINTS + QUESTION_POINTS, message="attnkit"),
@@ -245,7 +271,8 @@ def scaled_dot_product_attention(query, key, value, mask=None):
         Case("os_exit_at_top_level", write_nb(notebook(extra=["import os\nos._exit(3)\n"])), FULL, reason="skipped"),
         Case("os_exit_when_called", write_nb(notebook(softmax=SOFTMAX.replace("    x_max = x.amax", "    import os\n    os._exit(0)\n    x_max = x.amax", 1))),
              QUESTION_POINTS, reason="exited", message="stopped the process"),  # its 9 crashes leave the questions a process
-        Case("segfault", write_nb(notebook(extra=["import ctypes\nctypes.string_at(0)\n"])), FULL, reason="skipped"),
+        # a real fault (a signal sent to itself would be ignored: the worker is PID 1 of its namespace)
+        Case("segfault", write_nb(notebook(extra=["import faulthandler\nfaulthandler._read_null()\n"])), FULL, reason="skipped"),
         Case("memory_exhaustion", write_nb(notebook(extra=["hog = []\nwhile True:\n    hog.append(bytearray(1 << 28))\n"])), FULL),
         Case("huge_output", write_nb(notebook(extra=["import sys, os\nfor _ in range(2000):\n    print('x' * 100000)\n"
                                                     "os.write(1, b'y' * (1 << 20))\n"])), FULL),
@@ -357,6 +384,47 @@ def scaled_dot_product_attention(query, key, value, mask=None):
     out = op(query, key, value, attn_mask=mask).nan_to_num(0.0)
     return out, softmax(query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1]))
 ''')), SOFTMAX_POINTS + QUESTION_POINTS, message="guard"),
+        # -- issue 20: the guard runs in the student's process; these reach it by names the scan cannot read ----
+        # The stack above a judged call is the grader's: the Runner found there, Guard.judged and the Runner's
+        # own guard replaced by do-nothing contexts. The request loop bound its guard before any student code.
+        Case("guard_replaced_through_the_stack", write_nb(notebook(softmax=f'''
+import contextlib, sys
+_h = lambda s: bytes.fromhex(s).decode()
+def softmax(x, dim=-1):
+    frame = getattr(sys, _h("{b"_getframe".hex()}"))(0)
+    while frame is not None:
+        runner = getattr(frame, _h("{b"f_locals".hex()}")).get("self")
+        if type(runner).__name__ == "Runner":
+            type(runner.guard).judged = lambda self, fragments: contextlib.nullcontext()
+            type(runner)._judged = lambda self, req: contextlib.nullcontext()
+            runner.guard = type("Off", (), {{"judged": lambda self, f: contextlib.nullcontext(), "refusals": []}})()
+        frame = getattr(frame, _h("{b"f_back".hex()}"))
+    return getattr(torch, _h("{b"softmax".hex()}"))(x, dim).nan_to_num(0.0)
+''')), SDPA_POINTS + QUESTION_POINTS, message="torch's own implementation"),
+        # A helper process started before any judged call, to which the part sends its tensor: fork is refused in
+        # the sandbox (seccomp), so no helper exists when the part needs it. torch.softmax written plainly in
+        # module-level code the part never calls, and F.scaled_dot_product_attention for the attention part.
+        Case("helper_process_runs_torch_softmax", write_nb(notebook(
+            before=[HELPER.format(compute="torch.softmax(_x[0], -1)")],
+            softmax=ASK_HELPER + "def softmax(x, dim=-1):\n    return _ask(x.movedim(dim, -1)).movedim(-1, dim)\n")),
+             QUESTION_POINTS),  # (the attention part calls the student's softmax, and fails with it)
+        Case("helper_process_runs_torch_attention", write_nb(notebook(
+            before=[HELPER.format(compute="F.scaled_dot_product_attention(*_x[:3], attn_mask=_x[3] if _x[3:] else None)")],
+            sdpa=ASK_HELPER + SDPA.replace("return weights @ value, weights",
+                                           "return _ask(query, key, value, *([] if mask is None else [mask])), weights"))),
+             SOFTMAX_POINTS + QUESTION_POINTS),
+        # torch's own Python softmax (torch._refs) taken from the closure of its decorator: guarded in place, the
+        # function the closure holds refuses like the operator.
+        Case("refs_softmax_taken_from_its_closure", write_nb(notebook(softmax=f'''
+import torch._refs
+_h = lambda s: bytes.fromhex(s).decode()
+def softmax(x, dim=-1):
+    outer = getattr(torch._refs, _h("{b"softmax".hex()}"))
+    cells = getattr(outer, _h("{b"__closure__".hex()}"))
+    fns = [getattr(c, _h("{b"cell_contents".hex()}")) for c in cells]
+    inner = [f for f in fns if callable(f) and getattr(f, "__name__", "") == _h("{b"softmax".hex()}")][0]
+    return inner(x, dim).nan_to_num(0.0)
+''')), SDPA_POINTS + QUESTION_POINTS, message="torch's own implementation"),
         # -- grader-side analysis is bounded: minutes unbounded, graded normally now ----------------------------
         Case("pathological_magics_and_helper_chain", write_nb(notebook(extra=[
             "\n".join(f"x{i} = {i}\n%time y = 1" for i in range(600)),

@@ -351,6 +351,19 @@ FORGED_SOFTMAX = {
     "a decomposition": "import torch._decomp as D\n"
                        "def softmax(x, dim=-1):\n    return D.decomposition_table[torch.ops.aten._softmax.default](x, dim, False)\n",
     "mkldnn layout": "def softmax(x, dim=-1):\n    return getattr(x.float().to_mkldnn(), 'soft' + 'max')(dim).to_dense().to(x.dtype)\n",
+    # issue 20: the function a wrapper holds, taken from its closure or its __wrapped__ (guarded in place now)
+    "torch's Python reference from its closure": (
+        "import torch._refs\n_inner = [c.cell_contents for c in torch._refs.softmax.__closure__\n"
+        "          if getattr(c.cell_contents, '__name__', '') == 'softmax'][0]\n"
+        "def softmax(x, dim=-1):\n    return _inner(x, dim)\n"),
+    "a decomposition's inner function": (
+        "import torch._decomp as D\n"
+        "def _held(f, seen):\n    if id(f) in seen or not callable(f):\n        return []\n    seen.add(id(f))\n"
+        "    found = [f] if getattr(getattr(f, '__code__', None), 'co_filename', '').endswith('decompositions.py') else []\n"
+        "    for c in getattr(f, '__closure__', None) or ():\n        found += _held(c.cell_contents, seen)\n"
+        "    return found + _held(getattr(f, '__wrapped__', None), seen)\n"
+        "_inner = _held(D.decomposition_table[torch.ops.aten._softmax.default], set())[0]\n"
+        "def softmax(x, dim=-1):\n    return _inner(x, dim, False)\n"),
     "refusal swallowed": "def softmax(x, dim=-1):\n    try:\n        return torch.softmax(x, dim)\n"
                          "    except Exception:\n        e = (x - x.amax(dim, keepdim=True)).exp()\n"
                          "        return e / e.sum(dim, keepdim=True)\n",
@@ -385,7 +398,12 @@ def test_a_parts_ban_holds_at_run_time_by_any_route(route):
     import torch
     import torch._refs
 
-    assert not hasattr(torch._refs.softmax, "__wrapped__")  # the wrapper does not hand out torch's function
+    import functools
+
+    # torch's own Python softmax, however reached (here through its decorator's __wrapped__), is guarded in
+    # place: its code starts with the guard's check, and no unguarded copy of it is kept anywhere (issue 20).
+    inner = getattr(torch._refs.softmax, "__wrapped__", torch._refs.softmax)
+    assert any(isinstance(c, functools.partial) for c in inner.__code__.co_consts)
 
     assert torch.allclose(torch.softmax(torch.from_numpy(x), -1).sum(-1), torch.ones(2))
 
@@ -447,6 +465,49 @@ def _tampering_is_found(attack: str) -> None:
     with pytest.raises(Exception, match="own implementation"):
         with backend.runner.guard.judged(()):
             __import__("torch").ops.aten._scaled_dot_product_attention_math(x, x, x)
+
+
+# -- reaching into the grader's process (issue 20) ---------------------------------------------------------
+
+REACHING_IN = {
+    "the stack, in the part": "import sys\ndef softmax(x, dim=-1):\n    sys._getframe(1).f_locals\n    return x\n",
+    "a frame's f_back": "import inspect\ndef softmax(x, dim=-1):\n    inspect.currentframe().f_back\n    return x\n",
+    "every object, at module level": "import gc\nfor o in gc.get_objects():\n    pass\n",
+    "a closure's original": "import torch._refs\n_f = torch._refs.softmax.__closure__[0].cell_contents\n",
+    "a name built from pieces": "def softmax(x, dim=-1):\n    getattr(softmax, '__clo' + 'sure__')\n    return x\n",
+    "ctypes at module level": "import ctypes\nctypes.memmove(0, 0, 0)\n",
+    "ctypes imported by a name built from pieces": "_c = __import__('c' + 'types')\n",
+    "the dispatcher": "_lib = torch.library.Library('aten', 'IMPL')\n",
+    "the harness's module": "import harness\n",
+    "a helper called at module level": "import sys\ndef _patch():\n    sys._getframe(2)\n_patch()\n",
+    "a function's code replaced": "def softmax(x, dim=-1):\n    return x\nsoftmax.__code__ = (lambda x, dim=-1: x).__code__\n",
+    "every class": "_all = object.__subclasses__()\n",
+}
+
+
+@pytest.mark.parametrize("how", list(REACHING_IN))
+def test_code_that_reaches_into_the_graders_process_earns_nothing(how):
+    """The run-time guard lives in the student's process: the scan flags what reaches it (frames, object walks,
+    closures, code, ctypes, the dispatcher, the harness); at module level it costs every part."""
+    found = scan(REACHING_IN[how])
+    assert found, how
+    assert all("grader's own process" in why for why in found.values()), found
+    if how in ("every object, at module level", "ctypes at module level", "a helper called at module level",
+               "ctypes imported by a name built from pieces",
+               "the harness's module", "every class", "a closure's original"):
+        assert set(found) == set(PARTS), found
+
+
+def test_honest_code_that_looks_around_is_not_flagged():
+    """Threads, paths, gc.collect, inspect.signature, torch.stack, a student's own attribute named like a frame's."""
+    honest = ("import os, gc, inspect, threading, traceback\n"
+              "print(os.getcwd(), os.path.join('a', 'b'), inspect.signature(softmax))\ngc.collect()\n"
+              "t = threading.Thread(target=lambda: None)\nt.start()\nt.join()\n"
+              "class Node:\n    def __init__(self):\n        self.f_back = None\n"
+              "    def walk(self):\n        return self.f_back\n"
+              "x = torch.stack([torch.zeros(2), torch.ones(2)])\n"
+              "try:\n    1 / 0\nexcept ZeroDivisionError:\n    traceback.print_exc()\n")
+    assert scan(honest) == {}
 
 
 # -- grader-side analysis of student code is bounded -------------------------------------------------

@@ -44,9 +44,10 @@ def test_isolation_hides_course_network_and_privileges():
 def test_nothing_outlives_the_sandbox():
     with Sandbox(hide=[ROOT]) as box:
         uid = int(run(box, "import os\nprint(os.getuid())")["output"])
-        with pytest.raises(SandboxError) as err:
+        with pytest.raises(SandboxError) as err:  # fork is refused (seccomp); had it worked, the children too
             run(box, "import os, signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                     "for _ in range(8):\n    if os.fork() == 0:\n        os.setsid()\n        while True:\n            pass\n"
+                     "for _ in range(8):\n    try:\n        pid = os.fork()\n    except OSError:\n        break\n"
+                     "    if pid == 0:\n        os.setsid()\n        while True:\n            pass\n"
                      "while True:\n    pass\n", timeout=3)
         assert err.value.kind == "timeout"
     deadline = time.monotonic() + 10
@@ -159,20 +160,39 @@ def _cgroup_or_skip():
         pytest.skip("needs root, namespaces and a writable cgroup (v2, or v1 memory and pids)")
 
 
-def test_memory_limit_counts_every_process_of_the_sandbox():
-    # W8: six children of 300 MB each used to add up to far more than the limit (an rlimit is per process).
+def test_memory_limit_counts_the_sandbox_as_a_whole():
+    # W8: the limit was per process. The worker is the sandbox's only process now (seccomp), but its scratch
+    # folder's tmpfs and its own memory still count together: 600 MiB of files and 600 MiB of bytes, each under
+    # the 1 GiB limit alone, stop it together.
     _cgroup_or_skip()
-    with Sandbox(hide=[ROOT], limits=Limits(memory_bytes=1 << 30)) as box:
+    with Sandbox(hide=[ROOT], limits=Limits(memory_bytes=1 << 30, scratch_bytes=700 << 20)) as box:
         assert any(s.startswith("cgroup") for s in box.isolation), box.isolation
         dirs = list(box.cgroup.dirs)
         assert all(d.is_dir() for d in dirs)
         assert run(box, "x = 1")["ok"]
         with pytest.raises(SandboxError) as err:
-            run(box, "import os, time\nfor i in range(6):\n    if os.fork() == 0:\n        blob = b'\\1' * (300 << 20)\n"
-                     "        time.sleep(60)\n        os._exit(0)\ntime.sleep(60)\n", timeout=40)
+            run(box, "for i in range(10):\n    with open(f'fill{i}', 'wb') as f:\n        for _ in range(60):\n"
+                     "            f.write(b'\\1' * (1 << 20))\n"
+                     "hog = []\nfor _ in range(600):\n    hog.append(b'\\1' * (1 << 20))\n", timeout=40)
         assert err.value.kind == "crash", err.value
         assert "ran out of memory" in str(err.value) and "all its processes together" in str(err.value)
     assert not any(d.exists() for d in dirs), "the sandbox's cgroup was left behind"
+
+
+def test_a_process_beside_the_worker_is_ended_before_the_next_request():
+    """Whatever put it there, a process in the sandbox other than the worker is ended from outside before a
+    request runs (here one the host moves into the sandbox's cgroup, as the student cannot start one)."""
+    _cgroup_or_skip()
+    with Sandbox(hide=[ROOT]) as box:
+        intruder = subprocess.Popen(["sleep", "60"])
+        try:
+            (box.cgroup.dirs[-1] / "cgroup.procs").write_text(str(intruder.pid))
+            assert run(box, "x = 1")["ok"]
+            assert intruder.wait(timeout=10) == -9, "the process beside the worker was not ended"
+            assert any("ended 1 process" in e for e in box.events), box.events
+        finally:
+            intruder.kill()
+            intruder.wait()
 
 
 def test_without_cgroup_the_log_says_so(monkeypatch):
@@ -246,3 +266,91 @@ def test_forked_sandboxes_inherit_the_guards_setup():
         allowed = box.request({"op": "call", "target": "mine", "args": [x]}, timeout=10)
     assert not banned["ok"] and "torch's own implementation" in banned["error"], banned
     assert allowed["ok"] and np.allclose(allowed["value"], 1 / 3), allowed
+
+
+# Inside a sandbox: walk every object of the process for torch's Python functions that compute a softmax or
+# attention without reaching its aten operator, and the functions their closures and __wrapped__ hold.
+ORIGINALS = r'''
+import functools, gc, os, types, warnings, torch
+import torch.nn.functional as F
+root = os.path.dirname(torch.__file__)
+dirs = tuple(os.path.join(root, d) + os.sep for d in ("_refs", "_decomp", "_prims"))
+def banned(f):
+    name = f.__code__.co_name.lower().replace("_", "")
+    return "softmax" in name or "attention" in name
+def guarded(f):
+    return any(isinstance(c, functools.partial) for c in f.__code__.co_consts)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    functions = [o for o in gc.get_objects() if isinstance(o, types.FunctionType)]
+found = [f for f in functions if f.__code__.co_filename.startswith(dirs) and banned(f)]
+found += [F.multi_head_attention_forward, torch.nn.MultiheadAttention.forward]
+held = []
+for f in functions:
+    for c in f.__closure__ or ():
+        try:
+            v = c.cell_contents
+        except ValueError:
+            continue
+        if isinstance(v, types.FunctionType) and v.__code__.co_filename.startswith(dirs) and banned(v):
+            held.append(v)
+print(len(found), len(held), sorted({f"{f.__module__}.{f.__qualname__}" for f in found + held if not guarded(f)}))
+'''
+
+
+@isolated
+def test_no_unguarded_original_of_a_banned_function_is_reachable():
+    """Issue 20: the guard wrapped torch's Python softmax and kept the original in its closure. Now each such
+    function is guarded in place (its own code starts with the check): a walk of every object of the sandbox's
+    process, and of every closure, finds no unguarded one, and the one a closure holds refuses."""
+    with Sandbox() as box:
+        reply = run(box, ORIGINALS, timeout=60)
+        assert reply["ok"], reply
+        found, held, unguarded = reply["output"].strip().split(" ", 2)
+        assert int(found) >= 10 and int(held) >= 5, reply["output"]  # the walk does find them
+        assert unguarded == "[]", unguarded
+        run(box, "import torch._refs\n_inner = [c.cell_contents for c in torch._refs.softmax.__closure__\n"
+                 "          if getattr(c.cell_contents, '__name__', '') == 'softmax'][0]\n"
+                 "def mine(x):\n    return _inner(x, -1)\n")
+        x = np.ones((2, 3), dtype=np.float32)
+        banned = box.request({"op": "call", "target": "mine", "args": [x], "bans": ["softmax"]}, timeout=20)
+    assert not banned["ok"] and "torch's own implementation" in banned["error"], banned
+
+
+@isolated
+def test_the_guard_holds_when_the_runner_is_rebound_from_the_stack():
+    """Issue 20: a cell walks the stack up to the Runner and replaces Guard.judged, Runner._judged and the
+    runner's guard by do-nothing contexts. The request loop bound its guard before any student code ran."""
+    with Sandbox() as box:
+        assert run(box, "import contextlib, sys, torch\nframe = sys._getframe(0)\nwhile frame is not None:\n"
+                        "    r = frame.f_locals.get('self')\n    if type(r).__name__ == 'Runner':\n"
+                        "        type(r.guard).judged = lambda self, f: contextlib.nullcontext()\n"
+                        "        type(r)._judged = lambda self, req: contextlib.nullcontext()\n"
+                        "        r.guard = None\n        print('patched')\n        break\n    frame = frame.f_back\n"
+                        "def mine(x):\n    return torch.softmax(x, -1)\n")["output"].split() == ["patched"]
+        x = np.ones((2, 3), dtype=np.float32)
+        banned = box.request({"op": "call", "target": "mine", "args": [x], "bans": ["softmax"]}, timeout=20)
+        allowed = box.request({"op": "call", "target": "mine", "args": [x]}, timeout=20)
+    assert not banned["ok"] and "torch's own implementation" in banned["error"], banned
+    assert allowed["ok"] and np.allclose(allowed["value"], 1 / 3), allowed
+
+
+def test_the_outside_check_tells_the_harness_filter_from_an_inherited_one():
+    """The judge reads confinement from /proc: a process under the filter the harness installs has one filter
+    more than its parent; a plain process (or one that only inherits its parent's filters) does not."""
+    import sys
+
+    from autograder.isolation.sandbox import _own_filter
+
+    code = (f"import sys\nsys.path.insert(0, {str(ROOT / 'autograder' / 'in_sandbox')!r})\nimport harness\n"
+            "print(harness.confine_processes() or 'confined', flush=True)\nsys.stdin.read()\n")
+    confined = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    plain = subprocess.Popen(["sleep", "30"])
+    try:
+        assert confined.stdout.readline().strip() == "confined"
+        assert _own_filter(confined.pid) and not _own_filter(plain.pid)
+    finally:
+        confined.kill()
+        plain.kill()
+        confined.wait()
+        plain.wait()

@@ -13,8 +13,11 @@ student never ran in.
 During every judged call a :class:`Guard` makes torch's own attention, and whatever else the part
 being graded bans (torch's softmax in the softmax exercise), refuse to run, at the dispatcher, for
 everything that runs during the call, whoever's Python reaches it. The guard is installed for the
-call only and checked from the Runner, outside the student's code, before and after it: a
-switched-off guard costs the call its points.
+call only and checked outside the student's code, before and after it: a switched-off guard costs
+the call its points. Before any student code, :func:`main` makes the process unable to start another
+process or program (:func:`confine_processes`, a seccomp filter the judge reads from outside), so no
+helper process can compute for a judged call. What code in this process can still do to the guard is
+listed in ``autograder/README.md`` ("What the grader does not promise").
 
 Whatever the student does to this process (patch torch, replace this module's functions, print
 "passed") can only change the numbers it sends back, never the verdict. This file is copied into
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import importlib
 import io
 import linecache
@@ -80,12 +84,14 @@ class Guard:
     At the dispatcher, the kernels of the banned aten operators are replaced, for the duration of the
     call only, by one that raises :class:`Delegated` (a ``torch.library.Library`` created before the
     call and destroyed after it, which restores torch's own kernels). Every other operator keeps its
-    kernel, so ordinary code runs exactly as fast as before. torch's Python entry points that compute
-    the same thing without reaching those operators (``nn.MultiheadAttention``'s forward, the Python
-    decompositions and references of ``torch._decomp`` and ``torch._refs``) are wrapped once, and refuse
-    while a call bans them.
+    kernel, so ordinary code runs exactly as fast as before. torch's Python functions that compute the
+    same thing without reaching those operators (``nn.MultiheadAttention``'s forward, the Python
+    decompositions and references of ``torch._decomp`` and ``torch._refs``) are guarded in place once per
+    process (their own code starts with a call of the banned operator), so they refuse while a call bans
+    them, and no unguarded original is left for a closure or a table to hand out.
 
-    Integrity is checked by the Runner around every call, outside the student's code: before it, a
+    Integrity is checked around every call (in the sandbox by the request loop, which bound :meth:`judged`
+    before any student code ran; locally by the Runner), outside the student's code: before it, a
     banned operator is called on a tiny tensor, through the whole dispatcher (modes and kernels the
     notebook may have registered included), and must be refused by this guard's kernel; after it, the
     dispatcher's table for the banned operators must be exactly what was installed. Anything else
@@ -100,7 +106,7 @@ class Guard:
         self.hits = 0  # refusals by this guard's kernels, counted for the integrity probe
         self._plans: dict[tuple[str, ...], list[tuple[str, str]]] = {}
         self._tables: dict[tuple[str, ...], list[str]] = {}  # the dispatcher's table with the guard installed
-        self._wrap_python_entry_points()
+        self._guard_python_implementations()
 
     # the dispatcher's part ----------------------------------------------------------------------
     def _plan(self, fragments: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -191,58 +197,104 @@ class Guard:
             lib._destroy()
 
     # torch's Python entry points ----------------------------------------------------------------
-    def _banned_now(self, name: str) -> bool:
-        if self.active is None:
-            return False
-        return bool(torch_names.is_torch_attention(name)) or any(f in torch_names.squash(name) for f in self.active)
+    def _guard_python_implementations(self) -> None:
+        """Guard, in place and once per process, torch's Python functions that compute attention or a softmax
+        without reaching its aten operator: the references and decompositions (``torch._refs``,
+        ``torch._decomp``, ``torch._prims``), ``F.multi_head_attention_forward`` and the forwards of the
+        attention modules (``nn.MultiheadAttention`` with ``need_weights`` multiplies and softmaxes by hand).
 
-    def _wrap(self, fn: Any, name: str) -> Any:
-        if getattr(fn, "__guarded__", False) or not callable(fn):
-            return fn
-
-        @functools.wraps(fn)
-        def guarded(*args: Any, **kwargs: Any) -> Any:
-            if self._banned_now(name):
-                self.hits += 1
-                self.refusals.append(name)
-                raise Delegated(f"{name} is torch's own implementation; the exercise asks you to compute it yourself")
-            return fn(*args, **kwargs)
-
-        guarded.__guarded__ = True  # type: ignore[attr-defined]
-        del guarded.__wrapped__  # functools.wraps would hand the original to anyone who asks
-        return guarded
-
-    def _wrap_python_entry_points(self) -> None:
-        """Wrap, once per process, the Python functions of torch that compute attention or a softmax
-        without reaching its aten operator (a wrapper passes through unless a judged call bans it)."""
+        Nothing wraps them: each function's own code is compiled again from its source with one line first,
+        which calls the corresponding banned aten operator (``_softmax``, or the math attention) on a tiny
+        tensor, straight to its CPU kernel (past any dispatch mode). So such a function refuses exactly when
+        the dispatcher refuses its operator (during a judged call that bans it, where the probe and the table
+        check cover the dispatcher), and runs as before otherwise; no closure, ``__wrapped__`` or table keeps
+        an unguarded copy of its code (the check sits in ``co_consts`` as a ``functools.partial`` of a C method,
+        whose attributes are read-only). Functions are found by walking every function object of the
+        process (``gc``), so the references in decomposition tables, closures and other modules are the
+        same, guarded objects.
+        """
         torch = self.torch
         import torch.nn.functional as F
 
         if getattr(F.multi_head_attention_forward, "__guarded__", False):
-            return  # already wrapped by an earlier guard in this process
-        F.multi_head_attention_forward = self._wrap(F.multi_head_attention_forward, "multi_head_attention_forward")
-        for cls in torch_names.ATTENTION_MODULES:
-            c = getattr(torch.nn, cls, None)
-            if c is not None:
-                c.forward = self._wrap(c.forward, cls)
-        modules = [sys.modules.get(m) for m in ("torch._refs", "torch._refs.nn.functional", "torch._refs.special",
-                                                "torch._decomp.decompositions")]
-        for module in filter(None, modules):
-            for attr, value in list(vars(module).items()):
-                if isinstance(value, types.FunctionType) and self._touches_a_ban(attr):
-                    setattr(module, attr, self._wrap(value, f"{module.__name__}.{attr}"))
-        decomp = sys.modules.get("torch._decomp")
-        if decomp is not None:
-            tables = [decomp.decomposition_table, *decomp.global_decomposition_table.values()]
-            for table in tables:
-                for op, fn in list(table.items()):
-                    if self._touches_a_ban(str(op)):
-                        table[op] = self._wrap(fn, f"the decomposition of {op}")
+            return  # already done by an earlier guard in this process
+        for name in ("torch._refs", "torch._refs.nn.functional", "torch._refs.special", "torch._decomp",
+                     "torch._decomp.decompositions"):
+            importlib.import_module(name)  # imported now, so no fresh unguarded copy can be imported later
+        keys = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+        x = torch.zeros(1, 1, 1)
+        checks = {"softmax": functools.partial(torch.ops.aten._softmax.default._handle.redispatch_boxed,
+                                               keys, x, -1, False),
+                  "attention": functools.partial(
+                      torch.ops.aten._scaled_dot_product_attention_math.default._handle.redispatch_boxed,
+                      keys, x, x, x)}
+        targets = [F.multi_head_attention_forward]
+        targets += [getattr(torch.nn, c).forward for c in torch_names.ATTENTION_MODULES if hasattr(torch.nn, c)]
+        roots = tuple(os.path.join(os.path.dirname(torch.__file__), d) + os.sep for d in ("_refs", "_decomp", "_prims"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # isinstance() on a deprecated module attribute warns
+            targets += [f for f in gc.get_objects() if isinstance(f, types.FunctionType)
+                        and f.__code__.co_filename.startswith(roots) and self._touches_a_ban(f.__code__.co_name)]
+        failed = []
+        for fn in {id(f): f for f in targets}.values():
+            kind = "softmax" if "softmax" in torch_names.squash(fn.__code__.co_name) else "attention"
+            try:
+                fn.__code__ = _with_check_first(fn, checks[kind])
+            except (OSError, TypeError, SyntaxError, ValueError) as e:
+                failed.append(f"{fn.__module__}.{fn.__qualname__} ({e})")
+        if failed:  # a torch whose source cannot be read here: say so rather than leave them silently open
+            warnings.warn("the grader's guard could not guard torch's " + ", ".join(failed))
+        F.multi_head_attention_forward.__guarded__ = True  # type: ignore[attr-defined]
 
     @staticmethod
     def _touches_a_ban(name: str) -> bool:
         """Whether ``name`` could be banned by some part (attention, or a softmax-like name)."""
         return bool(torch_names.is_torch_attention(name)) or "softmax" in torch_names.squash(name)
+
+
+GUARD_MARK = "__attention_course_guard__"  # placeholder constant, replaced by the check in the compiled code
+
+
+def _with_check_first(fn: types.FunctionType, check: Any) -> types.CodeType:
+    """``fn``'s code compiled again from its source, with ``check()`` as its first statement.
+
+    The new code keeps ``fn``'s name, file, line numbers and free variables (compiled inside a scaffold
+    function that binds the same names, so its closure still fits); ``check`` goes into its constants.
+    Raises when the source cannot be read or the result does not fit ``fn``.
+    """
+    import ast
+    import inspect
+    import textwrap
+
+    code = fn.__code__
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    fdef = tree.body[0]
+    if not isinstance(fdef, (ast.FunctionDef, ast.AsyncFunctionDef)) or fdef.name != code.co_name:
+        raise ValueError("its source is not a plain def")
+    fdef.decorator_list = []  # already applied around the function object we change
+    first = 1 if fdef.body and isinstance(fdef.body[0], ast.Expr) and isinstance(
+        getattr(fdef.body[0], "value", None), ast.Constant) and isinstance(fdef.body[0].value.value, str) else 0
+    call = ast.Expr(ast.Call(ast.Constant(GUARD_MARK), [], []))
+    fdef.body.insert(first, call)
+    ast.increment_lineno(tree, code.co_firstlineno - 1)
+    ast.copy_location(call, fdef.body[first + 1] if len(fdef.body) > first + 1 else fdef)
+    ast.fix_missing_locations(call)
+    body: list[ast.stmt] = [ast.Assign([ast.Name(v, ast.Store())], ast.Constant(None)) for v in code.co_freevars]
+    if fdef.name not in code.co_freevars:  # a function that names itself reads a global, as the original does
+        body.insert(0, ast.Global([fdef.name]))
+    scaffold = ast.Module([ast.FunctionDef("__scaffold__", ast.arguments([], [], None, [], [], None, []),
+                                           body + [fdef, ast.Return(ast.Constant(None))], [])], [])
+    ast.fix_missing_locations(scaffold)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "'str' object is not callable": the placeholder, replaced below
+        outer = compile(scaffold, code.co_filename, "exec")
+    found = [c for c in outer.co_consts if isinstance(c, types.CodeType)]
+    inner = [c for c in (found[0].co_consts if found else ()) if isinstance(c, types.CodeType) and c.co_name == code.co_name]
+    if len(inner) != 1 or inner[0].co_freevars != code.co_freevars:
+        raise ValueError(f"its recompiled code does not fit its closure ({[c.co_freevars for c in inner]} for {code.co_freevars})")
+    new = inner[0].replace(co_consts=tuple(check if c == GUARD_MARK else c for c in inner[0].co_consts),
+                           co_qualname=code.co_qualname)
+    return new
 
 
 # -- the runner -------------------------------------------------------------------------------------------
@@ -275,6 +327,7 @@ class Runner:
         self.ns = namespace
         self.refs: dict[int, Any] = {}
         self.guard = _process_guard(torch)
+        self.guarded_outside = False  # set by the sandbox's loop, which then guards every call request itself
 
     # conversions ----------------------------------------------------------------------------------
     def to_torch(self, v: Any) -> Any:
@@ -370,13 +423,14 @@ class Runner:
         print(("Appended to" if append else "Writing") + f" {name}")
 
     def _judged(self, req: Mapping[str, Any]) -> contextlib.AbstractContextManager:
+        if self.guarded_outside:  # the sandbox's request loop guards the whole request itself (see main)
+            return contextlib.nullcontext()
         return self.guard.judged(tuple(torch_names.runtime_fragments(req.get("bans") or ())))
 
     def _refused(self) -> None:
         """A refusal the student's code caught still costs the call: the part reached a banned operator."""
-        if self.guard.refusals:
-            raise Delegated(f"{self.guard.refusals[0]} is torch's own implementation (a part's answer may not "
-                            "reach it, by any route); the exercise asks you to compute it yourself")
+        if not self.guarded_outside:  # else the request loop checks, with the list it bound at start-up
+            _raise_if_refused(self.guard.refusals)
 
     def op_call(self, req: Mapping[str, Any]) -> Any:
         """Call a function, class or method; ``keep``: keep the result here and send a reference;
@@ -455,6 +509,12 @@ class Runner:
         return sorted(k for k in self.ns if not k.startswith("__"))
 
 
+def _raise_if_refused(refusals: list[str]) -> None:
+    if refusals:
+        raise Delegated(f"{refusals[0]} is torch's own implementation (a part's answer may not reach it, by any "
+                        "route); the exercise asks you to compute it yourself")
+
+
 _GUARDS: dict[int, Guard] = {}  # one per torch module: the dispatcher and torch's functions are per process
 
 
@@ -469,6 +529,91 @@ def prepare_guard(torch: types.ModuleType) -> None:
     every call carries. The zygote calls it once, before it forks, so every sandbox it forks inherits them
     (its dispatcher is torch's own: no student code has run in the zygote)."""
     _process_guard(torch)._plan(tuple(torch_names.runtime_fragments(())))
+
+
+# -- no second process: a seccomp filter installed before any student code ---------------------------------
+
+# System call numbers per architecture (the audit arch the kernel reports in seccomp_data.arch). x86_64 has fork
+# and vfork calls of its own; aarch64 creates processes through clone and clone3 only.
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+SYSCALLS = {"x86_64": {"clone": 56, "fork": 57, "vfork": 58, "execve": 59, "execveat": 322, "clone3": 435,
+                       "seccomp": 317},
+            "aarch64": {"clone": 220, "execve": 221, "execveat": 281, "clone3": 435, "seccomp": 277}}
+CLONE_THREAD = 0x10000
+X32_SYSCALL_BIT = 0x40000000  # x86_64's x32 ABI: another numbering, refused as a whole
+
+
+def _bpf_program(arch: str) -> list[tuple[int, int, int, int]]:
+    """The classic BPF program of :func:`confine_processes` for ``arch``: ``(code, jt, jf, k)`` rows.
+
+    fork, vfork, execve, execveat: EPERM; clone: allowed only with ``CLONE_THREAD`` (a thread of this
+    process), else EPERM; clone3 (whose flags sit behind a pointer a filter cannot read): ENOSYS, so
+    glibc falls back to clone for its threads; another architecture's calls (an i386 ``int 0x80``, x32): EPERM.
+    """
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, JGE|K, JSET|K, BPF_RET|K
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+    nr = SYSCALLS[arch]
+    denied = [nr[n] for n in ("fork", "vfork", "execve", "execveat") if n in nr]
+    # Symbolic program: jumps name labels; resolved to the forward offsets BPF needs below.
+    prog: list[tuple] = [(ld, 4), (jeq, AUDIT_ARCH[arch], None, "deny"), (ld, 0)]
+    if arch == "x86_64":
+        prog.append((jge, X32_SYSCALL_BIT, "deny", None))
+    prog.append((jeq, nr["clone"], "clone", None))
+    prog += [(jeq, n, "deny", None) for n in denied]
+    prog += [(jeq, nr["clone3"], "nosys", None), (ret, allow),
+             ("clone",), (ld, 16), (jset, CLONE_THREAD, "allow", "deny"),
+             ("allow",), (ret, allow), ("deny",), (ret, eperm), ("nosys",), (ret, enosys)]
+    labels, at = {}, 0
+    for row in prog:
+        if len(row) == 1:
+            labels[row[0]] = at
+        else:
+            at += 1
+    out, at = [], 0
+    for row in prog:
+        if len(row) == 1:
+            continue
+        code, k, *jumps = row
+        jt, jf = ((labels[j] - at - 1 if j else 0) for j in (jumps + [None, None])[:2])
+        out.append((code, jt, jf, k))
+        at += 1
+    return out
+
+
+def confine_processes() -> str:
+    """Make this process unable to start another process or program, for good; '' or why it could not.
+
+    A seccomp filter (Linux): fork, vfork, execve, execveat and clone without ``CLONE_THREAD`` fail with
+    EPERM; clone3 fails with ENOSYS and glibc creates its threads with clone instead, so torch's threads and
+    Python's work as before. A filter cannot be removed once installed, and it holds for every thread
+    (``SECCOMP_FILTER_FLAG_TSYNC``) and every thread started later. The harness installs it before the
+    student's first line runs; the judge reads it from outside (``Seccomp: 2`` in ``/proc/<pid>/status``).
+    """
+    import ctypes
+    import platform
+
+    arch = platform.machine()
+    if sys.platform != "linux" or arch not in SYSCALLS:
+        return f"no seccomp filter for {sys.platform}/{arch}"
+    rows = _bpf_program(arch)
+
+    class SockFilter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+    filters = (SockFilter * len(rows))(*[SockFilter(*r) for r in rows])
+    prog = SockFprog(len(rows), filters)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS: required to install a filter without privileges
+        return f"prctl(PR_SET_NO_NEW_PRIVS) failed: {os.strerror(ctypes.get_errno())}"
+    # seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &prog): every thread of the process at once.
+    ret = libc.syscall(ctypes.c_long(SYSCALLS[arch]["seccomp"]), ctypes.c_long(1), ctypes.c_long(1),
+                       ctypes.byref(prog))
+    if ret != 0:
+        return f"seccomp(SECCOMP_SET_MODE_FILTER) failed: {os.strerror(ctypes.get_errno()) if ret < 0 else ret}"
+    return ""
 
 
 # -- the sandbox's loop -----------------------------------------------------------------------------------
@@ -504,6 +649,11 @@ class _Capped(io.TextIOBase):
 
 
 def main() -> None:
+    # First, before anything of the student's can run: no second process, ever (see confine_processes). Where
+    # this fails the judge sees it from outside (no "Seccomp: 2") and says so in the result's log.
+    unconfined = confine_processes()
+    if unconfined:
+        os.write(2, f"harness: processes not confined: {unconfined}\n".encode())
     rfd, wfd = int(sys.argv[1]), int(sys.argv[2])
     device_name = sys.argv[3] if len(sys.argv) > 3 else "cpu"
     os.environ.setdefault("MPLBACKEND", "Agg")
@@ -513,22 +663,38 @@ def main() -> None:
     torch.set_num_threads(1)
     runner = Runner(torch, device=device_name)
     sink = _Capped(OUT_CAP)
+    # What a judged call's guard needs, bound now, before any student code, into this frame's locals: rebinding
+    # Guard.judged, Runner._judged, the runner's guard or this module's globals later (a notebook that walks
+    # the stack up to here) changes none of them. The whole request, conversions included, runs guarded.
+    runner.guarded_outside = True
+    judged, refusals, handle, error_reply = runner.guard.judged, runner.guard.refusals, runner.handle, runner._error_reply
+    fragments_of, raise_if_refused = torch_names.runtime_fragments, _raise_if_refused
+    recv, send, capped_take = wire.recv, wire.send, sink.take
     while True:
         try:
-            req = wire.recv(rfd, MAX_REQUEST)
+            req = recv(rfd, MAX_REQUEST)
         except EOFError:
             return
+        req = req if isinstance(req, dict) else {}
         old_out, old_err = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = sink
         try:
-            reply = runner.handle(req if isinstance(req, dict) else {})
+            if req.get("op") == "call":
+                try:
+                    with judged(tuple(fragments_of(req.get("bans") or ()))):
+                        reply = handle(req)
+                        raise_if_refused(refusals)  # even when the student's code caught the refusal
+                except BaseException as e:  # noqa: BLE001 - the guard's verdict (Delegated, Tampered) is a reply
+                    reply = error_reply(e)
+            else:
+                reply = handle(req)
         finally:
             sys.stdout, sys.stderr = old_out, old_err
-        reply["output"] = sink.take()
+        reply["output"] = capped_take()
         try:
-            wire.send(wfd, reply)
+            send(wfd, reply)
         except wire.WireError as e:
-            wire.send(wfd, {"ok": False, "error": f"the result could not be sent: {e}", "output": ""})
+            send(wfd, {"ok": False, "error": f"the result could not be sent: {e}", "output": ""})
 
 
 if __name__ == "__main__":

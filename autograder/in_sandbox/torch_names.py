@@ -24,6 +24,8 @@ TORCH_ATTENTION = {
     "TransformerEncoder": "torch.nn.TransformerEncoder",
     "TransformerDecoder": "torch.nn.TransformerDecoder",
     "Transformer": "torch.nn.Transformer",
+    # attention written in Python inside torch, reaching no attention operator: the scan's name is its ban
+    "flex_attention": "torch's flex_attention",
 }
 
 # Any name containing one of these is torch's attention too: the aten operators that compute it

@@ -26,6 +26,12 @@ In the first two, the scratch folder is a tmpfs of ``Limits.scratch_bytes``
 holding a copy of what the student received: student code can fill it but
 never the host's disk, and nothing it writes reaches a later sandbox.
 
+In every mode the student's side is one process: the harness installs a seccomp filter before the
+student's first line (:func:`autograder.in_sandbox.harness.confine_processes`: no fork, clone of a process or exec),
+the sandbox reads it from outside once the harness answers (``Seccomp: 2`` in ``/proc/<pid>/status``)
+and records the sandbox's processes then, and before every request ends any other process it finds
+below the sandbox or in its cgroup (:meth:`Sandbox.end_others`), so none can help a judged call.
+
 No GPU is visible to student code (``CUDA_VISIBLE_DEVICES`` is empty): the checks
 compare on the CPU. Everywhere it gets resource limits (address space, CPU time,
 file size, open files, no core dumps), a wall-clock limit on every request and
@@ -210,6 +216,75 @@ def _tasks_of(uid: int) -> int:
     return n
 
 
+# -- the student's processes, seen from outside -------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    """The children of every thread of ``pid`` (``/proc/<pid>/task/<tid>/children``); [] once it is gone."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def _descendants(pid: int) -> set[int]:
+    """``pid`` and every process below it (an orphan in a PID namespace is re-parented to its PID 1, below it too)."""
+    seen, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        if p not in seen:
+            seen.add(p)
+            todo += _children(p)
+    return seen
+
+
+def _status(pid: int, field: str) -> int | None:
+    """An integer field of ``/proc/<pid>/status`` (``Seccomp``, ``Seccomp_filters``, ``PPid``), or None."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _seccomp(pid: int) -> int | None:
+    """The seccomp mode of ``pid`` (2: filtered), or None."""
+    return _status(pid, "Seccomp")
+
+
+def _own_filter(pid: int) -> bool:
+    """Whether ``pid`` runs under a seccomp filter of its own: one more than its parent's (a container's or
+    bwrap's filters, inherited by every process, do not count)."""
+    mine, parent = _status(pid, "Seccomp_filters"), _status(_status(pid, "PPid") or -1, "Seccomp_filters")
+    return _seccomp(pid) == 2 and mine is not None and mine > (parent or 0)
+
+
+def _end(pid: int) -> bool:
+    """SIGKILL ``pid`` through a pidfd (so a recycled pid is never hit); False if it was already gone."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return False
+    try:
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 # Hidden from student code, besides the course, the submissions and the grading folder: the one list.
 HIDDEN = ("/root", "/home", "/tmp", "/var/tmp", "/dev/shm", "/srv", "/mnt", "/media", "/opt", "/work")
 
@@ -232,6 +307,10 @@ class Sandbox:
         self.deadline = time.monotonic() + self.limits.notebook_timeout
         self._r = self._w = -1
         self.cgroup: Cgroup | None = None
+        self.worker = -1  # the harness's pid, as this machine names it; found from outside once it answered
+        self.confined = False  # the worker cannot start a process (its seccomp filter, read from outside)
+        self.expected: set[int] = set()  # the sandbox's processes before any student code ran
+        self.events: list[str] = []  # what the outside checks did (processes ended), for the result's log
 
     # -- lifecycle -----------------------------------------------------------------
     def __enter__(self) -> "Sandbox":
@@ -280,8 +359,12 @@ class Sandbox:
     def _visible(self) -> tuple[list[Path], list[Path]]:
         """``(expose, hide)``: the Python installation (read-only) and the folders hidden behind empty mounts."""
         site_dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+        # Resolved, and as Python names them: a virtual environment reached through a symbolic link (a
+        # checkout's .venv linking to a shared one) keeps the paths of its python and of the modules torch
+        # was imported from, so bwrap finds sys.executable and torch's lazy imports work inside the sandbox.
         expose = _outermost_existing([Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()]
-                                     + [Path(d).resolve() for d in site_dirs])
+                                     + [Path(d).resolve() for d in site_dirs] + [Path(sys.prefix)]
+                                     + [Path(d) for d in site_dirs])
         hide = _outermost_existing([Path(p) for p in HIDDEN] + [p.resolve() for p in self.hide])
         return expose, hide
 
@@ -318,8 +401,59 @@ class Sandbox:
         # requests, or stalls half-way through a reply, cannot block the grader.
         os.set_blocking(self._w, False)
         os.set_blocking(self._r, False)
-        # A first round trip proves the harness is up.
+        # A first round trip proves the harness is up; no student code has run yet, so what the sandbox's
+        # processes are now (and the worker's seccomp filter) is the harness's own doing.
         self.request({"op": "names"}, timeout=self.limits.start_timeout)
+        self._find_worker()
+
+    # -- one process: found from outside, others ended before every request ----------------------------
+    def _root_pid(self) -> int:
+        """The outermost process the judge started for this sandbox (the zygote's reporter, ``bwrap``, or
+        the harness itself)."""
+        return self.proc.pid if self.proc is not None else -1
+
+    def _find_worker(self) -> None:
+        """Before any student code: record the sandbox's processes and whether the worker is confined.
+
+        The worker (the harness) must run under the seccomp filter it installed
+        (:func:`autograder.in_sandbox.harness.confine_processes`) before it answered its first request: one filter
+        more than its parent has (a container's or bwrap's own filters are inherited by both). Without
+        it (an architecture with no filter, a kernel without seccomp), the log says so.
+        """
+        root = self._root_pid()
+        if isinstance(self.proc, ZygoteChild):
+            self.expected, self.worker = {root, self.proc.inner_pid}, self.proc.inner_pid
+        else:  # bwrap (and its PID 1) above the harness, or the harness itself: the harness is the one leaf
+            self.expected = _descendants(root)
+            leaves = [p for p in self.expected if not _children(p)]
+            self.worker = leaves[0] if len(leaves) == 1 else root
+        self.confined = _own_filter(self.worker)
+        if self.confined:
+            self.isolation.append("one process: the harness's seccomp filter, installed before the student's "
+                                  "first line and read from outside, refuses fork, clone and exec (threads "
+                                  "work); any other process is ended before every request")
+        else:
+            self.isolation.append("processes NOT confined (no seccomp filter here: see the process log): the "
+                                  "student's code can start processes; any but the worker are ended from "
+                                  "outside before every request, but not during a call")
+
+    def end_others(self) -> list[int]:
+        """End every process of the sandbox but those it had before student code ran (the worker and the
+        processes that started it), from outside; the pids ended. Called before every request."""
+        if not self.expected or self.proc is None:
+            return []
+        now = _descendants(self._root_pid())
+        if self.cgroup is not None:
+            for d in self.cgroup.dirs:
+                try:
+                    now.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+                except (OSError, ValueError):
+                    pass
+        ended = [pid for pid in sorted(now - self.expected) if _end(pid)]
+        if ended:
+            self.events.append(f"ended {len(ended)} process(es) the notebook started beside the worker "
+                               "(only the worker may run student code when a check calls it)")
+        return ended
 
     def _start_zygote(self, work: Path, env: dict[str, str], fds: list[int]) -> None:
         """As root: a process forked by the zygote, which isolates it (see :mod:`autograder.isolation.zygote`)."""
@@ -434,6 +568,7 @@ class Sandbox:
         """
         if self.proc is None or self.proc.poll() is not None:
             raise SandboxError("crash", self._death_reason())
+        self.end_others()  # whatever the request runs, the worker runs it alone
         budget = min(timeout, self.deadline - time.monotonic())
         if budget <= 0:
             self.kill()

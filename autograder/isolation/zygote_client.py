@@ -37,11 +37,13 @@ class ZygoteChild:
         # pidfds name the processes themselves, so a kill never hits a recycled pid.
         self.pidfd = os.pidfd_open(pid)  # the reporter
         self.inner_pidfd = -1  # the sandboxed process: PID 1 of its namespace; killing it ends the namespace
+        self.inner_pid = -1  # its pid as this machine's /proc names it (the judge reads its status from outside)
         if select.select([status_fd], [], [], 30)[0]:
             data = os.read(status_fd, 4)
             if len(data) == 4:
                 try:
-                    self.inner_pidfd = os.pidfd_open(struct.unpack("<i", data)[0])
+                    self.inner_pid = struct.unpack("<i", data)[0]
+                    self.inner_pidfd = os.pidfd_open(self.inner_pid)
                 except ProcessLookupError:
                     pass
 

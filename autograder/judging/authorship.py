@@ -31,6 +31,72 @@ from autograder.in_sandbox.torch_names import ATEN_ATTENTION, is_torch_attention
 STRING_HINTS = ("attnkit", "multiheadattention", "transformerencoderlayer", "transformerdecoderlayer", *ATEN_ATTENTION)
 
 
+# What reaches into the grader's own code in the student's process (the run-time guard, the request loop, the
+# originals of banned functions), and has no place in an attention answer: frames, the garbage collector's
+# object walks, closures and code objects, ctypes, the dispatcher's registrations, the harness's modules.
+# Used anywhere in the notebook, it costs every part that reaches it, and every part when it runs at module
+# level (a cell can switch the guard off before any part is called). Threads, ``import os``, ``gc.collect``
+# and ``inspect.signature`` stay honest.
+TAMPERING_ATTRS = {
+    "_getframe": "sys._getframe (the stack above the answer is the grader's)",
+    "_current_frames": "sys._current_frames (the grader's stack)",
+    "currentframe": "inspect.currentframe (the grader's stack)",
+    "getouterframes": "inspect.getouterframes (the grader's stack)",
+    "getinnerframes": "inspect.getinnerframes (frames)",
+    "walk_stack": "traceback.walk_stack (the grader's stack)",
+    "walk_tb": "traceback.walk_tb (frames)",
+    "f_back": "a frame's f_back (the grader's stack)",
+    "f_locals": "a frame's f_locals (the grader's variables)",
+    "f_globals": "a frame's f_globals (the grader's variables)",
+    "tb_frame": "a traceback's frames (the grader's stack)",
+    "gi_frame": "a generator's frame", "cr_frame": "a coroutine's frame", "ag_frame": "a generator's frame",
+    "get_objects": "gc.get_objects (every object of the grader's process)",
+    "get_referrers": "gc.get_referrers (the grader's objects)",
+    "get_referents": "gc.get_referents (the grader's objects)",
+    "__closure__": "a function's __closure__ (what torch's and the grader's functions hold)",
+    "cell_contents": "a closure cell's contents (what torch's and the grader's functions hold)",
+    "getclosurevars": "inspect.getclosurevars (what torch's and the grader's functions hold)",
+    "__globals__": "a function's __globals__ (the grader's module)",
+    "__code__": "a function's __code__ (rewriting torch's or the grader's code)",
+    "__subclasses__": "__subclasses__ (every class of the grader's process)",
+}
+TAMPERING_MODULES = {"ctypes": "ctypes (writing the process's memory)", "_ctypes": "ctypes (writing the process's memory)",
+                     "harness": "the grader's harness", "wire": "the grader's channel", "torch_names": "the grader's bans",
+                     "magics": "the grader's magics", "torch.library": "torch.library (the dispatcher's registrations)"}
+TAMPER_HINTS = tuple(squash(n) for n in TAMPERING_ATTRS)
+
+
+def _tampering(n: ast.AST, unit: "_Unit", ctx: "_Context") -> str | None:
+    """What ``n`` uses that reaches into the grader's process (see ``TAMPERING_ATTRS``), if anything."""
+    if isinstance(n, ast.Import):
+        for a in n.names:
+            what = TAMPERING_MODULES.get(a.name) or TAMPERING_MODULES.get(a.name.split(".")[0])
+            if what and a.name.split(".")[0] not in ctx.modules:
+                return what
+    elif isinstance(n, ast.ImportFrom):
+        module = n.module or ""
+        if module in ctx.modules or n.level:
+            return None
+        what = TAMPERING_MODULES.get(module) or TAMPERING_MODULES.get(module.split(".")[0])
+        if what:
+            return what
+        if module == "torch" and any(a.name == "library" for a in n.names):
+            return TAMPERING_MODULES["torch.library"]
+        return next((TAMPERING_ATTRS[a.name] for a in n.names if a.name in TAMPERING_ATTRS), None)
+    elif isinstance(n, ast.Attribute):
+        if _students_own(n, unit, ctx):
+            return None
+        if n.attr in TAMPERING_ATTRS:
+            return TAMPERING_ATTRS[n.attr]
+        if n.attr.startswith("_dispatch_") or (n.attr == "library" and isinstance(n.value, ast.Name) and n.value.id == "torch"):
+            return TAMPERING_MODULES["torch.library"]
+        if n.attr in ("stack", "trace") and isinstance(n.value, ast.Name) and n.value.id == "inspect":
+            return f"inspect.{n.attr} (the grader's stack)"
+    elif isinstance(n, ast.Name) and n.id in ("ctypes", "_ctypes"):
+        return TAMPERING_MODULES["ctypes"]
+    return None
+
+
 def _forbidden(name: str, extra: Mapping[str, str]) -> str | None:
     """What ``name`` is among a part's forbidden names: an exact match, or a name that contains one
     whatever its case and underscores (``F.softmin``, ``torch._softmax``, ``aten._safe_softmax``, ``nn.LogSoftmax``)."""
@@ -77,6 +143,11 @@ def _offences(unit: _Unit, extra: Mapping[str, str], ctx: _Context, base: bool =
     """
     found: list[str] = []
     for n in unit.nodes:
+        tamper = _tampering(n, unit, ctx) if base else None
+        if tamper:
+            found.append(f"uses {tamper}, which reaches into the grader's own process (its run-time guard, its "
+                         "request loop); an answer has no use for it")
+            continue
         if isinstance(n, ast.Import):
             if base:
                 found += ["imports the reference package attnkit" for a in n.names if a.name.split(".")[0] == "attnkit"]
@@ -111,6 +182,9 @@ def _offences(unit: _Unit, extra: Mapping[str, str], ctx: _Context, base: bool =
                 low = text.lower()
                 if base and any(h in low for h in STRING_HINTS):
                     found.append(f"looks up {text[:60]!r} by name (a way to reach the reference or torch's own attention)")
+                elif base and (squash(text) in TAMPER_HINTS or text in TAMPERING_MODULES):
+                    found.append(f"looks up {text[:60]!r} by name, which reaches into the grader's own process "
+                                 "(its run-time guard, its request loop)")
                 else:
                     what = next((w for key, w in extra.items() if squash(key) and squash(key) in squash(text)), None)
                     if what:
@@ -447,6 +521,23 @@ def delegations(code: str | Sequence[str], parts: Iterable[str],
                 hops[caller] = at
                 todo.append(caller)
     found = {p: f"{p} {_chain_sentence(p, hops, offence)}" for p in parts if p in offence or p in hops}
+    # Code that reaches into the grader's process at module level runs before any part is called, whoever
+    # calls it: every part is answered in a process it may have changed.
+    tampers = {n: next(o for o in d[0] if "grader's own process" in o) for n, d in defs.items()
+               if any("grader's own process" in o for o in d[0])}
+    todo = collections.deque(sorted(tampers))  # and the helpers that call them, as far as they go
+    while todo:
+        at = todo.popleft()
+        for caller in callers.get(at, ()):
+            if caller not in tampers:
+                tampers[caller] = f"calls {at}, which {tampers[at].removeprefix('calls ')}"
+                todo.append(caller)
+    tamper = next((f"the notebook at module level {off}" for unit in units if not unit.is_def
+                   for off in _offences(unit, {}, ctx) if "grader's own process" in off), None) or next(
+        (f"the notebook at module level calls {name}, which {tampers[name]}" for unit in units if not unit.is_def
+         for name in sorted(unit.reads) if name in tampers), None)
+    if tamper:
+        found.update({p: f"{p} earns nothing: {tamper}" for p in parts if p not in found})
     for p in parts:
         if p not in found and extra.get(p):
             how = _reaches_forbidden(p, parts, extra[p], binders, defs, ctx)

@@ -97,6 +97,8 @@ class Session:
 
     def lost(self) -> None:
         if self.box is not None:
+            for event in self.box.events:  # processes the sandbox ended from outside (see Sandbox.end_others)
+                self._note(event)
             self.box.close()
         self.box = None
 
