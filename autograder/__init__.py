@@ -39,7 +39,7 @@ IMPORTS: dict[str, frozenset[str]] = {
     "records": frozenset({"records"}) | _FOUNDATIONS,
     "notebook": frozenset(),
     "course": frozenset(),
-    "nbgrader_config": frozenset(),
+    "nbgrader_config": frozenset({"course"}),
     "batch": _EVERYTHING - {"cli"},
     "cli": _EVERYTHING,
     "__main__": frozenset({"cli"}),

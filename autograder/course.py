@@ -23,6 +23,15 @@ if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 
 
+def scripts_on_path() -> None:
+    """Put this Python's scripts folder first on ``PATH`` (once): nbgrader runs ``alembic`` as a subprocess
+    when it creates a gradebook, and must find this environment's, whether or not the virtual environment is
+    activated and whatever else ``PATH`` holds (a folder the user may not search makes the lookup fail)."""
+    scripts = str(Path(sys.executable).parent)  # not resolved: a venv's bin/ holds its scripts
+    if os.environ.get("PATH", "").split(os.pathsep)[:1] != [scripts]:
+        os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
+
+
 def assignments() -> list[str]:
     """Assignment names (``NN_topic``) in order."""
     return sorted(p.name for p in SOURCE.iterdir() if p.is_dir() and p.name[:2].isdigit())

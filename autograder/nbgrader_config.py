@@ -10,19 +10,18 @@ gradebook) lives under ``grading/``, which git ignores, where
 ``python -m autograder grade grading/submitted --out grading/grades.csv`` writes it.
 """
 
-import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# nbgrader runs alembic as a subprocess (`nbgrader db ...` upgrades the gradebook with it): put this Python's
-# scripts on PATH, so `.venv/bin/nbgrader db ...` works without activating the virtual environment.
-_BIN = str(Path(sys.executable).parent)
-if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
-    os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 # The course's own plugins (this folder's package), whatever else is installed.
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+# nbgrader runs alembic as a subprocess (`nbgrader db ...` upgrades the gradebook with it): put this Python's
+# scripts on PATH, so `.venv/bin/nbgrader db ...` works without activating the virtual environment.
+from autograder.course import scripts_on_path  # noqa: E402
+
+scripts_on_path()
 
 c = get_config()  # noqa: F821 - provided by traitlets when nbgrader loads this file
 

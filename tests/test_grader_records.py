@@ -168,6 +168,9 @@ def test_late_penalty_and_extension(graded):
     assert float(row["late_penalty"]) == 0 and float(row["score"]) == AUTO
     html = (graded["work"] / "feedback" / "late" / A / "single_head.html").read_text()
     assert "Late submission penalty" not in html or "-0" in html or "(0" in html
+    # the math renders offline: the course's MathJax is in the page (make install vendors it), no CDN's
+    if (course.ROOT / "_vendor" / "mathjax" / "tex-svg.js").exists():
+        assert 'id="attn-mathjax"' in html and "cdnjs.cloudflare.com" not in html and "jsdelivr" not in html
 
 
 def test_manual_grades_and_comments_survive_rerun_regrade_and_resubmission(graded):

@@ -142,7 +142,8 @@ def _grade_as_nobody_and_as_root(base: Path) -> None:
     assert "isolation: bubblewrap" in done.stderr, done.stderr[-2000:]
     # The grades root gives these cases (tests/test_grader_corpus.py checks them as root).
     nobody = read_csv(base / "nobody.csv")
-    assert {s: float(r["score"]) for s, r in nobody.items()} == {n: by_name[n].score for n in NONROOT_CASES}, nobody
+    assert {s: float(r["score"]) for s, r in nobody.items()} == {n: by_name[n].score for n in NONROOT_CASES}, \
+        ({s: (r['score'], r['reason'][:300]) for s, r in nobody.items()}, done.stdout[-3000:])
     assert not MARKER.exists(), "a submission graded without root planted a file on the host"
     # Where bubblewrap cannot be had either, --require-isolation refuses before grading anything.
     refused = _as_nobody(grade + ["--out", str(base / "refused.csv"), "--require-isolation"],

@@ -18,6 +18,7 @@ Imports: :mod:`autograder.course`, :mod:`autograder.records.collector`, :mod:`au
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import secrets
@@ -29,6 +30,18 @@ from typing import Any
 from autograder import course
 from autograder.records.collector import SubmissionTime, collected_record, decide, exchange_time
 from autograder.records.results import Result, atomic_write, load_result, save_result
+
+
+@functools.cache
+def alembic_head() -> str:
+    """nbgrader's newest gradebook schema revision, read from its alembic scripts in this process."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+    from nbgrader import dbutil
+
+    config = Config()
+    config.set_main_option("script_location", dbutil.ALEMBIC_DIR)
+    return ScriptDirectory.from_config(config).get_current_head()
 
 
 class Records:
@@ -103,8 +116,13 @@ class Records:
 
     def prepare_gradebook(self) -> None:
         """Record the assignment's cells and points in the gradebook (nbgrader generate_assignment does it)."""
+        import nbgrader.api
         from nbgrader.api import Gradebook, MissingEntry
 
+        # A new gradebook records nbgrader's newest schema revision, which nbgrader reads by running `alembic
+        # heads` as a subprocess: that needs this environment's alembic first on PATH, and costs a Python start.
+        # Read it here instead, from nbgrader's own migration scripts.
+        nbgrader.api.get_alembic_version = alembic_head
         with Gradebook(f"sqlite:///{self.db}") as gb:
             try:  # known with its notebooks (`nbgrader db assignment add --duedate` makes an empty one)
                 known = bool(gb.find_assignment(self.assignment).notebooks)

@@ -222,7 +222,7 @@ class CanvasExportPlugin(ExportPlugin):
                 writer.writerow(row)
 
 
-MATHJAX = Path(__file__).resolve().parent.parent / "_vendor" / "mathjax" / "tex-svg.js"  # `make install`
+MATHJAX = Path(__file__).resolve().parents[2] / "_vendor" / "mathjax" / "tex-svg.js"  # `make install`
 
 
 @functools.cache

@@ -409,16 +409,21 @@ def seed_for(secret: str, assignment: str, grade_id: str) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
+_SAID_UNCONFINED = False  # run_local's note, once per process
+
+
 def run_local(assignment: str, grade_id: str, namespace: Mapping[str, Any], secret: str = "local") -> None:
     """Run one check against the functions in ``namespace`` (a notebook's ``globals()``).
 
     This is what the source notebooks' hidden tests call, so that the instructor sees them pass on the
     reference. Under plain ``nbgrader autograde`` it runs in the student's own kernel, with the
-    grader's rights and no sandbox: a warning says so (once per kernel)."""
-    import warnings
-
-    warnings.warn("this check runs in this notebook's own kernel, not in the grader's sandbox: grade "
-                  "submissions with `python -m autograder grade` (autograder/README.md); plain "
-                  "`nbgrader autograde` runs student code unconfined, with your rights", UserWarning, stacklevel=2)
+    grader's rights and no sandbox: a note says so, once per kernel, on stdout (nbgrader counts any
+    output on stderr as a failed test)."""
+    global _SAID_UNCONFINED
+    if not _SAID_UNCONFINED:
+        _SAID_UNCONFINED = True
+        print("note: this check runs in this notebook's own kernel, not in the grader's sandbox; grade "
+              "submissions with `python -m autograder grade` (autograder/README.md): plain `nbgrader "
+              "autograde` runs student code unconfined, with your rights")
     backend = LocalBackend(dict(namespace) if not isinstance(namespace, dict) else namespace)
     load_suite(assignment).run(grade_id, backend, seed_for(secret, assignment, grade_id))
