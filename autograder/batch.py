@@ -356,8 +356,7 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
     if trial:
         _schedule(trial, ctx, keep_candidate, workers, scheduler)
     report_stale(records, results, version, log)
-    for student in sorted(results):  # feedback where the gradebook changed since it was rendered
-        publish(records, results[student], submissions / student / assignment, log)
+    publish(records, results, submissions, log)  # feedback where the gradebook changed since it was rendered
 
     for line in records.changes(before):
         log(line)
@@ -394,31 +393,44 @@ def report_stale(records: Records, results: dict[str, Result], version: str, log
         f"{len(would)} would change with --regrade" + (": " + ", ".join(would) if would else ""))
 
 
-def publish(records: Records, result: Result, folder: Path, log: Callable[[str], object] = print) -> None:
-    """Render the student's feedback with nbgrader when the gradebook changed since it was last rendered
-    (a new grade, a manual grade or comment, a late penalty) or when it is missing.
+def publish(records: Records, results: dict[str, Result], submissions: Path,
+            log: Callable[[str], object] = print) -> None:
+    """Render the feedback of every student whose gradebook entries changed since it was last rendered (a
+    new grade, a manual grade or comment, a late penalty) or whose page is missing, in one nbgrader run.
 
-    A failure is added to the result's reason and logged; it never stops the batch.
+    A failure is added to that student's reason and logged; it never stops the batch.
     """
-    feedback = records.workdir / "feedback" / result.student / records.assignment
+    due: dict[str, str] = {}  # student -> the gradebook state the page will show
+    for student in sorted(results):
+        result = results[student]
+        try:
+            state = records.grades_state(student)
+            page = records.workdir / "feedback" / student / records.assignment
+            if page.is_dir() and records.feedback_state(student) == state:
+                continue
+            if not (records.workdir / "autograded" / student / records.assignment).is_dir():
+                write_autograded(records.workdir, result, submissions / student / records.assignment,
+                                 records.submission_time(result).text)
+            due[student] = state
+        except Exception:  # noqa: BLE001 - the grade is recorded; the next run renders it again
+            _feedback_failed(records, result, traceback.format_exc(), log)
     try:
-        state = records.grades_state(result.student)
-        if feedback.is_dir() and records.feedback_state(result.student) == state:
-            return
-        if not (records.workdir / "autograded" / result.student / records.assignment).is_dir():
-            write_autograded(records.workdir, result, folder, records.submission_time(result).text)
-        error = generate_feedback(records.config, records.assignment, result.student)
-        if not error:
-            records.set_feedback_state(result.student, state)
-    except Exception as e:  # noqa: BLE001 - the grade is recorded; the next run renders it again
-        log(f"  {result.student}: {traceback.format_exc()}")
-        error = f"{type(e).__name__}: {e}"
-    if error:
-        note = "feedback could not be rendered: " + error.splitlines()[-1][:200]
-        log(f"  {result.student}: {note}")
-        if note not in result.reason:
-            result.reason = (result.reason + "; " + note).strip("; ")
-            records.save(result)
+        errors = generate_feedback(records.config, records.assignment, list(due))
+    except Exception:  # noqa: BLE001
+        errors = dict.fromkeys(due, traceback.format_exc())
+    for student, state in due.items():
+        if errors.get(student):
+            _feedback_failed(records, results[student], errors[student], log)
+        else:
+            records.set_feedback_state(student, state)
+
+
+def _feedback_failed(records: Records, result: Result, error: str, log: Callable[[str], object]) -> None:
+    note = "feedback could not be rendered: " + error.strip().splitlines()[-1][:200]
+    log(f"  {result.student}: {note}")
+    if note not in result.reason:
+        result.reason = (result.reason + "; " + note).strip("; ")
+        records.save(result)
 
 
 def _schedule(jobs: list[Job], ctx: Context, done: Callable[[Result], None], workers: int,

@@ -87,18 +87,20 @@ def _feedback(args: argparse.Namespace) -> int:
     records = Records(workdir, args.assignment)
     results = {p.stem: r for p in sorted(records.results.glob("*.json")) if (r := records.load(p.stem)) is not None}
     before = records.final_scores()
-    failed = 0
-    for student, result in sorted(results.items()):
+    for result in results.values():
         records.assign_late_penalties(result)
-        if (records.workdir / "autograded" / student / args.assignment).is_dir():
-            error = generate_feedback(records.config, args.assignment, student)
-            if not error:
-                records.set_feedback_state(student, records.grades_state(student))
-            failed += bool(error)
-            score = records.final_scores().get(student)
-            shown = f"{score[0]:g} / {score[1]:g}" if score else "not in the gradebook"
-            print(f"  {student}: {shown}, " + (f"feedback NOT written: {error}" if error else "feedback written"),
-                  file=sys.stderr)
+    graded = [s for s in sorted(results) if (records.workdir / "autograded" / s / args.assignment).is_dir()]
+    errors = generate_feedback(records.config, args.assignment, graded)
+    scores = records.final_scores()
+    for student in graded:
+        error = errors[student]
+        if not error:
+            records.set_feedback_state(student, records.grades_state(student))
+        score = scores.get(student)
+        shown = f"{score[0]:g} / {score[1]:g}" if score else "not in the gradebook"
+        print(f"  {student}: {shown}, " + (f"feedback NOT written: {error}" if error else "feedback written"),
+              file=sys.stderr)
+    failed = sum(bool(e) for e in errors.values())
     for line in records.changes(before):
         print(line, file=sys.stderr)
     out = args.out or records.workdir / "grades.csv"

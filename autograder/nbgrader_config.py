@@ -42,6 +42,8 @@ c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedb
 import nbgrader  # noqa: E402
 
 c.HTMLExporter.sanitize_html = True
+# The same exporter without nbconvert's second parse of every finished page (see the class).
+c.GenerateFeedback.exporter_class = "autograder.records.plugins.FeedbackHTMLExporter"
 c.HTMLExporter.extra_template_basedirs = [
     str(ROOT / "autograder" / "records" / "templates"),
     str(Path(nbgrader.__file__).parent / "server_extensions" / "formgrader" / "templates")]

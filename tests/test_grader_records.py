@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -323,3 +324,46 @@ def test_require_isolation_refuses_before_grading(tmp_path):
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "refusing to grade" in proc.stderr and "nothing was graded" in proc.stderr
     assert not (tmp_path / "grades.csv").exists() and not (tmp_path / "grading").exists()
+
+
+def test_feedback_of_several_students_is_rendered_in_one_run_and_each_error_stays_its_owners(graded, monkeypatch):
+    from nbgrader.apps import NbGraderAPI
+
+    from autograder.records.feedback import generate_feedback
+    from autograder.records.gradebook import Records
+
+    records = Records(graded["work"], A)
+    page = lambda s: graded["work"] / "feedback" / s / A / "single_head.html"  # noqa: E731
+    untouched = page("blank").stat().st_mtime_ns
+    for student in ("alice", "late"):
+        page(student).unlink()
+    runs: list[object] = []
+    real = NbGraderAPI.generate_feedback
+    monkeypatch.setattr(NbGraderAPI, "generate_feedback",
+                        lambda self, *a, **kw: runs.append(a[1]) or real(self, *a, **kw))
+    assert generate_feedback(records.config, A, ["late", "alice"]) == {"alice": "", "late": ""}
+    assert runs == [None]  # one run of nbgrader's converter for both
+    assert page("alice").is_file() and page("late").is_file()
+    assert page("blank").stat().st_mtime_ns == untouched  # the other students were excluded
+    # a run that fails is retried student by student, so the error is told to its owner alone
+    runs.clear()
+    monkeypatch.setattr(NbGraderAPI, "generate_feedback", lambda self, assignment, student, force=True: (
+        runs.append(student) or {"success": student == "alice", "error": f"broken page of {student}"}))
+    errors = generate_feedback(records.config, A, ["alice", "late"])
+    assert runs == [None, "alice", "late"] and errors == {"alice": "", "late": "broken page of late"}
+
+
+def test_the_feedback_exporter_skips_nbconverts_second_parse_but_keeps_alt_text_and_sanitising():
+    import nbformat
+
+    from autograder.records.plugins import FeedbackHTMLExporter
+
+    config = course.nbgrader_config()
+    assert config.GenerateFeedback.exporter_class.endswith("FeedbackHTMLExporter")  # what nbgrader will use
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("hi <img src=x onerror=alert(1)>"),
+        nbformat.v4.new_code_cell("plot()", outputs=[nbformat.v4.new_output(
+            "display_data", {"image/png": "iVBORw0KGgo="})])])
+    html, _ = FeedbackHTMLExporter(config=config).from_notebook_node(nb)
+    assert not re.search(r"<img[^>]*onerror", html)  # nbconvert's sanitiser still runs: the tag is inert text
+    assert 'alt="No description has been provided for this image"' in html

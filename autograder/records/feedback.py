@@ -128,16 +128,59 @@ def _read_small(path: Path, limit: int = 4096) -> str:
         return ""
 
 
-def generate_feedback(config: Any, assignment: str, student: str) -> str:
-    """Render one student's feedback with ``nbgrader generate_feedback``; returns "" or the error."""
+def generate_feedback(config: Any, assignment: str, students: list[str]) -> dict[str, str]:
+    """Render the feedback of ``students`` with ``nbgrader generate_feedback``: student -> "" or the error.
+
+    Several students are rendered in one run of nbgrader's converter (its set-up, the template and the
+    exporter, costs about as much as rendering a page), the other students of the autograded folder
+    excluded; if that run fails, each student is rendered alone, so that an error is told to its owner
+    and costs nobody else their page."""
     from nbgrader.apps import NbGraderAPI
 
-    feedback = Path(config.CourseDirectory.feedback_directory) / student / assignment
-    api = NbGraderAPI(config=config)
-    result = api.generate_feedback(assignment, student, force=True)
-    if not result["success"]:
-        return (result.get("error") or result.get("log") or "nbgrader generate_feedback failed").strip()[-500:]
-    for path in feedback.rglob("*"):  # nbgrader sets 0644 on what it converted; the copied files too
+    students = sorted(set(students))
+    if not students:
+        return {}
+    feedback_root = Path(config.CourseDirectory.feedback_directory)
+    if len(students) > 1:
+        autograded = Path(config.CourseDirectory.autograded_directory)
+        others = sorted({p.name for p in autograded.iterdir() if p.is_dir()} - set(students)) \
+            if autograded.is_dir() else []
+        api = NbGraderAPI(config=config)
+        with _excluding(api, others):
+            result = api.generate_feedback(assignment, None, force=True)
+        if result["success"]:
+            return {s: _settle(feedback_root / s / assignment) for s in students}
+    out = {}
+    for student in students:
+        result = NbGraderAPI(config=config).generate_feedback(assignment, student, force=True)
+        out[student] = "" if result["success"] else \
+            (result.get("error") or result.get("log") or "nbgrader generate_feedback failed").strip()[-500:]
+        if not out[student]:
+            out[student] = _settle(feedback_root / student / assignment)
+    return out
+
+
+class _excluding:
+    """nbgrader's ``CourseDirectory.student_id_exclude`` set to ``students`` for the duration."""
+
+    def __init__(self, api: Any, students: list[str]) -> None:
+        self.coursedir, self.value = api.coursedir, ",".join(students)
+
+    def __enter__(self) -> None:
+        self.saved = self.coursedir.student_id_exclude
+        self.coursedir.student_id_exclude = self.value
+
+    def __exit__(self, *exc: object) -> None:
+        self.coursedir.student_id_exclude = self.saved
+
+
+def _settle(feedback: Path) -> str:
+    """The rendered page's files made readable (nbgrader sets 0644 on what it converted, not on the copied
+    files); "" when the page is there, else why not."""
+    pages = list(feedback.glob("*.html")) if feedback.is_dir() else []
+    if not pages:
+        return "nbgrader generate_feedback wrote no page"
+    for path in feedback.rglob("*"):
         if path.is_file():
             path.chmod(0o644)
     return ""
