@@ -478,9 +478,9 @@ def _sampler09(draw: str) -> str:
     return REF09["sample_next"].replace(_MULTINOMIAL, draw)
 
 
-CASES09 = [
-    Case("09_reference", notebook09(), FULL09),
-    Case("09_generate_rewrites_the_call_log", notebook09(generate='''
+# A generate that never uses the cache, then rewrites the model's call log as a cached loop would have left
+# it (tests/test_ch09_grading.py grades the same answer in-process).
+FORGED_LOG_GENERATE = '''
 def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, generator=None):
     tokens = prompt
     with torch.no_grad():
@@ -490,7 +490,12 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, generat
     n = prompt.shape[1]
     model.calls[:] = [(n, 0)] + [(1, n + i) for i in range(max_new_tokens - 1)]
     return tokens
-'''), FULL09 - GENERATE_POINTS09, message="the cache is never used"),
+'''
+
+CASES09 = [
+    Case("09_reference", notebook09(), FULL09),
+    Case("09_generate_rewrites_the_call_log", notebook09(generate=FORGED_LOG_GENERATE), FULL09 - GENERATE_POINTS09,
+         message="the cache is never used"),
     Case("09_tinylm_redefined_in_an_answer_cell", notebook09(generate='''
 class TinyLM(torch.nn.Module):
     def __init__(self, *args, **kwargs):

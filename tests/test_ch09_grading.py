@@ -7,6 +7,7 @@ import torch
 
 from autograder.judging.checks.ch09_tiny_gpt import STATED_REQUIREMENTS
 from chapter_checking import assert_requirement_broken_alone
+from corpus import FORGED_LOG_GENERATE
 from checking import (assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code,
                       with_answer)
 
@@ -172,17 +173,7 @@ GENERATE_REF = REF[REF.index("def generate"):REF.index("def previous_token_score
 PROBS = "    probs = torch.softmax(logits, dim=-1)\n    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)"
 
 # A generate that never uses the cache, then rewrites the model's call log as a cached loop would have left it.
-FORGED_LOG = mutate(REF, GENERATE_REF, '''def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, generator=None):
-    tokens = prompt
-    with torch.no_grad():
-        for _ in range(max_new_tokens):
-            logits, _ = model(tokens)
-            tokens = torch.cat([tokens, sample_next(logits[:, -1], temperature, top_k, generator)[:, None]], 1)
-    n = prompt.shape[1]
-    model.calls[:] = [(n, 0)] + [(1, n + i) for i in range(max_new_tokens - 1)]
-    return tokens
-
-''')
+FORGED_LOG = mutate(REF, GENERATE_REF, FORGED_LOG_GENERATE.lstrip("\n") + "\n")
 # TinyLM redefined in an answer cell: when the grader built "TinyLM" by name, its "reference" was this class too.
 TINYLM_REDEFINED = mutate(REF, GENERATE_REF, '''class TinyLM(torch.nn.Module):
     def __init__(self, *args, **kwargs):
