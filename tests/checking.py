@@ -130,3 +130,24 @@ def assert_delegation_named(assignment: str, code: str, part: str) -> dict[str, 
     assert mine and all(part in results[g] for g in mine), results
     assert any(msg == "" for msg in results.values()), "the honest part must keep its points"
     return results
+
+
+def closed_folder(paths, uid: int, gid: int) -> str | None:
+    """The first folder on the way to one of ``paths`` (as written and with links followed) that user ``uid``
+    (group ``gid``) cannot enter, or a file of them it cannot read, with its mode; None when every one is open."""
+    import stat
+    from pathlib import Path
+
+    def permits(path: Path, bits: int) -> bool:
+        st = path.stat()
+        shift = 6 if st.st_uid == uid else 3 if st.st_gid == gid else 0
+        return bool((st.st_mode >> shift) & bits)
+
+    for path in map(Path, paths):
+        for target in dict.fromkeys([path.absolute(), path.resolve()]):
+            for folder in [*reversed(target.parents), *([target] if target.is_dir() else [])]:
+                if not permits(folder, stat.S_IXOTH):
+                    return f"{folder} (mode {stat.filemode(folder.stat().st_mode)}, owner uid {folder.stat().st_uid})"
+            if not target.is_dir() and not permits(target, stat.S_IROTH):
+                return f"{target} (mode {stat.filemode(target.stat().st_mode)})"
+    return None

@@ -35,7 +35,6 @@ import pwd
 import re
 import shutil
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -49,7 +48,7 @@ from pathlib import Path
 import pytest
 
 from autograder import course
-from checking import answered_release
+from checking import answered_release, closed_folder
 
 pytestmark = pytest.mark.slow
 A, NB = "01_single_head", "single_head.ipynb"
@@ -194,26 +193,6 @@ def rows(path: Path, key: str) -> dict[str, dict[str, str]]:
         return {r[key]: r for r in csv.DictReader(f)}
 
 
-def permits(path: Path, bits: int, who: Instructor) -> bool:
-    """Whether ``who`` gets the permission ``bits`` (stat.S_IROTH / S_IXOTH values) on ``path``."""
-    st = path.stat()
-    shift = 6 if st.st_uid == who.uid else 3 if st.st_gid == who.gid else 0
-    return bool((st.st_mode >> shift) & bits)
-
-
-def closed_folder(paths: list[Path], who: Instructor) -> str | None:
-    """The first folder on the way to one of ``paths`` (as written and with links followed) that ``who`` cannot
-    enter, or a file of them it cannot read, with its mode; None when every one is open."""
-    for path in paths:
-        for target in dict.fromkeys([path.absolute(), path.resolve()]):
-            for folder in [*reversed(target.parents), *([target] if target.is_dir() else [])]:
-                if not permits(folder, stat.S_IXOTH, who):
-                    return f"{folder} (mode {stat.filemode(folder.stat().st_mode)}, owner uid {folder.stat().st_uid})"
-            if not target.is_dir() and not permits(target, stat.S_IROTH, who):
-                return f"{target} (mode {stat.filemode(target.stat().st_mode)})"
-    return None
-
-
 def unprivileged() -> Instructor | str:
     """The unprivileged instructor, or why the guide cannot be run as one here."""
     who = Instructor(NOBODY, NOBODY, ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"))
@@ -225,7 +204,7 @@ def unprivileged() -> Instructor | str:
     needed = [Path(sys.prefix), Path(sys.executable), Path(os.__file__), Path(tempfile.gettempdir())]
     if (course.ROOT / "_vendor").exists():
         needed.append(course.ROOT / "_vendor")
-    closed = closed_folder(needed, who)
+    closed = closed_folder(needed, who.uid, who.gid)
     if closed:
         return (f"uid {NOBODY} cannot reach the Python installation or the temporary folder: {closed} is closed "
                 "to other users (no permission is changed outside the test's own folder)")
