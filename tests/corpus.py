@@ -491,12 +491,9 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, generat
     model.calls[:] = [(n, 0)] + [(1, n + i) for i in range(max_new_tokens - 1)]
     return tokens
 '''
-
-CASES09 = [
-    Case("09_reference", notebook09(), FULL09),
-    Case("09_generate_rewrites_the_call_log", notebook09(generate=FORGED_LOG_GENERATE), FULL09 - GENERATE_POINTS09,
-         message="the cache is never used"),
-    Case("09_tinylm_redefined_in_an_answer_cell", notebook09(generate='''
+# The fixtures' names redefined in an answer cell: when the grader built "TinyLM" by name, even its greedy
+# "reference" was this class (tests/test_ch09_grading.py grades the same answer in-process).
+FIXTURES_REDEFINED = '''
 class TinyLM(torch.nn.Module):
     def __init__(self, *args, **kwargs):
         super().__init__()
@@ -512,7 +509,13 @@ def seeded_generator(seed):
 
 def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, generator=None):
     return torch.cat([prompt, torch.zeros(prompt.shape[0], max_new_tokens, dtype=torch.long)], 1)
-'''), FULL09 - GENERATE_POINTS09, message="differ from greedy decoding"),
+'''
+
+CASES09 = [
+    Case("09_reference", notebook09(), FULL09),
+    Case("09_generate_rewrites_the_call_log", notebook09(generate=FORGED_LOG_GENERATE), FULL09 - GENERATE_POINTS09,
+         message="the cache is never used"),
+    Case("09_tinylm_redefined_in_an_answer_cell", notebook09(generate=FIXTURES_REDEFINED), FULL09 - GENERATE_POINTS09, message="differ from greedy decoding"),
     # generate passes the generator on, but the draws ignore it: generate_sampling sees other seeds repeat too
     Case("09_sampler_without_randomness", notebook09(sample_next=_sampler09(
         "    u = (torch.arange(logits.shape[0], dtype=probs.dtype) + 0.5)[:, None] / logits.shape[0]\n"

@@ -7,7 +7,7 @@ import torch
 
 from autograder.judging.checks.ch09_tiny_gpt import STATED_REQUIREMENTS
 from chapter_checking import assert_requirement_broken_alone
-from corpus import FORGED_LOG_GENERATE
+from corpus import FIXTURES_REDEFINED, FORGED_LOG_GENERATE
 from checking import (assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code,
                       with_answer)
 
@@ -174,21 +174,8 @@ PROBS = "    probs = torch.softmax(logits, dim=-1)\n    return torch.multinomial
 
 # A generate that never uses the cache, then rewrites the model's call log as a cached loop would have left it.
 FORGED_LOG = mutate(REF, GENERATE_REF, FORGED_LOG_GENERATE.lstrip("\n") + "\n")
-# TinyLM redefined in an answer cell: when the grader built "TinyLM" by name, its "reference" was this class too.
-TINYLM_REDEFINED = mutate(REF, GENERATE_REF, '''class TinyLM(torch.nn.Module):
-    def __init__(self, *args, **kwargs):
-        super().__init__()
-    def forward(self, tokens, cache=None):
-        logits = torch.zeros(tokens.shape + (12,))
-        logits[..., 0] = 1.0
-        return logits, None
-    def call_log(self):
-        return [(1, 0)]  # one call, as consistent as any cached loop's
-
-def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, generator=None):
-    return torch.cat([prompt, torch.zeros(prompt.shape[0], max_new_tokens, dtype=torch.long)], 1)
-
-''')
+# The fixtures redefined in an answer cell (TinyLM, seeded_generator), with a generate that returns zeros.
+TINYLM_REDEFINED = mutate(REF, GENERATE_REF, FIXTURES_REDEFINED.lstrip("\n") + "\n")
 # Samplers that are right on identical rows without drawing at random from `generator`.
 QUANTILES = mutate(REF, PROBS, '''    probs = torch.softmax(logits, dim=-1)
     u = (torch.arange(logits.shape[0], dtype=probs.dtype) + 0.5)[:, None] / logits.shape[0]
