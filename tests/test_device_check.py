@@ -37,15 +37,16 @@ def good(folder: Path) -> Path:
                     ("markdown", "# 01 · A tiny chapter"),
                     INSTALL,
                     ("code", "import matplotlib.pyplot as plt\nx = 41\n!echo hi\nif True:\n    %time y = 1\n"),
-                    ("code", "x += 1\nplt.plot([0, 1]); plt.show()\nimport attnkit\n"
+                    ("code", "x += 1\nplt.plot([0, 1]); plt.show()\n"  # attnkit: from the install cell
                              "open('ran.txt', 'w').write(f'{x} {attnkit.default_device().type}')"))
 
 
 def test_a_notebook_runs_as_a_script_in_its_folder(tmp_path):
     nb = good(tmp_path)
     cells = chapters.code_cells(nb)
-    assert [n for n, _ in cells] == [3, 4]  # the install cell is left out; numbers count every cell
-    assert "pass  # IPython: !echo hi" in cells[0][1] and "    pass  # IPython: %time y = 1" in cells[0][1]
+    assert [n for n, _ in cells] == [2, 3, 4]  # numbers count every cell, markdown included
+    assert "    pass  # IPython: %pip install -q attnkit" in cells[0][1]  # the install cell imports attnkit
+    assert "pass  # IPython: !echo hi" in cells[1][1] and "    pass  # IPython: %time y = 1" in cells[1][1]
     seconds = chapters.run(nb, log=lambda *_: None)
     assert seconds >= 0 and (tmp_path / "ran.txt").read_text() == "42 cpu"
     compile(chapters.script(nb), "script", "exec")  # the whole chapter is one valid script

@@ -9,9 +9,10 @@ nbformat and no YAML parser, as a reader's Colab runtime executes them cell afte
 
 A run executes the code cells in order in one namespace, from the chapter's own folder (as
 Jupyter Book does), with matplotlib's headless backend. IPython's ``%`` and ``!`` lines are
-replaced by ``pass`` (indentation kept), and the install cell (the one that runs ``%pip
-install``) is skipped: the package comes from this checkout. A cell that raises stops the run
-with the chapter, the cell number and the traceback.
+replaced by ``pass`` (indentation kept). The install cell (tools/install_cell.py) stays: it is
+where a chapter imports ``attnkit``, and with its ``%pip install`` gone it imports the package
+this checkout provides, or fails saying so. A cell that raises stops the run with the chapter,
+the cell number and the traceback.
 """
 
 from __future__ import annotations
@@ -51,11 +52,6 @@ def _source(cell: dict) -> str:
     return "".join(source) if isinstance(source, list) else source
 
 
-def is_install_cell(source: str) -> bool:
-    """The chapter's first code cell, which installs attnkit on Colab (tools/install_cell.py)."""
-    return "%pip install" in source or "!pip install" in source
-
-
 def as_python(source: str) -> str:
     """A cell's source with IPython's ``%`` and ``!`` lines replaced by ``pass`` (indentation kept)."""
     lines = []
@@ -68,7 +64,7 @@ def as_python(source: str) -> str:
 
 
 def code_cells(notebook: Path) -> list[tuple[int, str]]:
-    """``(cell number, Python source)`` of each code cell that runs in a script (install cell left out).
+    """``(cell number, Python source)`` of each code cell, as it runs in a script.
 
     The number counts every cell of the notebook from 1, markdown included, as Jupyter shows them.
     """
@@ -77,10 +73,7 @@ def code_cells(notebook: Path) -> list[tuple[int, str]]:
     for number, cell in enumerate(cells, start=1):
         if cell.get("cell_type") != "code":
             continue
-        source = _source(cell)
-        if is_install_cell(source):
-            continue
-        out.append((number, as_python(source)))
+        out.append((number, as_python(_source(cell))))
     return out
 
 
