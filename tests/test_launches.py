@@ -172,6 +172,29 @@ def test_weights_changed_every_way_are_seen():
     check(False, "transposed in place")
 
 
+def test_hooks_and_replaced_forwards_are_never_skipped():
+    """A forward hook on a projection fires, and a patched forward runs, under no_grad too."""
+    torch.manual_seed(4)
+    mha = MultiHeadAttention(E, H).eval()
+    x = torch.randn(2, 5, E)
+    seen = []
+    handle = mha.v_proj.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    with torch.no_grad():
+        mha(x, x, x)
+    assert seen == [(2, 5, E)] and _packed_launches(mha, x) == 4
+    handle.remove()
+    assert _packed_launches(mha, x) == 2
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *args: None)  # a global hook
+    try:
+        assert _packed_launches(mha, x) == 4
+    finally:
+        handle.remove()
+    mha.q_proj.forward = lambda t: torch.zeros(*t.shape[:-1], E)  # patched on the instance
+    with torch.no_grad():
+        out, weights = mha(x, x, x)
+    assert torch.allclose(weights, torch.full_like(weights, 1 / 5))  # zero queries: uniform weights
+
+
 def test_training_reaches_every_parameter_and_state_survives():
     torch.manual_seed(3)
     mha = MultiHeadAttention(E, H, attention=fused_attention)

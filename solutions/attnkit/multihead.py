@@ -24,6 +24,7 @@ from typing import Any, TypedDict
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
 from attnkit.attention import scaled_dot_product_attention
 from attnkit.validation import ShapeError, check_embeddings
@@ -80,8 +81,9 @@ class _PackedProjections:
     ``state_dict`` and weight copies see nothing new. When the three are applied to one input
     (self-attention) the packed rows project it in one matrix product, and one kernel on a GPU,
     instead of three; keys and values of one context (cross-attention) in one. That is only
-    right while the parameters still lie where they were packed: :meth:`holds` checks their
-    addresses, shapes and strides, so weights replaced by hand are used as they are.
+    right while the parameters still lie where they were packed and calling the layers would do
+    nothing more: :meth:`holds` checks their addresses, shapes and strides, and that no hook or
+    replaced ``forward`` would be skipped, so weights or layers changed by hand are used as they are.
     """
 
     def __init__(self, q_proj: nn.Linear, k_proj: nn.Linear, v_proj: nn.Linear) -> None:
@@ -108,7 +110,17 @@ class _PackedProjections:
                 for p in layer._parameters.values() if p is not None]  # dict access: cheap
 
     def holds(self, layers: tuple[nn.Module, ...]) -> bool:
-        return self.weight is not None and self.layout_of(layers) == self.layout
+        """Whether one product over the packed rows computes what calling ``layers`` would: they
+        are plain ``nn.Linear``s, no forward hook or replaced ``forward`` would be skipped, and
+        their parameters lie where they were packed."""
+        if self.weight is None or _global_forward_hooks or _global_forward_pre_hooks:
+            return False
+        for layer in layers:
+            if type(layer) is not nn.Linear or layer._forward_hooks or layer._forward_pre_hooks \
+                    or "forward" in layer.__dict__:
+                return False
+        return self.layout_of(layers) == self.layout
+
 
 class MultiHeadAttention(nn.Module):
     """``num_heads`` attention heads in parallel, concatenated, projected (chapter 02).
