@@ -167,6 +167,14 @@ def test_weights_changed_every_way_are_seen():
     check(False, "layer replaced")
     mha.float()
     check(True, "after .float()")
+    mha.q_proj.bias = None  # one bias of three: never packed, the others kept
+    check(False, "one bias removed")
+    mha.double().float()
+    x = x.float()
+    check(False, "one bias removed, after .to()")
+    mha.k_proj.bias = mha.v_proj.bias = None
+    mha.double().float()
+    check(True, "no biases, after .to()")
     with torch.no_grad():
         mha.q_proj.weight.t_()  # same address, other strides
     check(False, "transposed in place")

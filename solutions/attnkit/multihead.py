@@ -89,13 +89,12 @@ class _PackedProjections:
     def __init__(self, q_proj: nn.Linear, k_proj: nn.Linear, v_proj: nn.Linear) -> None:
         layers = (q_proj, k_proj, v_proj)
         rows = [layer.out_features for layer in layers]  # E, G Dh, G Dh
-        self.weight: Tensor | None = None  # (E + 2 G Dh, E)
+        self.weight: Tensor | None = None  # (E + 2 G Dh, E); None: not packed
         self.bias: Tensor | None = None  # (E + 2 G Dh,)
+        with_bias = [layer.bias is not None for layer in layers]
         with torch.no_grad():
-            for name in ("weight", "bias"):
+            for name in ("weight", "bias") if all(with_bias) else ("weight",) if not any(with_bias) else ():
                 params = [getattr(layer, name) for layer in layers]
-                if any(p is None for p in params):
-                    continue
                 packed = torch.cat(params)  # rows: q, then k, then v
                 for p, part in zip(params, packed.split(rows)):
                     p.data = part  # the same Parameter, its values now a slice of `packed`
