@@ -120,6 +120,24 @@ class _PackedProjections:
                 return False
         return self.layout_of(layers) == self.layout
 
+    def project(self, mha: nn.Module, query: Tensor, key: Tensor,
+                value: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
+        """``mha``'s per-head queries, keys and values, one product per shared input;
+        None where that would not be what calling its three layers computes."""
+        layers = mha._modules  # dict access: cheap
+        if key is not value or torch.is_grad_enabled() or not self.holds(
+                (layers["q_proj"], layers["k_proj"], layers["v_proj"])):
+            return None
+        H, G = mha.num_heads, mha.num_kv_heads
+        if query is key:  # self-attention: H + 2G heads from one product, then cut
+            qkv = F.linear(query, self.weight, self.bias)  # (B, n, E + 2 G Dh)
+            q, k, v = split_heads(qkv, H + 2 * G).split_with_sizes((H, G, G), -3)
+            return q, k, v  # (B, H, n, Dh), (B, G, n, Dh), (B, G, n, Dh)
+        q = split_heads(layers["q_proj"](query), H)  # (B, H, n, Dh)
+        kv = F.linear(key, self.kv_weight, self.kv_bias)  # (B, m, 2 G Dh): keys, values
+        k, v = split_heads(kv, 2 * G).split_with_sizes((G, G), -3)  # (B, G, m, Dh)
+        return q, k, v
+
 
 class MultiHeadAttention(nn.Module):
     """``num_heads`` attention heads in parallel, concatenated, projected (chapter 02).
@@ -146,10 +164,10 @@ class MultiHeadAttention(nn.Module):
             ``dropout > 0`` in training mode ``forward`` raises ``ValueError``.
         attention: the function that attends, ``(q, k, v, mask) -> (out, weights)``.
 
-    Where no gradient is recorded (``torch.no_grad()``, inference) and the key is the value,
-    the projections that share an input run as one matrix product over their packed weights
-    (:class:`_PackedProjections`, what torch's ``nn.MultiheadAttention`` does): the same
-    numbers, fewer kernel launches (chapter 08, ``attnkit.bench``).
+    Where no gradient is recorded (``torch.no_grad()``, inference) and the key is
+    the value, the projections that share an input run as one matrix product over
+    their packed weights (:class:`_PackedProjections`, as ``nn.MultiheadAttention``
+    does): the same numbers, fewer kernel launches (chapter 08, ``attnkit.bench``).
     """
 
     def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, *,
@@ -177,7 +195,7 @@ class MultiHeadAttention(nn.Module):
         self._packed = _PackedProjections(self.q_proj, self.k_proj, self.v_proj)
 
     def _apply(self, fn: Any, recurse: bool = True) -> MultiHeadAttention:
-        super()._apply(fn, recurse)  # .to(), .half(): each parameter gets a tensor of its own
+        super()._apply(fn, recurse)  # .to(), .half(): a new tensor per parameter
         inputs = (self.q_proj, self.k_proj, self.v_proj)
         if not self._packed.holds(inputs):
             self._packed = _PackedProjections(*inputs)  # so pack them again
@@ -187,20 +205,10 @@ class MultiHeadAttention(nn.Module):
                 mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         check_embeddings(query, key, value, self.q_proj.weight)
         H, G = self.num_heads, self.num_kv_heads
-        packed, layers = self._packed, self._modules  # no gradient: one product per input
-        if key is value and not torch.is_grad_enabled() and packed.holds(
-                (layers["q_proj"], layers["k_proj"], layers["v_proj"])):
-            if query is key:  # self-attention: H + 2G heads from one product, then cut
-                qkv = F.linear(query, packed.weight, packed.bias)  # (B, n, E + 2 G Dh)
-                q, k, v = split_heads(qkv, H + 2 * G).split_with_sizes((H, G, G), -3)  # (B, H|G, n, Dh)
-            else:  # cross-attention: the context's keys and values from one product
-                q = split_heads(self.q_proj(query), H)  # (B, H, n, Dh)
-                kv = F.linear(key, packed.kv_weight, packed.kv_bias)  # (B, m, 2 G Dh)
-                k, v = split_heads(kv, 2 * G).split_with_sizes((G, G), -3)  # (B, G, m, Dh)
-        else:
-            q = split_heads(self.q_proj(query), H)  # (B, H, n, Dh)
-            k = split_heads(self.k_proj(key), G)  # (B, G, m, Dh)
-            v = split_heads(self.v_proj(value), G)  # (B, G, m, Dh)
+        projected = self._packed.project(self, query, key, value)  # None: not packed
+        q, k, v = projected or (split_heads(self.q_proj(query), H),  # (B, H, n, Dh)
+                                split_heads(self.k_proj(key), G),  # (B, G, m, Dh)
+                                split_heads(self.v_proj(value), G))  # (B, G, m, Dh)
         if G != H:  # each key-value head serves H // G consecutive query heads
             k = k.repeat_interleave(H // G, dim=-3)  # (B, H, m, Dh)
             v = v.repeat_interleave(H // G, dim=-3)  # (B, H, m, Dh)
