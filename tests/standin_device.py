@@ -91,6 +91,17 @@ class StandIn(torch.Tensor):
     def is_cuda(self) -> bool:  # type: ignore[override]
         return True
 
+    @property
+    def grad(self):  # autograd stores a plain tensor: it lives where its parameter does
+        with torch._C.DisableTorchFunctionSubclass():
+            g = torch._C.TensorBase.grad.__get__(self)
+        return None if g is None else _stand_in(g)
+
+    @grad.setter
+    def grad(self, value):
+        with torch._C.DisableTorchFunctionSubclass():
+            torch._C.TensorBase.grad.__set__(self, value)
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -108,19 +119,33 @@ class StandIn(torch.Tensor):
             ret = func(*args, **kwargs)
         if func in torch.overrides.get_default_nowrap_functions():
             return ret
-        return tree_map(_stand_in, ret) if not isinstance(ret, torch.Tensor) else _stand_in(ret)
+        if isinstance(ret, torch.Tensor):
+            return _stand_in(ret)
+        return tree_map(_stand_in, ret) if isinstance(ret, (tuple, list, dict)) else ret
+
+
+def _tensors(obj, out: list) -> list:
+    """The tensors in args/kwargs (nested tuples, lists, dicts): a fast tree_flatten."""
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, (tuple, list)):
+        for o in obj:
+            _tensors(o, out)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            _tensors(o, out)
+    return out
 
 
 def _check_same_device(func, name: str, args, kwargs) -> None:
-    flat, _ = tree_flatten((args, kwargs))
-    tensors = [a for a in flat if isinstance(a, torch.Tensor)]
+    tensors = _tensors(args, _tensors(kwargs, []))
     if name in _ACROSS or not tensors:
         return
     if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__):
         # CUDA takes CPU indices (and values, by copy); a CPU tensor indexed by a CUDA one fails
         if isinstance(args[0], StandIn):
             return
-        tensors = [a for a in tree_flatten(args[1])[0] if isinstance(a, torch.Tensor)] + [args[0]]
+        tensors = _tensors(args[1], [args[0]])
     on = [isinstance(t, StandIn) for t in tensors]
     cpu = [t for t, s in zip(tensors, on) if not s and t.dim() > 0]
     if any(on) and cpu:
@@ -184,6 +209,7 @@ class _Counter(TorchDispatchMode):
         super().__init__()
         self.allocator = allocator
         self.live = self.peak = 0
+        self.seen: set[int] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.overloadpacket.__name__ in _MATMULS:
@@ -198,14 +224,19 @@ class _Counter(TorchDispatchMode):
         fresh = fresh * len(outs) if len(fresh) == 1 else fresh
         for t, new in zip(outs, fresh):
             if new and isinstance(t, torch.Tensor):
-                nbytes = math.ceil(t.untyped_storage().nbytes() / BLOCK) * BLOCK
+                storage = t.untyped_storage()  # _unsafe_view says "new" and is a view
+                if id(storage) in self.seen:
+                    continue
+                self.seen.add(id(storage))
+                nbytes = math.ceil(storage.nbytes() / BLOCK) * BLOCK
                 self.live += nbytes
-                weakref.finalize(t.untyped_storage(), self._free, nbytes)
+                weakref.finalize(storage, self._free, id(storage), nbytes)
                 self.peak = max(self.peak, self.live)
         return out
 
-    def _free(self, nbytes: int) -> None:
+    def _free(self, key: int, nbytes: int) -> None:
         self.live -= nbytes
+        self.seen.discard(key)
 
 
 class _Allocator:
@@ -284,6 +315,7 @@ def run_chapter(path: Path) -> None:
     import matplotlib.pyplot as plt
 
     plt.show = lambda *a, **k: plt.close("all")
+    torch.set_num_threads(1)  # the chapter's small tensors, on a shared machine
     install()
     namespace: dict[str, Any] = {"__name__": "__main__"}
     for i, code in enumerate(chapter_code(path)):
