@@ -19,8 +19,9 @@ The chapter also takes its GPU branches (``device.type == "cuda"``): ``torch.cud
 synchronize and memory functions are replaced by a model of the CUDA caching allocator that
 counts the bytes of the tensors alive (like ``attnkit.efficient.peak_memory``'s counter, on
 ``meta`` copies so that large sizes cost no arithmetic), rounds each allocation up to 512
-bytes, and allocates a matrix library's workspace (cuBLAS's, 32 MiB on a Hopper GPU) at the
-first matrix product and keeps it, as a real GPU does.
+bytes, and allocates a matrix library's workspace at the first matrix product and keeps it, as
+PyTorch does with cuBLAS's workspace (allocated through the caching allocator, which is why
+``torch._C._cuda_clearCublasWorkspaces`` exists; several MiB, up to 32 MiB on recent GPUs).
 
 What it cannot see is listed in tests/test_chapter_devices.py.
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+import traceback
 import weakref
 from pathlib import Path
 from typing import Any
@@ -37,11 +39,11 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 CUDA = torch.device("cuda")
 CPU = torch.device("cpu")
-WORKSPACE_BYTES = 32 * 2**20  # cuBLAS's workspace on a Hopper GPU, allocated on first use
+WORKSPACE_BYTES = 32 * 2**20  # a cuBLAS workspace, allocated on first use and kept
 BLOCK = 512  # the caching allocator's smallest block: every allocation is rounded up to it
 _MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "einsum",
             "_scaled_dot_product_flash_attention_for_cpu", "scaled_dot_product_attention"}
@@ -320,12 +322,14 @@ def run_chapter(path: Path) -> None:
     namespace: dict[str, Any] = {"__name__": "__main__"}
     for i, code in enumerate(chapter_code(path)):
         start = time.monotonic()
+        where = f"{path.name}, code cell {i}"
         try:
-            exec(compile(code, f"{path.name}, code cell {i}", "exec"), namespace)
+            exec(compile(code, where, "exec"), namespace)
         except BaseException as exc:
-            first = code.strip().splitlines()[0] if code.strip() else ""
-            print(f"STANDIN-FAILED {path.name} code cell {i} ({first!r}): "
-                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == where]
+            line = code.splitlines()[frames[-1].lineno - 1].strip() if frames else ""
+            print(f"STANDIN-FAILED {where}, line {frames[-1].lineno if frames else '?'} "
+                  f"({line!r}): {type(exc).__name__}: {exc}", file=sys.stderr)
             raise
         print(f"cell {i}: {time.monotonic() - start:.1f} s", file=sys.stderr)
 

@@ -6,7 +6,8 @@ Two kinds of mistakes pass every CPU run and fail a reader on Colab's GPU runtim
   the chapter's tensors on the GPU (chapter 06's shift matrix, ``P64[7:] @ M.T``);
 * an assertion only a CPU satisfies: the chapter takes another branch on a GPU, and what it
   asserts there is false (chapter 08 asserted its CPU byte count under
-  ``torch.cuda.max_memory_allocated``, which also counts cuBLAS's workspace).
+  ``torch.cuda.max_memory_allocated``, which also counts what the GPU's libraries allocate
+  once, cuBLAS's workspace at the first matrix product).
 
 ``tests/standin_device.py`` runs a chapter with a stand-in ``cuda`` device: CPU tensors that
 say they are on ``cuda`` and refuse what CUDA refuses, and ``torch.cuda``'s memory statistics
