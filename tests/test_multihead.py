@@ -286,6 +286,6 @@ def test_dropout_is_checked_and_needs_the_weights():
     from attnkit import fused_attention
     mha = MultiHeadAttention(8, 2, dropout=0.1, attention=fused_attention)
     x = torch.randn(1, 3, 8)
-    with pytest.raises(ValueError, match="fused_attention does not form them"):
+    with pytest.raises(ValueError, match="fused_attention returns none"):
         mha(x, x, x)
     assert mha.eval()(x, x, x)[1] is None  # eval: no dropout, the fast path runs

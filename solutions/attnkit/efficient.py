@@ -55,13 +55,16 @@ def fused_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | No
     kernel never forms the ``(n, m)`` weights (that is what makes it fast). The pair keeps the
     shape of every attention function, so ``MultiHeadAttention(..., attention=fused_attention)``
     runs the fast path; with attention ``dropout > 0`` that module raises ``ValueError`` in
-    training mode, since there are no weights to drop (use ``dropout=0.0``, or ``eval()``).
+    training mode, since it drops the weights it returns and there are none here (use
+    ``dropout=0.0`` or ``eval()``; torch's kernel itself can drop through ``dropout_p``,
+    but then no one sees which weights it dropped).
 
     Small calls are where Python's own cost shows (on a GPU most calls are small next to the
     launch cost). Without a mask, torch's own input checks refuse what the contract refuses
     (fewer than two dimensions, integer or mixed dtypes, mixed devices, shapes that do not fit
     or broadcast) but for keys and values of different lengths, so once those agree the call
-    goes straight to the kernel, and ours run only when it has refused. With a mask, the checks here are the cheap ones; broadcasting, the costly check, is
+    goes straight to the kernel, and ours run only when it has refused. With a mask, the
+    checks here are the cheap ones; broadcasting, the costly check, is
     left to torch's kernel, which refuses what it cannot broadcast. Only then does
     :func:`attnkit.validation.check_inputs` run: it replaces torch's message by ours, and where the
     inputs do fit the contract (a broadcast that the explicit path handles and the kernel does

@@ -160,8 +160,11 @@ class MultiHeadAttention(nn.Module):
             with probability ``dropout``, the rest scaled by ``1 / (1 - dropout)``,
             before they mix the values, as in ``nn.MultiheadAttention`` (the
             weights returned are the dropped ones). An ``attention`` function
-            that forms no weights (``fused_attention``) has none to drop: with
-            ``dropout > 0`` in training mode ``forward`` raises ``ValueError``.
+            that returns no weights (``fused_attention``) leaves this module
+            nothing to drop: with ``dropout > 0`` in training mode ``forward``
+            raises ``ValueError`` (torch's kernel can drop inside itself through
+            ``dropout_p``; this module does not pass it, so that what it returns
+            stays what it mixed).
         attention: the function that attends, ``(q, k, v, mask) -> (out, weights)``.
 
     Where no gradient is recorded (``torch.no_grad()``, inference) and the key is
@@ -218,8 +221,9 @@ class MultiHeadAttention(nn.Module):
         if self.training and self.dropout > 0.0:  # attention dropout
             if weights is None:
                 name = getattr(self.attention, "__name__", "this attention function")
-                raise ValueError(f"attention dropout drops weights, and {name} does "
-                                 f"not form them: use dropout=0.0 with it")
+                raise ValueError(f"this module drops the weights it returns, and {name}"
+                                 f" returns none: use dropout=0.0 with it, or call "
+                                 f"F.scaled_dot_product_attention(..., dropout_p=p)")
             weights = F.dropout(weights, self.dropout)  # (B, H, n, m)
             out = weights @ v  # (B, H, n, Dh): the values mixed by the kept weights
         return self.out_proj(merge_heads(out)), weights  # (B, n, E), (B, H, n, m)
