@@ -6,7 +6,8 @@ The model and the recipe are the chapter's (3 layers of 4 heads, width 96, RoPE,
 characters of Shakespeare, :func:`attnkit.text.shakespeare_corpus`, AdamW with a one-cycle
 schedule, gradients clipped to 1), only trained for more steps. The text ships with the package,
 so every Python reads the same characters; the run uses one thread and fixed seeds, so the same
-torch and machine type give the same weights. Writes, under ``--out`` (default ``scripts/tiny_gpt``):
+torch and machine type give the same weights. Writes, under ``--out`` (default
+``solutions/attnkit/data/tiny_gpt``, shipped with the package so that every install has it):
 
 * ``checkpoint.pt``: the state dict in float16 (the read-out is tied to the embedding and stored
   once), under 1 MB;
@@ -15,8 +16,8 @@ torch and machine type give the same weights. Writes, under ``--out`` (default `
   the chapter scores its model (:func:`attnkit.gpt.windowed_bits_per_char`);
 * ``train.log``: the training and validation loss along the way.
 
-Chapter 09 loads the checkpoint, recomputes that validation loss and asserts it on every Python,
-and samples from it.
+Chapter 09 loads the checkpoint (:func:`attnkit.gpt.load_tiny_gpt`), recomputes that validation
+loss and asserts it on every Python, and samples from it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from attnkit.gpt import GPT, language_model_loss, windowed_bits_per_char
+from attnkit.gpt import GPT, TINY_GPT_PATH, language_model_loss, windowed_bits_per_char
 from attnkit.text import CharTokenizer, shakespeare_corpus
 
 MODEL = dict(embed_dim=96, num_heads=4, num_layers=3, position="rope", dropout=0.0)
@@ -41,7 +42,7 @@ CONTEXT, MIN_CONTEXT, BATCH, LR, SEED = 64, 32, 32, 1e-2, 0
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5000)  # the committed checkpoint
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "tiny_gpt")
+    parser.add_argument("--out", type=Path, default=TINY_GPT_PATH)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)

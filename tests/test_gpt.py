@@ -73,6 +73,9 @@ def test_logits_equal_a_model_from_torch_layers(position, need_weights):
 def test_weights_are_tied_causal_and_blocks_are_attnkits():
     model = tiny()
     assert model.readout.weight is model.token_embed.weight
+    loaded, tokenizer, same = load_tiny_gpt()
+    assert not loaded.training and same == config and tokenizer.chars == config["chars"]
+    assert torch.equal(loaded.token_embed.weight, model.token_embed.weight)
     assert all(isinstance(b, TransformerEncoderBlock) and b.norm_first for b in model.blocks)
     untied = GPT(V, E, H, L, tie_weights=False)
     assert untied.readout.weight is not untied.token_embed.weight
@@ -426,11 +429,14 @@ def test_windowed_bits_scores_each_character_once_with_enough_context():
 
 
 def test_committed_checkpoint_loads_into_the_chapters_model():
-    """scripts/tiny_gpt: float16 weights under 1 MB that fit GPT(**config['model']) with the read-out tied, and a
-    config that records how they were made (chapter 09 re-scores them on the validation text)."""
+    """attnkit/data/tiny_gpt (shipped with the package): float16 weights under 1 MB that fit GPT(**config['model'])
+    with the read-out tied, and a config that records how they were made (chapter 09 re-scores them on the
+    validation text); load_tiny_gpt gives that model, in eval mode, with the checkpoint's own tokenizer."""
     import json
     from pathlib import Path
-    folder = Path(__file__).resolve().parents[1] / "scripts" / "tiny_gpt"
+    from attnkit.gpt import TINY_GPT_PATH, load_tiny_gpt
+    folder = TINY_GPT_PATH
+    assert folder == Path(__file__).resolve().parents[1] / "solutions" / "attnkit" / "data" / "tiny_gpt"
     config = json.loads((folder / "config.json").read_text())
     assert (folder / "checkpoint.pt").stat().st_size < 1_000_000
     train, val, _ = shakespeare_corpus()
@@ -443,3 +449,16 @@ def test_committed_checkpoint_loads_into_the_chapters_model():
     missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
     assert missing == ["readout.weight"] and not unexpected
     assert model.readout.weight is model.token_embed.weight
+
+
+def test_load_tiny_gpt_refuses_weights_that_do_not_fit_the_config(tmp_path):
+    """A checkpoint folder whose weights belong to another model: a clear error naming the keys, never a silent
+    half-loaded model."""
+    import json
+    from attnkit.gpt import TINY_GPT_PATH, load_tiny_gpt
+    config = json.loads((TINY_GPT_PATH / "config.json").read_text())
+    config["model"]["num_layers"] += 1
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "checkpoint.pt").write_bytes((TINY_GPT_PATH / "checkpoint.pt").read_bytes())
+    with pytest.raises(ValueError, match="does not fit"):
+        load_tiny_gpt(tmp_path)

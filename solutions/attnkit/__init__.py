@@ -44,7 +44,8 @@ only modules listed above it (and torch); nothing in the package imports
     A decoder-only language model from chapter 07's blocks: ``GPT`` (its ``POSITIONS``
     schemes, ALiBi's included; ``INITS``, ``GPT(init=...)``; ``feed_forward=False`` builds an
     attention-only model), ``language_model_loss``, ``sample_next``, ``generate`` (with chapter
-    08's cache), and the model scored on the n-grams' characters, ``windowed_bits_per_char``.
+    08's cache), the model scored on the n-grams' characters, ``windowed_bits_per_char``, and
+    the chapter's checkpoint, shipped with the package: ``load_tiny_gpt``, ``TINY_GPT_PATH``.
 ``ngram`` (chapter 09)
     The counting baseline: ``ngram_bits_per_char``.
 ``probes`` (chapter 09)
@@ -89,7 +90,8 @@ from attnkit.efficient import (append_to_cache, cached_attention, causal_linear_
                                fused_attention, kv_cache_bytes_per_token, linear_attention, online_softmax_update,
                                peak_memory, tiled_attention)
 from attnkit.text import CORPUS_PATH, CharTokenizer, shakespeare_corpus
-from attnkit.gpt import GPT, INITS, POSITIONS, generate, language_model_loss, sample_next, windowed_bits_per_char
+from attnkit.gpt import (GPT, INITS, POSITIONS, TINY_GPT_PATH, generate, language_model_loss, load_tiny_gpt,
+                         sample_next, windowed_bits_per_char)
 from attnkit.ngram import ngram_bits_per_char
 from attnkit.probes import previous_token_scores, repeated_random_tokens
 from attnkit.induction import (Completion, InductionHistory, complete_copies, RepeatedBatch, attention_only_gpt, fixed_offset_induction_score, head_mask,
@@ -122,7 +124,7 @@ __all__ = [
     "fused_attention", "online_softmax_update", "tiled_attention", "append_to_cache", "cached_attention",
     "kv_cache_bytes_per_token", "elu_feature_map", "linear_attention", "causal_linear_attention", "peak_memory",
     # chapter 09
-    "CORPUS_PATH", "shakespeare_corpus", "CharTokenizer", "POSITIONS", "GPT", "language_model_loss", "sample_next", "generate",
+    "CORPUS_PATH", "shakespeare_corpus", "CharTokenizer", "POSITIONS", "GPT", "TINY_GPT_PATH", "load_tiny_gpt", "language_model_loss", "sample_next", "generate",
     "ngram_bits_per_char", "previous_token_scores", "repeated_random_tokens", "INITS",
     "windowed_bits_per_char",
     "RepeatedBatch", "repeated_block_batch", "second_copy_queries", "induction_score",

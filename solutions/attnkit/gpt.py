@@ -10,6 +10,8 @@ model width ``embed_dim``, ``H`` heads, ``Dh = E // H``, ``L`` layers, ``V`` the
 * :func:`language_model_loss`, :func:`sample_next`, :func:`generate` (with chapter 08's key-value cache).
 * :func:`windowed_bits_per_char`: the model scored on the characters
   :func:`attnkit.ngram.ngram_bits_per_char` scores the counting baseline on.
+* :func:`load_tiny_gpt`: chapter 09's model trained for longer, shipped with the package
+  (``attnkit/data/tiny_gpt``, written by ``scripts/train_tiny_gpt.py``), with its own tokenizer.
 
 The text and the tokenizer are in :mod:`attnkit.text`, the head scores in :mod:`attnkit.probes`
 and :mod:`attnkit.induction`.
@@ -17,7 +19,9 @@ and :mod:`attnkit.induction`.
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +33,7 @@ from attnkit.masks import causal_mask
 from attnkit.multihead import merge_heads, split_heads
 from attnkit.positional import (alibi_attention, alibi_bias, alibi_slopes, apply_rotary_embedding,
                                 sinusoidal_positional_encoding)
+from attnkit.text import CharTokenizer
 from attnkit.transformer import TransformerEncoderBlock
 
 __all__ = [
@@ -39,10 +44,13 @@ __all__ = [
     "sample_next",
     "generate",
     "windowed_bits_per_char",
+    "TINY_GPT_PATH",
+    "load_tiny_gpt",
 ]
 
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
 INITS = ("gpt2", "torch")
+TINY_GPT_PATH = Path(__file__).parent / "data" / "tiny_gpt"  # chapter 09's checkpoint
 
 
 # -- the model -----------------------------------------------------------------------------------------
@@ -470,3 +478,29 @@ def windowed_bits_per_char(
         ).item()
     model.train(was_training)
     return total / (n_windows * stride) / math.log(2), min_context + n_windows * stride
+
+
+def load_tiny_gpt(
+    folder: str | Path | None = None, device: torch.device | str | None = None
+) -> tuple[GPT, CharTokenizer, dict]:
+    """Chapter 09's checkpoint: ``(model, tokenizer, config)`` (chapter 09).
+
+    ``folder`` (default :data:`TINY_GPT_PATH`, installed with the package) holds ``checkpoint.pt``
+    (float16 weights, the read-out tied to the embedding and stored once) and ``config.json``
+    (the model's settings, the tokenizer's characters, the recorded validation loss), as
+    ``scripts/train_tiny_gpt.py`` writes them. The model comes back in float32, in eval mode, on
+    ``device``; the tokenizer is rebuilt from the checkpoint's own characters.
+    """
+    folder = TINY_GPT_PATH if folder is None else Path(folder)
+    config = json.loads((folder / "config.json").read_text())
+    model = GPT(**config["model"])
+    state = torch.load(folder / "checkpoint.pt", map_location="cpu", weights_only=True)
+    missing, unexpected = model.load_state_dict(
+        {k: v.float() for k, v in state.items()}, strict=False
+    )
+    if missing != ["readout.weight"] or unexpected:  # the read-out is the embedding, tied
+        raise ValueError(
+            f"{folder / 'checkpoint.pt'} does not fit GPT(**config['model']): missing {missing}, "
+            f"unexpected {unexpected}"
+        )
+    return model.to(device).eval(), CharTokenizer("".join(config["chars"])), config
