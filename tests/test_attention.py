@@ -157,7 +157,8 @@ def test_package_exports_and_documents_every_public_name():
 
     import attnkit
     modules = ["validation", "device", "attention", "multihead", "self_attention", "masks", "cross_attention",
-               "positional", "transformer", "efficient", "gpt", "induction", "torch_twins"]
+               "positional", "transformer", "efficient", "text", "gpt", "ngram", "probes", "induction",
+               "torch_twins"]
     for name in modules:
         module = importlib.import_module(f"attnkit.{name}")
         assert f"``{name}``" in attnkit.__doc__, f"module {name} missing from the package map"

@@ -342,6 +342,8 @@ REQUIREMENTS = {
     "q4: every layer": with_answer(REF, "q_cache_numbers", "2 * 1000 * 512"),
     "q5: the token after the earlier occurrence": with_answer(REF, "q_induction_position", '"4"'),
     "q6: layer 0's previous-token head": with_answer(REF, "q_prev_head", "0"),
+    "q6: the index as an int, not a bool": with_answer(REF, "q_prev_head",
+                                                                 "bool(previous_token_score(toy_weights[0]).argmax())"),
     "q7: the score with the previous-token head removed": with_answer(
         REF, "q_induction_ablated", "float(induction_score(toy(repeats)[1][1], first, length)[0])"),
 }
@@ -350,3 +352,58 @@ REQUIREMENTS = {
 @pytest.mark.parametrize("name", list(REQUIREMENTS))
 def test_stated_requirement_broken_alone_loses_points_on_its_check(name):
     assert_requirement_broken_alone(A, STATED_REQUIREMENTS, REQUIREMENTS, name)
+
+
+# -- the visible tests (issue 27): what the text states, broken alone, fails a test the student can run -------
+
+def visible_failures(code: str) -> dict[str, str]:
+    """grade_id -> the message of each visible test of the released notebook run on ``code`` ("" if it passes)."""
+    import json
+
+    from autograder.course import RELEASE
+    from checking import namespace
+
+    ns, out = namespace(code), {}
+    for cell in json.loads((RELEASE / A / "tiny_gpt.ipynb").read_text())["cells"]:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell["cell_type"] == "code" and meta.get("grade"):
+            try:
+                exec(compile("".join(cell["source"]), meta["grade_id"], "exec"), ns)
+                out[meta["grade_id"]] = ""
+            except AssertionError as e:
+                out[meta["grade_id"]] = str(e) or "failed"
+    return out
+
+
+def test_the_reference_passes_every_visible_test():
+    failures = visible_failures(REF)
+    assert len(failures) >= 12 and not any(failures.values()), failures
+
+
+VISIBLE = {
+    # mutant: (code, the visible test that must fail, words its message must contain)
+    "top-k keeps k - 1": (MISTAKES["top-k keeps k - 1"][0], "test_sample_next_greedy_topk", "not k - 1"),
+    "induction averaged per sequence first": (INDUCTION_MISTAKES["per-sequence means"][0], "test_induction_score",
+                                              "not averaged per sequence"),
+    "the last query of the second copy counted": (INDUCTION_MISTAKES["the last query counted"][0],
+                                                  "test_induction_score", "second copy but its last token"),
+    "temperature not passed on": (REQUIREMENTS["generate: temperature passed on"], "test_generate_greedy",
+                                  "calls use the cache as they should: is temperature passed on"),
+    "q6 answered with a bool": (REQUIREMENTS["q6: the index as an int, not a bool"], "test_q_prev_head",
+                                "not True or False"),
+    # torch's own message (the values) comes first, the hint after it
+    "loss in bits": (REQUIREMENTS["loss: in nats"], "test_lm_loss", "Expected 1.9459"),
+}
+
+
+@pytest.mark.parametrize("name", list(VISIBLE))
+def test_a_stated_requirement_broken_alone_fails_a_visible_test(name):
+    code, gid, words = VISIBLE[name]
+    failures = visible_failures(code)
+    assert words in failures[gid], failures[gid]
+    assert [g for g, message in failures.items() if message] == [gid], failures
+
+
+def test_a_visible_close_check_keeps_torchs_values_and_adds_the_hint():
+    message = visible_failures(REQUIREMENTS["loss: in nats"])["test_lm_loss"]
+    assert "Expected" in message and "ln 7" in message, message

@@ -1,4 +1,5 @@
-"""attnkit.gpt (chapter 09): the model against torch's own layers, the cache, sampling, training, scores."""
+"""attnkit.gpt, .text, .ngram, .probes (chapter 09): the model against torch's own layers, the cache, sampling,
+training, the text, the counting baseline, the head scores."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from torch import nn
 
 from attnkit import TransformerEncoderBlock, causal_mask
 from attnkit.torch_twins import to_torch_encoder_layer
-from attnkit.gpt import (GPT, POSITIONS, CharTokenizer, generate, language_model_loss,
-                         ngram_bits_per_char, previous_token_scores, repeated_random_tokens, sample_next,
-                         stdlib_corpus, windowed_bits_per_char)
+from attnkit.gpt import GPT, POSITIONS, generate, language_model_loss, sample_next, windowed_bits_per_char
+from attnkit.ngram import ngram_bits_per_char
+from attnkit.probes import previous_token_scores, repeated_random_tokens
+from attnkit.text import CORPUS_PATH, CharTokenizer, shakespeare_corpus
 
 V, E, H, L, N = 11, 16, 4, 2, 12
+CORPUS_SHA = "b4cdae46936d3d0b"  # sha256 of the shipped text, train + validation
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -90,6 +93,42 @@ def test_causal_future_tokens_do_not_change_past_logits(position):
     assert not torch.allclose(model(a)[0][:, 7:], model(b)[0][:, 7:])
 
 
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_alibi_logits_equal_the_blocks_with_alibi_attention(dropout):
+    """position="alibi": nothing added to the embeddings, each head's scores get ALiBi's bias: the blocks run with
+    chapter 06's alibi_attention give the same logits, on the fused path, with weights, and (the same random
+    draws) with attention dropout in training."""
+    from functools import partial
+    from attnkit import alibi_attention, alibi_slopes, merge_heads, split_heads
+    torch.manual_seed(0)
+    model = GPT(V, E, H, L, ff_dim=24, max_len=32, position="alibi", dropout=dropout).double()
+    assert model.position_embed is None
+    tokens = torch.randint(0, V, (2, N))
+    attend = partial(alibi_attention, slopes=alibi_slopes(H, dtype=torch.float64))
+
+    def by_hand() -> torch.Tensor:
+        x = model.dropout(model.token_embed(tokens))
+        for block in model.blocks:
+            a, h = block.self_attn.attn, block.norm1(x)
+            q, k, v = (split_heads(p(h), H) for p in (a.q_proj, a.k_proj, a.v_proj))
+            out, w = attend(q, k, v, causal_mask(N))
+            if model.training and a.dropout:
+                out = torch.nn.functional.dropout(w, a.dropout) @ v
+            x = x + block.dropout1(a.out_proj(merge_heads(out)))
+            x = x + block.dropout2(block.feed_forward(block.norm2(x)))
+        return model.readout(model.norm(x))
+
+    model.eval()
+    for need_weights in (False, True):
+        torch.testing.assert_close(model(tokens, need_weights=need_weights)[0], by_hand())
+    if dropout:
+        model.train()
+        torch.manual_seed(3)
+        ours = model(tokens)[0]
+        torch.manual_seed(3)
+        torch.testing.assert_close(ours, by_hand())
+
+
 def test_rope_logits_equal_explicit_rotary_attention():
     """With RoPE, the layer equals the block with rotated queries and keys written out by hand."""
     from attnkit import apply_rotary_embedding, merge_heads, scaled_dot_product_attention, split_heads
@@ -107,6 +146,7 @@ def test_rope_logits_equal_explicit_rotary_attention():
 
 @pytest.mark.parametrize("position", POSITIONS)
 def test_cached_decode_equals_the_full_forward(position):
+    """Every scheme, ALiBi's bias included: a prompt then one token at a time through the cache."""
     model = tiny(position).eval()
     tokens = torch.randint(0, V, (2, N))
     full, _ = model(tokens)
@@ -256,7 +296,7 @@ def test_tokenizer_round_trip_and_bad_input():
 def test_bad_input_errors():
     model = tiny()
     with pytest.raises(ValueError, match="position must be one of"):
-        GPT(V, E, H, L, position="alibi")
+        GPT(V, E, H, L, position="xpos")
     with pytest.raises(ValueError, match="int64 tensor of shape"):
         model(torch.zeros(2, 3))
     with pytest.raises(ValueError, match="token ids must lie"):
@@ -327,11 +367,30 @@ def test_ngram_baseline_matches_counting_by_hand():
         -sum(math.log2(c / 6) for c in (3, 2, 3, 1)) / 4)
 
 
-def test_stdlib_corpus_is_a_fixed_split_of_printable_text():
-    train, val, names = stdlib_corpus()
-    assert 1_000_000 < len(train) + len(val) < 6_000_000 and 0.05 < len(val) / len(train) < 0.2
-    assert all(c in "\n\t" or " " <= c <= "~" for c in set(train + val))
-    assert names == sorted(names) and all(n.endswith(".py") for n in names)
+def test_shakespeare_corpus_is_shipped_fixed_and_split_by_work():
+    """The text is the package's own file (the same characters on every Python: a fixed hash), every 10th work
+    held out whole; nothing is read from the running Python's installation."""
+    import hashlib
+    assert CORPUS_PATH.is_file() and CORPUS_PATH.stat().st_size < 3_000_000
+    train, val, titles = shakespeare_corpus()
+    assert (len(train), len(val)) == (4_599_954, 457_244)
+    assert hashlib.sha256((train + val).encode()).hexdigest()[:16] == CORPUS_SHA
+    assert titles == ["King Henry V", "Macbeth", "The Rape of Lucrece", "Twelfth Night"]
+    assert "To-morrow, and to-morrow, and to-morrow" in val and "To be, or not to be" in train
+    assert len(CharTokenizer(train + val)) == 84 and set(val) <= set(train)
+    assert all(c == "\n" or " " <= c <= "~" for c in set(train + val))
+    other = shakespeare_corpus(every=5)
+    assert len(other[2]) == 8 and other[0] + other[1] != train + val
+    for bad in (1, 0, True, 2.5):
+        with pytest.raises(ValueError, match="every"):
+            shakespeare_corpus(every=bad)
+
+
+def test_a_checkpoints_tokenizer_comes_from_its_own_characters():
+    """CharTokenizer("".join(chars)) rebuilds the very tokenizer a checkpoint stored, whatever text is at hand."""
+    tok = CharTokenizer("hello, world")
+    again = CharTokenizer("".join(tok.chars))
+    assert again.chars == tok.chars and torch.equal(again.encode("low"), tok.encode("low"))
 
 
 def test_bench_gpt_pair_computes_the_same_logits_and_runs():
@@ -367,13 +426,18 @@ def test_windowed_bits_scores_each_character_once_with_enough_context():
 
 
 def test_committed_checkpoint_loads_into_the_chapters_model():
-    """scripts/tiny_gpt: float16 weights under 1 MB that fit GPT(**config['model']) with the read-out tied, and a
-    config that records how they were made (chapter 09 re-scores them on the validation text)."""
+    """attnkit/data/tiny_gpt (shipped with the package): float16 weights under 1 MB that fit GPT(**config['model'])
+    with the read-out tied, and a config that records how they were made (chapter 09 re-scores them on the
+    validation text); load_tiny_gpt gives that model, in eval mode, with the checkpoint's own tokenizer."""
     import json
     from pathlib import Path
-    folder = Path(__file__).resolve().parents[1] / "scripts" / "tiny_gpt"
+    from attnkit.gpt import TINY_GPT_PATH, load_tiny_gpt
+    folder = TINY_GPT_PATH
+    assert folder == Path(__file__).resolve().parents[1] / "solutions" / "attnkit" / "data" / "tiny_gpt"
     config = json.loads((folder / "config.json").read_text())
     assert (folder / "checkpoint.pt").stat().st_size < 1_000_000
+    train, val, _ = shakespeare_corpus()
+    assert config["chars"] == CharTokenizer(train + val).chars  # trained on the shipped text
     assert config["model"]["vocab_size"] == len(config["chars"]) and config["training"]["steps"] > 0
     assert 0 < config["validation_bits_per_char"] < 3 and "windowed_bits_per_char" in config["scored"]
     state = torch.load(folder / "checkpoint.pt", weights_only=True)
@@ -382,3 +446,19 @@ def test_committed_checkpoint_loads_into_the_chapters_model():
     missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
     assert missing == ["readout.weight"] and not unexpected
     assert model.readout.weight is model.token_embed.weight
+    loaded, tokenizer, same = load_tiny_gpt()
+    assert not loaded.training and same == config and tokenizer.chars == config["chars"]
+    assert torch.equal(loaded.token_embed.weight, model.token_embed.weight)
+
+
+def test_load_tiny_gpt_refuses_weights_that_do_not_fit_the_config(tmp_path):
+    """A checkpoint folder whose weights belong to another model: a clear error naming the keys, never a silent
+    half-loaded model."""
+    import json
+    from attnkit.gpt import TINY_GPT_PATH, load_tiny_gpt
+    config = json.loads((TINY_GPT_PATH / "config.json").read_text())
+    config["model"]["num_layers"] += 1
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "checkpoint.pt").write_bytes((TINY_GPT_PATH / "checkpoint.pt").read_bytes())
+    with pytest.raises(ValueError, match="does not fit"):
+        load_tiny_gpt(tmp_path)

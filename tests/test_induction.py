@@ -136,3 +136,39 @@ def test_train_on_repeats_records_scores_and_lowers_the_loss():
     assert history.second_copy_bits[-1] < history.second_copy_bits[0]
     assert all(s.shape == (2, 2) for s in history.induction + history.previous_token)
     assert isinstance(RepeatedBatch(torch.zeros(1, 2), torch.zeros(1), torch.ones(1)), RepeatedBatch)
+
+
+class _Copier(torch.nn.Module):
+    """Predicts, after the last position, the token ``length`` back: perfect copying of a block of ``length``;
+    with any head removed it predicts token 0 everywhere."""
+
+    vocab_size, max_len, position = 33, 24, "rope"
+
+    def __init__(self, length: int) -> None:
+        super().__init__()
+        self.length, self.dummy = length, torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, tokens, head_mask=None):
+        B, n = tokens.shape
+        logits = torch.zeros(B, n, self.vocab_size)
+        if head_mask is None or bool(head_mask.all()):
+            logits[torch.arange(B), -1, tokens[:, n - self.length]] = 1.0
+        return logits, []
+
+
+def test_complete_copies_prompts_a_block_and_scores_the_greedy_rest():
+    """The prompt is start, noise, block, the block's first tokens; the model writes the rest greedily and the
+    accuracy is the share written right; a mask reaches the model (here: a model that stops copying)."""
+    from attnkit.induction import complete_copies
+    model = _Copier(8)
+    done = complete_copies(model, batch=50, generator=torch.Generator().manual_seed(0))
+    assert done.prompt.shape == (50, 1 + 3 + 8 + 2) and done.written.shape == done.expected.shape == (50, 6)
+    assert bool((done.prompt[:, 0] == 32).all()) and done.prompt[:, 1:].max() < 32
+    assert torch.equal(done.prompt[:, 4:6], done.prompt[:, 12:14])  # the copy starts like the block
+    assert torch.equal(done.prompt[:, 6:12], done.expected) and done.accuracy == 1.0
+    broken = complete_copies(model, batch=50, mask=torch.ones(2, 2).index_put_((torch.tensor(0), torch.tensor(1)),
+                                                                               torch.tensor(0.0)),
+                             generator=torch.Generator().manual_seed(0))
+    assert bool((broken.written == 0).all()) and broken.accuracy == float((broken.expected == 0).double().mean())
+    with pytest.raises(ValueError, match="given"):
+        complete_copies(model, length=4, given=4)

@@ -37,20 +37,27 @@ only modules listed above it (and torch); nothing in the package imports
     ``tiled_attention``, ``append_to_cache``, ``cached_attention``,
     ``kv_cache_bytes_per_token``, ``elu_feature_map``, ``linear_attention``,
     ``causal_linear_attention``, ``peak_memory``.
+``text`` (chapter 09)
+    The text and the tokenizer: ``shakespeare_corpus`` (shipped with the package,
+    ``CORPUS_PATH``), ``CharTokenizer``.
 ``gpt`` (chapter 09)
-    A decoder-only language model from chapter 07's blocks and what opens it up:
-    ``CharTokenizer``, ``stdlib_corpus``, ``GPT`` (its ``POSITIONS`` schemes),
-    ``language_model_loss``, ``sample_next``, ``generate`` (with chapter 08's
-    cache), the counting baseline ``ngram_bits_per_char`` and the model on the same
-    characters, ``windowed_bits_per_char``, and head scores
-    ``previous_token_scores``, ``repeated_random_tokens`` (the in-context loss curve); ``INITS``
-    (``GPT(init=...)``; ``feed_forward=False`` builds an attention-only model).
+    A decoder-only language model from chapter 07's blocks: ``GPT`` (its ``POSITIONS``
+    schemes, ALiBi's included; ``INITS``, ``GPT(init=...)``; ``feed_forward=False`` builds an
+    attention-only model), ``language_model_loss``, ``sample_next``, ``generate`` (with chapter
+    08's cache), the model scored on the n-grams' characters, ``windowed_bits_per_char``, and
+    the chapter's checkpoint, shipped with the package: ``load_tiny_gpt``, ``TINY_GPT_PATH``.
+``ngram`` (chapter 09)
+    The counting baseline: ``ngram_bits_per_char``.
+``probes`` (chapter 09)
+    What a head does: ``previous_token_scores``, ``repeated_random_tokens`` (the in-context
+    loss curve).
 ``induction`` (chapter 09)
     Induction heads grown and proven: ``RepeatedBatch``, ``repeated_block_batch`` (a block
     repeated at a random offset), ``second_copy_queries``, the per-sequence
     ``induction_score`` and the foolable ``fixed_offset_induction_score``,
     ``second_copy_bits``, ``attention_only_gpt``, ``head_mask``, ``measure``,
-    ``train_on_repeats`` and what it records, ``InductionHistory``.
+    ``train_on_repeats`` and what it records, ``InductionHistory``; the circuit writing,
+    ``complete_copies`` and its ``Completion``.
 ``torch_twins`` (the tests, the checks, the benchmark)
     torch's layers holding our weights: ``to_torch_multihead``,
     ``to_torch_encoder_layer``, ``to_torch_decoder_layer``.
@@ -82,10 +89,12 @@ from attnkit.transformer import FeedForward, Transformer, TransformerDecoderBloc
 from attnkit.efficient import (append_to_cache, cached_attention, causal_linear_attention, elu_feature_map,
                                fused_attention, kv_cache_bytes_per_token, linear_attention, online_softmax_update,
                                peak_memory, tiled_attention)
-from attnkit.gpt import (GPT, INITS, POSITIONS, CharTokenizer, generate, language_model_loss,
-                         ngram_bits_per_char, previous_token_scores, repeated_random_tokens, sample_next,
-                         stdlib_corpus, windowed_bits_per_char)
-from attnkit.induction import (InductionHistory, RepeatedBatch, attention_only_gpt, fixed_offset_induction_score, head_mask,
+from attnkit.text import CORPUS_PATH, CharTokenizer, shakespeare_corpus
+from attnkit.gpt import (GPT, INITS, POSITIONS, TINY_GPT_PATH, generate, language_model_loss, load_tiny_gpt,
+                         sample_next, windowed_bits_per_char)
+from attnkit.ngram import ngram_bits_per_char
+from attnkit.probes import previous_token_scores, repeated_random_tokens
+from attnkit.induction import (Completion, InductionHistory, complete_copies, RepeatedBatch, attention_only_gpt, fixed_offset_induction_score, head_mask,
                                induction_score, measure, repeated_block_batch, second_copy_bits,
                                second_copy_queries, train_on_repeats)
 from attnkit.torch_twins import to_torch_decoder_layer, to_torch_encoder_layer, to_torch_multihead
@@ -115,12 +124,12 @@ __all__ = [
     "fused_attention", "online_softmax_update", "tiled_attention", "append_to_cache", "cached_attention",
     "kv_cache_bytes_per_token", "elu_feature_map", "linear_attention", "causal_linear_attention", "peak_memory",
     # chapter 09
-    "POSITIONS", "CharTokenizer", "stdlib_corpus", "GPT", "language_model_loss", "sample_next", "generate",
+    "CORPUS_PATH", "shakespeare_corpus", "CharTokenizer", "POSITIONS", "GPT", "TINY_GPT_PATH", "load_tiny_gpt", "language_model_loss", "sample_next", "generate",
     "ngram_bits_per_char", "previous_token_scores", "repeated_random_tokens", "INITS",
     "windowed_bits_per_char",
     "RepeatedBatch", "repeated_block_batch", "second_copy_queries", "induction_score",
     "fixed_offset_induction_score", "second_copy_bits", "attention_only_gpt", "head_mask", "measure",
-    "train_on_repeats", "InductionHistory",
+    "train_on_repeats", "InductionHistory", "Completion", "complete_copies",
     # oracles
     "to_torch_multihead", "to_torch_encoder_layer", "to_torch_decoder_layer",
 ]

@@ -1,25 +1,26 @@
-"""A small GPT: a decoder-only Transformer trained on characters, and tools to open it up (chapter 09).
+"""A small GPT: a decoder-only Transformer language model, trained and sampled (chapter 09).
 
 Shape legend: ``B`` batch, ``n`` positions, ``s`` new positions, ``t`` cached positions, ``E`` the
 model width ``embed_dim``, ``H`` heads, ``Dh = E // H``, ``L`` layers, ``V`` the vocabulary size.
 
-* :class:`CharTokenizer`: one token per character, ``encode`` / ``decode``.
-* :func:`stdlib_corpus`: the text the chapter trains on, Python's own standard-library modules.
-* :class:`GPT`: token embedding, a position scheme (``"learned"``, ``"sinusoidal"``, ``"rope"`` or
-  ``"none"``), pre-norm :class:`~attnkit.transformer.TransformerEncoderBlock` s with the causal mask
-  (Radford et al., 2019), a final layer norm and a read-out tied to the embedding (Press and Wolf, 2017).
+* :class:`GPT`: token embedding, a position scheme (``"learned"``, ``"sinusoidal"``, ``"rope"``,
+  ``"alibi"`` or ``"none"``), pre-norm :class:`~attnkit.transformer.TransformerEncoderBlock` s with
+  the causal mask (Radford et al., 2019), a final layer norm and a read-out tied to the embedding
+  (Press and Wolf, 2017).
 * :func:`language_model_loss`, :func:`sample_next`, :func:`generate` (with chapter 08's key-value cache).
-* :func:`ngram_bits_per_char`: the counting baseline the model has to beat, and
-  :func:`windowed_bits_per_char`: the model scored on the same characters.
-* :func:`previous_token_scores`, :func:`repeated_random_tokens`: what a head does, measured
-  (Olsson et al., 2022); the induction score, at offsets a positional look-up cannot fake, is
-  :func:`attnkit.induction.induction_score`.
+* :func:`windowed_bits_per_char`: the model scored on the characters
+  :func:`attnkit.ngram.ngram_bits_per_char` scores the counting baseline on.
+* :func:`load_tiny_gpt`: chapter 09's model trained for longer, shipped with the package
+  (``attnkit/data/tiny_gpt``, written by ``scripts/train_tiny_gpt.py``), with its own tokenizer.
+
+The text and the tokenizer are in :mod:`attnkit.text`, the head scores in :mod:`attnkit.probes`
+and :mod:`attnkit.induction`.
 """
 
 from __future__ import annotations
 
+import json
 import math
-import sysconfig
 from pathlib import Path
 
 import torch
@@ -27,93 +28,29 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.attention import scaled_dot_product_attention
-from attnkit.efficient import KVCache, cached_attention
+from attnkit.efficient import KVCache, append_to_cache, cached_attention
 from attnkit.masks import causal_mask
 from attnkit.multihead import merge_heads, split_heads
-from attnkit.positional import apply_rotary_embedding, sinusoidal_positional_encoding
+from attnkit.positional import (alibi_attention, alibi_bias, alibi_slopes, apply_rotary_embedding,
+                                sinusoidal_positional_encoding)
+from attnkit.text import CharTokenizer
 from attnkit.transformer import TransformerEncoderBlock
 
 __all__ = [
     "POSITIONS",
     "INITS",
-    "CharTokenizer",
-    "stdlib_corpus",
     "GPT",
     "language_model_loss",
     "sample_next",
     "generate",
-    "ngram_bits_per_char",
     "windowed_bits_per_char",
-    "previous_token_scores",
-    "repeated_random_tokens",
+    "TINY_GPT_PATH",
+    "load_tiny_gpt",
 ]
 
-POSITIONS = ("learned", "sinusoidal", "rope", "none")
+POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
 INITS = ("gpt2", "torch")
-
-
-# -- text ----------------------------------------------------------------------------------------------
-
-
-class CharTokenizer:
-    """One token per character; the vocabulary is the sorted set of characters of ``text`` (chapter 09)."""
-
-    def __init__(self, text: str) -> None:
-        if not isinstance(text, str) or not text:
-            raise ValueError(
-                f"CharTokenizer needs a non-empty str to take its characters from, got {text!r:.40}"
-            )
-        self.chars = sorted(set(text))
-        self.index = {c: i for i, c in enumerate(self.chars)}
-
-    def __len__(self) -> int:
-        return len(self.chars)
-
-    def encode(self, text: str) -> Tensor:
-        """``text`` -> token ids ``(len(text),)``, int64. Raises on a character outside the vocabulary."""
-        if not isinstance(text, str):
-            raise TypeError(f"encode expects a str, got {type(text).__name__}")
-        unknown = sorted(set(text) - self.index.keys())
-        if unknown:
-            raise ValueError(
-                f"characters not in the vocabulary of {len(self)}: {''.join(unknown)[:20]!r}"
-            )
-        return torch.tensor([self.index[c] for c in text], dtype=torch.long)
-
-    def decode(self, ids: Tensor | list[int]) -> str:
-        """Token ids ``(n,)`` -> the text. Raises on an id outside ``0 .. len(self) - 1``."""
-        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
-        if any(not isinstance(i, int) or not 0 <= i < len(self) for i in ids):
-            raise ValueError(
-                f"decode expects a 1-D sequence of ids in 0..{len(self) - 1}, got {ids[:10]}..."
-            )
-        return "".join(self.chars[i] for i in ids)
-
-
-def stdlib_corpus(every: int = 10) -> tuple[str, str, list[str]]:
-    """The top-level modules of Python's standard library as training and validation text (chapter 09).
-
-    The files are ``sysconfig.get_paths()['stdlib']/*.py`` in sorted order; every ``every``-th file
-    (indices ``every - 1, 2 every - 1, ...``) is validation, the rest training, so no file is split
-    between the two. Characters outside printable ASCII, newline and tab become ``"?"`` (a few
-    hundred in a few megabytes) so the vocabulary stays under 100. The text is Python's own source
-    under the PSF licence; it ships with every Python, so nothing is downloaded, but its exact
-    content depends on the Python version.
-
-    Returns:
-        ``(train_text, validation_text, validation_file_names)``.
-    """
-    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
-    if not files:
-        raise FileNotFoundError(f"no .py files under {sysconfig.get_paths()['stdlib']}")
-    train, validation, names = [], [], []
-    for i, path in enumerate(files):
-        text = path.read_text(encoding="utf-8", errors="replace")
-        text = "".join(c if c in "\n\t" or " " <= c <= "~" else "?" for c in text)
-        (validation if i % every == every - 1 else train).append(text)
-        if i % every == every - 1:
-            names.append(path.name)
-    return "".join(train), "".join(validation), names
+TINY_GPT_PATH = Path(__file__).parent / "data" / "tiny_gpt"  # chapter 09's checkpoint
 
 
 # -- the model -----------------------------------------------------------------------------------------
@@ -150,6 +87,10 @@ class GPT(nn.Module):
     kernel (on a CPU it does); its GPU kernels draw their own random masks, and no kernel
     returns the weights it dropped.
     ``decode`` is for generation and refuses training mode with attention dropout.
+
+    ``position="alibi"`` adds nothing to the embeddings: each head adds ALiBi's bias,
+    ``-slope_h`` times the distance from query to key, to its scores (Press et al., 2022;
+    :func:`~attnkit.positional.alibi_attention`), on every path (explicit, fused, cached).
 
     ``feed_forward=False`` removes each block's feed-forward network and the norm before it
     (``block.feed_forward`` and ``block.norm2`` are ``None``): an attention-only model, the
@@ -280,21 +221,42 @@ class GPT(nn.Module):
             )
         p = mha.dropout if self.training else 0.0  # attention dropout, training only
         weights = None
+        slopes = (
+            alibi_slopes(self.num_heads, device=h.device, dtype=q.dtype)
+            if self.position == "alibi" else None
+        )  # (H,): ALiBi's bias -slope * distance is added to the scores
         if caching:  # decoding: chapter 08's cache (decode refuses p > 0)
-            out, cache = cached_attention(
-                q, k, v, cache
-            )  # (B, H, s, Dh); cache (B, H, t + s, Dh)
+            if slopes is None:
+                out, cache = cached_attention(
+                    q, k, v, cache
+                )  # (B, H, s, Dh); cache (B, H, t + s, Dh)
+            else:  # the same, with the bias: new query t + i sees keys 0 .. t + i
+                keys, values = append_to_cache(cache, k, v)  # (B, H, t + s, Dh)
+                s, total = q.shape[-2], keys.shape[-2]
+                mask = torch.ones(s, total, dtype=torch.bool, device=h.device).tril(total - s)
+                out, _ = alibi_attention(q, keys, values, mask, slopes=slopes)  # (B, H, s, Dh)
+                cache = (keys, values)
         elif need_weights or p > 0.0:  # the explicit path of chapter 01, weights formed
-            out, weights = scaled_dot_product_attention(
-                q, k, v, causal_mask(h.shape[1], device=h.device)
-            )  # (B, H, n, Dh), (B, H, n, n)
+            mask = causal_mask(h.shape[1], device=h.device)  # (n, n)
+            if slopes is None:
+                out, weights = scaled_dot_product_attention(
+                    q, k, v, mask
+                )  # (B, H, n, Dh), (B, H, n, n)
+            else:
+                out, weights = alibi_attention(q, k, v, mask, slopes=slopes)
             if p > 0.0:  # as MultiHeadAttention: drop weights, then mix the values
                 weights = F.dropout(weights, p)  # (B, H, n, n)
                 out = weights @ v  # (B, H, n, Dh)
             if not need_weights:
                 weights = None
-        else:  # the fused kernel (chapter 08's fast path), the causal mask as a flag
+        elif slopes is None:  # the fused kernel (chapter 08's fast path), the causal mask as a flag
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, n, Dh)
+        else:  # the fused kernel with ALiBi's bias as a float mask, -inf above the diagonal
+            n = h.shape[1]
+            bias = alibi_bias(slopes, n).masked_fill(
+                ~causal_mask(n, device=h.device), float("-inf")
+            )  # (H, n, n)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # (B, H, n, Dh)
         if head_mask is not None:
             out = out * head_mask[:, None, None].to(
                 out.dtype
@@ -518,78 +480,27 @@ def windowed_bits_per_char(
     return total / (n_windows * stride) / math.log(2), min_context + n_windows * stride
 
 
-# -- a counting baseline ---------------------------------------------------------------------------------
+def load_tiny_gpt(
+    folder: str | Path | None = None, device: torch.device | str | None = None
+) -> tuple[GPT, CharTokenizer, dict]:
+    """Chapter 09's checkpoint: ``(model, tokenizer, config)`` (chapter 09).
 
-
-def _context_codes(ids: Tensor, order: int, vocab_size: int) -> Tensor:
-    # the previous order-1 tokens of each position >= order-1, as one integer in base V
-    n = ids.shape[0] - (order - 1)
-    code = torch.zeros(n, dtype=torch.long, device=ids.device)
-    for j in range(order - 1):
-        code = code * vocab_size + ids[j : j + n]
-    return code  # (n,)
-
-
-def ngram_bits_per_char(
-    train_ids: Tensor, val_ids: Tensor, order: int, vocab_size: int, alpha: float = 0.1
-) -> float:
-    """Bits per character on ``val_ids`` of a character ``order``-gram model counted on ``train_ids`` (chapter 09).
-
-    ``P(c | context) = (count(context, c) + alpha) / (count(context) + alpha V)``, the previous
-    ``order - 1`` characters being the context (add-alpha smoothing, so an unseen pair still gets
-    some probability). Scored on every validation position that has a full context.
+    ``folder`` (default :data:`TINY_GPT_PATH`, installed with the package) holds ``checkpoint.pt``
+    (float16 weights, the read-out tied to the embedding and stored once) and ``config.json``
+    (the model's settings, the tokenizer's characters, the recorded validation loss), as
+    ``scripts/train_tiny_gpt.py`` writes them. The model comes back in float32, in eval mode, on
+    ``device``; the tokenizer is rebuilt from the checkpoint's own characters.
     """
-    if order < 1 or vocab_size**order >= 2**62:
-        raise ValueError(
-            f"order must be >= 1 with vocab_size ** order < 2**62, got order={order}"
-        )
-    if train_ids.dim() != 1 or val_ids.dim() != 1 or val_ids.shape[0] < order:
-        raise ValueError(
-            "train_ids and val_ids must be 1-D token id tensors, val_ids longer than order"
-        )
-    contexts = _context_codes(train_ids, order, vocab_size)  # (n - order + 1,)
-    pair_keys, pair_counts = (contexts * vocab_size + train_ids[order - 1 :]).unique(
-        return_counts=True
+    folder = TINY_GPT_PATH if folder is None else Path(folder)
+    config = json.loads((folder / "config.json").read_text())
+    model = GPT(**config["model"])
+    state = torch.load(folder / "checkpoint.pt", map_location="cpu", weights_only=True)
+    missing, unexpected = model.load_state_dict(
+        {k: v.float() for k, v in state.items()}, strict=False
     )
-    ctx_keys, ctx_counts = contexts.unique(return_counts=True)
-
-    def lookup(keys: Tensor, counts: Tensor, query: Tensor) -> Tensor:
-        at = torch.searchsorted(keys, query).clamp(max=len(keys) - 1)
-        return torch.where(keys[at] == query, counts[at], 0).double()
-
-    ctx = _context_codes(val_ids, order, vocab_size)  # (m - order + 1,)
-    pair = lookup(pair_keys, pair_counts, ctx * vocab_size + val_ids[order - 1 :])
-    total = lookup(ctx_keys, ctx_counts, ctx)
-    prob = (pair + alpha) / (total + alpha * vocab_size)
-    return float(-prob.log2().mean())
-
-
-# -- what the heads do -----------------------------------------------------------------------------------
-
-
-def previous_token_scores(weights: Tensor) -> Tensor:
-    """Mean attention from each position ``i >= 1`` to ``i - 1``, per head: ``(B, H, n, n) -> (H,)`` (chapter 09).
-
-    1 for a head that always looks one token back, about ``1 / i`` averaged for a uniform causal head.
-    """
-    if (
-        weights.dim() != 4
-        or weights.shape[-1] != weights.shape[-2]
-        or weights.shape[-1] < 2
-    ):
+    if missing != ["readout.weight"] or unexpected:  # the read-out is the embedding, tied
         raise ValueError(
-            f"weights must be (B, H, n, n) with n >= 2, got {tuple(weights.shape)}"
+            f"{folder / 'checkpoint.pt'} does not fit GPT(**config['model']): missing {missing}, "
+            f"unexpected {unexpected}"
         )
-    return weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(
-        dim=(0, 2)
-    )  # (B, H, n-1) -> (H,)
-
-
-def repeated_random_tokens(
-    batch: int, length: int, vocab_size: int, generator: torch.Generator | None = None
-) -> Tensor:
-    """``(batch, 2 length)`` int64: ``length`` uniformly random tokens, then the same ones again (chapter 09)."""
-    first = torch.randint(
-        0, vocab_size, (batch, length), generator=generator
-    )  # (batch, length)
-    return torch.cat([first, first], dim=1)
+    return model.to(device).eval(), CharTokenizer("".join(config["chars"])), config

@@ -18,6 +18,8 @@ match the key "preceded by the current token". The machinery:
   with PyTorch's default initialisation, the model in which the circuit forms in seconds.
 * :func:`head_mask`, :func:`measure`, :func:`train_on_repeats`: ablate heads, score a model,
   train one while recording its scores (an :class:`InductionHistory`).
+* :func:`complete_copies`: the circuit at work, writing: prompted with a block and the start of
+  its copy, the model completes the copy greedily (a :class:`Completion`), with or without a head.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnkit.gpt import GPT, previous_token_scores
+from attnkit.gpt import GPT
+from attnkit.probes import previous_token_scores
 
 __all__ = [
     "RepeatedBatch",
@@ -43,6 +46,8 @@ __all__ = [
     "measure",
     "InductionHistory",
     "train_on_repeats",
+    "Completion",
+    "complete_copies",
 ]
 
 
@@ -217,7 +222,7 @@ def measure(
 ) -> dict[str, Tensor | float]:
     """Second-copy loss (bits) and the ``(L, H)`` previous-token and induction scores on ``data``.
 
-    The previous-token score is :func:`~attnkit.gpt.previous_token_scores` on the same random
+    The previous-token score is :func:`~attnkit.probes.previous_token_scores` on the same random
     sequences; ``mask`` ``(L, H)`` ablates heads (their weights are still the ones they compute).
     """
     was_training = model.training
@@ -292,3 +297,59 @@ def train_on_repeats(
         if step % eval_every == 0:
             record(step)
     return history
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What :func:`complete_copies` wrote: ``prompt`` ``(B, p)``, the greedy ``written`` tokens and
+    the ``expected`` ones (the rest of the block) ``(B, k)``, and the share of written tokens that
+    are right, ``accuracy``."""
+
+    prompt: Tensor
+    written: Tensor
+    expected: Tensor
+    accuracy: float
+
+
+@torch.no_grad()
+def complete_copies(
+    model: GPT,
+    batch: int = 200,
+    noise: int = 3,
+    length: int = 8,
+    given: int = 2,
+    mask: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> Completion:
+    """Prompt ``model`` with a block and the first ``given`` tokens of its copy; it writes the rest (chapter 09).
+
+    Each prompt is the start token, ``noise`` random tokens, a block of ``length`` random tokens
+    and the block's first ``given`` tokens again (tokens uniform over the model's vocabulary less
+    the start token, as :func:`repeated_block_batch` draws them); the model then writes
+    ``length - given`` tokens, each its arg max given everything before it (``mask`` ``(L, H)``
+    ablates heads, as in :func:`measure`). Only copying from the block can get them right: chance
+    is one in ``model.vocab_size - 1``.
+    """
+    if not 1 <= given < length:
+        raise ValueError(f"need 1 <= given < length, got given={given}, length={length}")
+    vocab = model.vocab_size - 1  # the last id is the start token
+    if 1 + noise + length + length > model.max_len and model.position == "learned":
+        raise ValueError(f"a prompt and its completion need {1 + noise + 2 * length} positions, "
+                         f"the model has {model.max_len}")
+    device = next(model.parameters()).device
+    block = torch.randint(0, vocab, (batch, length), generator=generator)  # (B, length)
+    start = torch.full((batch, 1), vocab)  # (B, 1)
+    prompt = torch.cat(
+        [start, torch.randint(0, vocab, (batch, noise), generator=generator), block, block[:, :given]],
+        dim=1,
+    )  # (B, 1 + noise + length + given)
+    was_training = model.training
+    model.eval()
+    tokens = prompt.to(device)
+    mask = None if mask is None else mask.to(device)
+    for _ in range(length - given):
+        logits, _ = model(tokens, head_mask=mask)  # (B, p + i, V)
+        tokens = torch.cat([tokens, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    model.train(was_training)
+    written, expected = tokens[:, prompt.shape[1]:].cpu(), block[:, given:]  # (B, length - given)
+    return Completion(prompt, written, expected, float((written == expected).double().mean()))

@@ -200,6 +200,8 @@ STATED_REQUIREMENTS = {
                 'which position does an induction head attend to most'),
     "q6: layer 0's previous-token head": requirement('test_q_prev_head', 'attends to each position itself',
                 'which head of layer 0 is the previous-token head'),
+    'q6: the index as an int, not a bool': requirement('test_q_prev_head', 'not true or false',
+                'as an int (true and false are not accepted)'),
     'q7: the score with the previous-token head removed': requirement('test_q_induction_ablated', 'every head in place',
                 'remove the previous-token head you found in q6'),
 }
@@ -633,6 +635,8 @@ def q_prev_head(t: Trial) -> None:
     _, weights = _CopyToy()(tokens)
     scores = weights[0].diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))  # (2,)
     expected = int(scores.argmax())
+    if isinstance(t.value("q_prev_head"), bool):  # the text asks for an int; True == 1 is not an index
+        raise CheckFailed("q_prev_head is a bool: assign the head's index as the int 0 or 1, not True or False")
     expect_number(t.value("q_prev_head"), expected, "q_prev_head", {
         f"head {1 - expected} of layer 0 attends to each position itself (score "
         f"{scores[1 - expected]:.2f}); the previous-token head puts its weight on position i - 1": 1 - expected},
