@@ -225,7 +225,7 @@ def _run_child(spec: dict, fds: list[int]) -> None:
         os.environ.update(spec["env"])
         import harness
 
-        sys.argv = ["harness", str(r_req), str(w_rep)]
+        sys.argv = ["harness", str(r_req), str(w_rep), str(spec.get("bans", ""))]
         harness.main()
         code = 0
     except BaseException as e:  # noqa: BLE001 - report, then leave without running anything else
@@ -271,7 +271,7 @@ def main() -> None:
     import harness
 
     torch.set_num_threads(1)
-    harness.prepare_guard(torch)  # once here rather than once per sandbox
+    harness.prepare_guard(torch)  # once here rather than once per sandbox (each child bans itself for life)
     sock.sendall(b"ready")
     serve(sock)
 
