@@ -438,3 +438,167 @@ def test_the_outside_check_tells_the_harness_filter_from_an_inherited_one():
         plain.kill()
         confined.wait()
         plain.wait()
+
+
+# -- no window: every function the request loop touches, rebound by the student (issue 29) ----------------------
+
+
+def _functions_the_loop_touches() -> tuple[list[tuple[str, str]], list[str]]:
+    """Trace :func:`harness.serve` answering one of each request (sys.setprofile): every Python function it runs
+    and every C function it calls, as ``(module, attribute path)`` a cell can rebind, and those it cannot (methods
+    of builtin types). Traced here, so a function the loop touches later is in the list without editing it."""
+    import os
+    import sys
+    import types
+
+    import torch
+
+    from autograder.in_sandbox import harness, wire
+    from autograder.in_sandbox.runner import Runner
+
+    ns: dict = {"__name__": "__main__"}
+    runner = Runner(torch, ns, banned_for_life=())
+    x = np.ones((2, 3), dtype=np.float32)
+    requests = [{"op": "exec", "code": "import torch\ndef f(x):\n    return x * 2\n"
+                                       "class M(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                                       "        self.lin = torch.nn.Linear(3, 3)\n    def forward(self, x):\n"
+                                       "        return self.lin(x)\nq = (1, 2.5)\n", "label": "<c>"},
+                {"op": "names"}, {"op": "value", "target": "q"},
+                {"op": "call", "target": "f", "args": [x], "kwargs": {}, "bans": []},
+                {"op": "call", "target": "f", "args": [x], "kwargs": {}, "grad": 0, "probe": x, "bans": []},
+                {"op": "call", "target": "M", "args": [], "kwargs": {}, "keep": True, "bans": []},
+                {"op": "trusted", "source": "def make(n):\n    return [n]\n", "target": "make", "args": [3], "kwargs": {}},
+                {"op": "call", "target": "nothing", "args": [], "kwargs": {}, "bans": []}]
+    r_req, w_req = os.pipe()
+    r_rep, w_rep = os.pipe()
+    os.set_blocking(r_rep, False)
+    ref = None
+    for req in requests:
+        wire.send(w_req, req)
+    os.close(w_req)
+    seen: dict[tuple[str, str], None] = {}
+    c_functions: dict[int, tuple[object, str]] = {}
+    immutable: set[str] = set()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            code = frame.f_code
+            if code.co_filename.startswith("<") or code.co_name.startswith("<") or "<locals>" in code.co_qualname:
+                return
+            seen[(frame.f_globals.get("__name__", ""), code.co_qualname)] = None
+        elif event == "c_call":
+            owner = getattr(arg, "__self__", None)
+            name = getattr(arg, "__name__", "")
+            if isinstance(owner, types.ModuleType) or owner is None:
+                c_functions[id(arg)] = (arg, name)
+            else:
+                immutable.add(f"{type(owner).__name__}.{name}")
+
+    sys.setprofile(profile)
+    try:
+        harness.serve(r_req, w_rep, runner)
+    finally:
+        sys.setprofile(None)
+        for fd in (r_req, r_rep, w_rep):
+            os.close(fd)
+    del ref
+    # A C function is rebound wherever a module holds it by its name (numpy.frombuffer, struct.pack, ...): that
+    # is where the loop's code looks it up.
+    for fn, name in c_functions.values():
+        for module_name, module in list(sys.modules.items()):
+            if module is not None and not module_name.startswith("torch") and vars(module).get(name) is fn:
+                seen[(module_name, name)] = None
+    flat = {"autograder.in_sandbox." + m: m for m in ("harness", "wire", "runner", "ban", "torch_names", "magics")}
+    found = []
+    for module, path in seen:
+        if module not in sys.modules or module.startswith(("torch", "_pytest", "pytest", "tests", "conftest")):
+            continue  # torch's own functions are the subject of the ban, not of this test
+        obj = sys.modules[module]
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+        if obj is None:
+            continue
+        found.append((flat.get(module, module), path))
+    return sorted(set(found)), sorted(immutable)
+
+
+REBIND_ALL = r'''
+import importlib, sys, torch
+_ESCAPED, _HITS, _BUSY = [], {}, [False]
+_t = torch.ones(1, 1, 1)
+_TRIES = {"attention": lambda: torch.ops.aten._scaled_dot_product_attention_math(_t, _t, _t),
+          "softmax": lambda: torch.ops.aten._softmax(_t, -1, False)}
+def _hook(where, original):
+    def hooked(*args, **kwargs):
+        if not _BUSY[0]:
+            _BUSY[0] = True
+            try:
+                _HITS[where] = _HITS.get(where, 0) + 1
+                if _HITS[where] == 1:
+                    for kind, attempt in _TRIES.items():
+                        try:
+                            attempt()
+                            _ESCAPED.append(kind + " in " + where)
+                        except Exception:
+                            pass
+            finally:
+                _BUSY[0] = False
+        return original(*args, **kwargs)
+    return hooked
+_REBOUND = []
+for _module, _path in TARGETS:
+    try:
+        _owner = importlib.import_module(_module)
+    except ImportError:
+        continue
+    *_outer, _name = _path.split(".")
+    for _p in _outer:
+        _owner = getattr(_owner, _p)
+    _original = getattr(_owner, _name)
+    if isinstance(_original, (staticmethod, classmethod)) or isinstance(vars(_owner).get(_name), (staticmethod, classmethod)):
+        continue
+    try:
+        setattr(_owner, _name, _hook(_module + "." + _path, _original))
+        _REBOUND.append(_module + "." + _path)
+    except (AttributeError, TypeError):
+        pass
+def mine(x):
+    return x * 2
+'''
+
+
+@isolated
+def test_no_window_every_function_the_loop_touches_rebound():
+    """Issue 29: a cell rebinds every function the request loop touches (traced, not listed: json.loads,
+    numpy.frombuffer, numpy.ascontiguousarray, the wire's and the Runner's functions, the builtins it calls),
+    each hook trying torch's attention and softmax the first time it runs. The process is banned for life, so
+    no hook, wherever the loop calls it (reading the request, writing the reply), gets either."""
+    targets, immutable = _functions_the_loop_touches()
+    names = {f"{m}.{p}" for m, p in targets}
+    for expected in ("json.loads", "json.dumps", "numpy.frombuffer", "numpy.ascontiguousarray", "wire.decode",
+                     "wire.encode", "wire._dec", "runner.Runner.handle", "runner.Runner.to_wire", "os.read", "os.write"):
+        assert expected in names, (expected, sorted(names))
+    cell = f"TARGETS = {targets!r}\n" + REBIND_ALL
+    x = np.ones((2, 3), dtype=np.float32)
+    with Sandbox(bans=("softmax",)) as box:
+        reply = run(box, cell, timeout=60)
+        assert reply["ok"], reply
+        answers = [box.request({"op": "call", "target": "mine", "args": [x], "kwargs": {}, "bans": ["softmax"]},
+                               timeout=30) for _ in range(2)]
+        box.request({"op": "names"}, timeout=30)
+        escaped = box.request({"op": "value", "target": "_ESCAPED"}, timeout=30)
+        rebound = box.request({"op": "value", "target": "_REBOUND"}, timeout=30)
+        hits = run(box, "print(sorted(_HITS))\n")
+    # answered (a hook that tried a banned operator during a call costs that call, as any caught refusal does)
+    assert all(not a["ok"] or np.allclose(a["value"], 2) for a in answers) and any(a["ok"] for a in answers), answers
+    assert escaped["ok"] and escaped["value"] == [], escaped
+    assert rebound["ok"] and len(rebound["value"]) >= len(targets) - 5, (rebound, targets)
+    for expected in ("json.loads", "numpy.frombuffer", "numpy.ascontiguousarray"):
+        assert expected in hits["output"], hits["output"]  # the hooks did run, where the loop calls them
+    # The same cell where softmax is allowed: the hooks' softmax runs (so the test sees an escape when there is
+    # one), torch's attention never does.
+    with Sandbox() as box:
+        assert run(box, cell, timeout=60)["ok"]
+        box.request({"op": "call", "target": "mine", "args": [x], "kwargs": {}, "bans": []}, timeout=30)
+        escaped = box.request({"op": "value", "target": "_ESCAPED"}, timeout=30)
+    assert escaped["ok"] and escaped["value"] and all(e.startswith("softmax in ") for e in escaped["value"]), escaped
