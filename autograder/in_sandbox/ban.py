@@ -19,17 +19,16 @@ It is made of three parts, none of them an object student code can reach and swi
 2. **torch's Python re-implementations.** Some of torch's Python code computes a softmax or attention with
    allowed operators (the references and decompositions, ``nn.MultiheadAttention`` with weights,
    ``torch.ao``'s quantizable ``MultiheadAttention``, flex attention's math path, any later one). No list of
-   them is kept: **every function in torch's files whose qualified name names attention or a softmax**
-   (:func:`ban_kind`: ``MultiheadAttention._forward_impl``, ``softmax``, ``SoftmaxTransform._call``)
-   starts with a call of the matching banned operator (the math attention, or ``_softmax``) straight to its
+   them is kept: **every function in torch's files whose qualified name names a softmax, or names attention
+   and whose code calls a softmax (or a logsumexp)** (:func:`code_kind`: ``softmax``,
+   ``SoftmaxTransform._call``, ``MultiheadAttention._forward_impl``, ``math_attention``) starts with a call of the matching banned operator (the math attention, or ``_softmax``) straight to its
    CPU kernel, so it refuses exactly where that operator is banned. Functions already loaded are compiled
    again from their source with that call first (:func:`guard_loaded`); a torch module loaded later is
    compiled from its source the same way by the import system (:func:`_guarded_get_code`). The call is a
    bound C method and a tuple of arguments in the code's constants: nothing in it can be rebound.
 3. **An audit hook** (:func:`_audit`, ``sys.addaudithook``: it cannot be removed) checks every code
    object of torch's files that is executed (``exec``, an import) or made into a function
-   (``types.FunctionType``, ``f.__code__ = ...``): one whose attention- or softmax-named function lacks the
-   call of 2 is refused, so reloading a torch module, re-importing it past the import system's guard or
+   (``types.FunctionType``, ``f.__code__ = ...``): one whose covered function lacks the call of 2 is refused, so reloading a torch module, re-importing it past the import system's guard or
    building a function from torch's unguarded code fails. It also refuses changing the code or defaults
    of this folder's functions (the hook itself, the kernels). It reads no global name: everything it uses
    is a default argument (immutable builtins and C objects) or a method of a builtin type.
@@ -80,7 +79,7 @@ HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 def ban_kind(qualname: str, _attention: str = "attention", _softmax: str = "softmax") -> str:
     """``"attention"`` when a segment of ``qualname`` names attention, else ``"softmax"`` when one names a
-    softmax, else ``""`` (case and underscores ignored). Reads no global name (the audit hook calls it)."""
+    softmax, else ``''`` (case and underscores ignored). Reads no global name (the audit hook calls it)."""
     kind = ""
     for part in qualname.split("."):
         s = part.lower().replace("_", "")
@@ -91,17 +90,36 @@ def ban_kind(qualname: str, _attention: str = "attention", _softmax: str = "soft
     return kind
 
 
-def _missing_check(code: Any, _kind: Any = ban_kind, _code: Any = types.CodeType, _checks: tuple = ()) -> str:
-    """The qualified name of the first function in ``code`` (or nested in it) that :func:`ban_kind` covers and
+def code_kind(code: Any, _kind: Any = ban_kind, _names: tuple = ("softmax", "logsumexp")) -> str:
+    """Which ban covers the function whose code is ``code``: ``"softmax"`` when its qualified name names a softmax;
+    ``"attention"`` when its name names attention and its code names a softmax (or a logsumexp) it calls,
+    as computing attention in Python does (``MultiheadAttention._forward_impl``, ``math_attention``,
+    ``multi_head_attention_forward``; not flex attention's registration helpers, which torch calls while it
+    imports); else ``''``. Lambdas, comprehensions and class bodies are not covered. Reads no global name."""
+    if not code.co_flags & 2 or code.co_name.startswith("<"):  # a function's code (CO_NEWLOCALS), not a lambda
+        return ""
+    kind = _kind(code.co_qualname)
+    if kind == "attention":
+        for name in code.co_names:
+            low = name.lower()
+            for n in _names:
+                if n in low:
+                    return kind
+        return ""
+    return kind
+
+
+def _missing_check(code: Any, _kind: Any = code_kind, _code: Any = types.CodeType, _checks: tuple = ()) -> str:
+    """The qualified name of the first function in ``code`` (or nested in it) that :func:`code_kind` covers and
     whose constants lack the guard's call, or ``''``. Reads no global name (the audit hook calls it); its
-    ``_checks`` are set once, by :func:`guard_loaded`."""
+    ``_checks`` are set once, by :func:`ban_for_life`."""
     todo = [code]
     while todo:
         c = todo.pop()
         for k in c.co_consts:
             if k.__class__ is _code:
                 todo.append(k)
-        if c.co_flags & 2 and not c.co_name.startswith("<") and _kind(c.co_qualname):  # a function (NEWLOCALS)
+        if _kind(c):
             found = False
             for k in c.co_consts:
                 for f in _checks:
@@ -110,6 +128,17 @@ def _missing_check(code: Any, _kind: Any = ban_kind, _code: Any = types.CodeType
             if not found:
                 return c.co_qualname
     return ""
+
+
+def _covered(code: types.CodeType) -> dict[str, str]:
+    """Qualified name -> kind, of every function in ``code`` (nested ones too) that :func:`code_kind` covers."""
+    out, todo = {}, [code]
+    while todo:
+        c = todo.pop()
+        todo += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+        if code_kind(c):
+            out[c.co_qualname] = code_kind(c)
+    return out
 
 
 # The call a guarded function starts with: placeholders compiled in, replaced by the call's two constants.
@@ -148,9 +177,9 @@ def _check_statement(kind: str) -> ast.stmt:
     return ast.Expr(ast.Call(ast.Constant(MARK_FN[kind]), [ast.Starred(ast.Constant(MARK_ARGS[kind]), ast.Load())], []))
 
 
-def _insert_checks(tree: ast.AST) -> int:
-    """Put the check first in every function of ``tree`` that :func:`ban_kind` covers (by its qualified name, as
-    the compiler will make it); how many."""
+def _insert_checks(tree: ast.AST, covered: dict[str, str]) -> int:
+    """Put the check first in every function of ``tree`` whose qualified name (as the compiler makes it) is in
+    ``covered`` (qualified name -> kind, from the module's code compiled as it is); how many."""
     count = 0
 
     def visit(node: ast.AST, path: list[str]) -> None:
@@ -158,7 +187,7 @@ def _insert_checks(tree: ast.AST) -> int:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 qual = path + [child.name]
-                kind = ban_kind(".".join(qual))
+                kind = covered.get(".".join(qual), "")
                 if kind:
                     body = child.body
                     first = 1 if body and isinstance(body[0], ast.Expr) and isinstance(
@@ -214,7 +243,7 @@ def _with_check_first(fn: types.FunctionType, kind: str, table: dict[str, Any]) 
 
 
 def guard_loaded(torch: types.ModuleType) -> None:
-    """Guard in place, once per process, every function of torch's files already loaded that :func:`ban_kind`
+    """Guard in place, once per process, every function of torch's files already loaded that :func:`code_kind`
     covers (found by walking every function object of the process, so the copies that decomposition tables,
     closures and other modules hold are the same, guarded objects). A function whose source cannot be
     compiled again is named in a warning rather than left silently open."""
@@ -230,14 +259,14 @@ def guard_loaded(torch: types.ModuleType) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # isinstance() on a deprecated module attribute warns
         targets = [f for f in gc.get_objects() if isinstance(f, types.FunctionType)
-                   and f.__code__.co_filename.startswith(root) and not f.__code__.co_name.startswith("<")
-                   and ban_kind(f.__code__.co_qualname)]
+                   and f.__code__.co_filename.startswith(root) and code_kind(f.__code__)]
     failed = []
+    checks = tuple(v[0] for v in _checks(torch).values())
     for fn in {id(f): f for f in targets}.values():
-        if not _missing_check(fn.__code__, ban_kind, types.CodeType, tuple(v[0] for v in _checks(torch).values())):
-            continue
+        if any(c is k for c in fn.__code__.co_consts for k in checks):
+            continue  # guarded already
         try:
-            fn.__code__ = _with_check_first(fn, ban_kind(fn.__code__.co_qualname), table)
+            fn.__code__ = _with_check_first(fn, code_kind(fn.__code__), table)
         except (OSError, TypeError, SyntaxError, ValueError) as e:
             failed.append(f"{fn.__module__}.{fn.__qualname__} ({e})")
     if failed:
@@ -250,7 +279,7 @@ def _guarded_module_code(code: types.CodeType, source: str | bytes | None, table
     if source is None:
         return code  # no source: left as it is (the audit hook refuses to run it)
     tree = ast.parse(source, code.co_filename)
-    _insert_checks(tree)
+    _insert_checks(tree, _covered(code))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         compiled = compile(tree, code.co_filename, "exec", dont_inherit=True)
@@ -265,7 +294,7 @@ def _guarded_get_code(original: Any, torch: types.ModuleType) -> Any:
     def get_code(self: Any, fullname: str) -> Any:
         code = original(self, fullname)
         if code is not None and code.co_filename.startswith(root) and \
-                _missing_check(code, ban_kind, types.CodeType, checks):
+                _missing_check(code, code_kind, types.CodeType, checks):
             code = _guarded_module_code(code, self.get_source(fullname), table)
         return code
 
@@ -379,7 +408,8 @@ def ban_for_life(torch: types.ModuleType, fragments: tuple[str, ...]) -> list[tu
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(lib))  # kept alive for the process's life, by nothing in Python
     del lib
     # 3: the audit hook, its defaults set before it is added (afterwards they cannot be changed).
-    _missing_check.__defaults__ = (ban_kind, types.CodeType, checks)
+    _missing_check.__defaults__ = (code_kind, types.CodeType, checks)
+    code_kind.__defaults__ = (ban_kind, ("softmax", "logsumexp"))
     _audit.__defaults__ = (_missing_check, _STATE["torch_root"], HERE, types.FunctionType, types.CodeType,
                            PermissionError)
     ban_kind.__defaults__ = ("attention", "softmax")

@@ -34,6 +34,7 @@ if __package__:  # imported as autograder.in_sandbox.harness (the judge's local 
     from autograder.in_sandbox import ban, confine, torch_names, wire
     from autograder.in_sandbox.ban import Delegated, Tampered
     from autograder.in_sandbox.confine import confine_processes
+    from autograder.in_sandbox import runner as runner_module
     from autograder.in_sandbox.runner import Runner
 else:  # run as a script in the sandbox, beside copies of its sibling modules
     import ban  # type: ignore[no-redef]
@@ -42,6 +43,7 @@ else:  # run as a script in the sandbox, beside copies of its sibling modules
     import wire  # type: ignore[no-redef]
     from ban import Delegated, Tampered  # type: ignore[no-redef]
     from confine import confine_processes  # type: ignore[no-redef]
+    import runner as runner_module  # type: ignore[no-redef]
     from runner import Runner  # type: ignore[no-redef]
 
 __all__ = ["main", "serve", "prepare_guard", "Runner", "Delegated", "Tampered", "confine_processes", "confine"]
@@ -84,6 +86,21 @@ class _Capped(io.TextIOBase):
         self.parts, self.size, self.dropped = [], 0, 0
         return text
 
+
+
+def _one_process_compile(torch: Any) -> None:
+    """``torch.compile`` with its default backend (inductor) compiles in helper processes and with a C++ compiler,
+    which this process may not start: say so, and what to use, when it is asked for, rather than let it fail
+    deep inside inductor (a message only: the seccomp filter is what stops the processes)."""
+    original = torch.compile
+
+    def compile(model: Any = None, *args: Any, backend: Any = "inductor", **kwargs: Any) -> Any:
+        if backend in (None, "inductor"):
+            raise RuntimeError(runner_module.ONE_PROCESS)
+        return original(model, *args, backend=backend, **kwargs)
+
+    compile.__doc__, compile.__wrapped__ = original.__doc__, original  # type: ignore[attr-defined]
+    torch.compile = compile
 
 
 def serve(rfd: int, wfd: int, runner: Runner) -> None:
@@ -129,6 +146,7 @@ def main() -> None:
     # 2. The ban, for the rest of this process's life, before any student line.
     fragments = tuple(torch_names.runtime_fragments(fragments))
     ban.ban_for_life(torch, fragments)
+    _one_process_compile(torch)
     runner = Runner(torch, device=device_name, banned_for_life=fragments)
     # 3. Only now the working folder is importable, as in Jupyter (%%writefile modules).
     sys.path.insert(0, os.getcwd())
