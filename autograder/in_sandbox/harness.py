@@ -13,8 +13,10 @@ Then :func:`serve` answers requests (run a cell, call a function, ...) with a :c
 until the judge closes the channel. **No window:** every line this process runs from the first request
 on, the student's and the loop's alike, runs under the ban, so a cell that rebinds what the loop calls
 (``json.loads``, ``numpy.frombuffer``, ``numpy.ascontiguousarray``, ``wire.send``, the Runner's methods)
-only moves the student's own code to another place in the same banned process. The loop's own calls are
-looked up at start-up all the same, so such a cell cannot break the channel by accident.
+only moves the student's own code to another place in the same banned process
+(``tests/test_sandbox.py`` rebinds every function the loop touches, found by tracing it, not from a list).
+The loop's own calls are looked up at start-up all the same, and the code of this folder's functions cannot be
+rewritten (the ban's audit hook refuses), so such a cell cannot break the channel by accident.
 
 Whatever the student does to this process can only change the numbers it sends back, never the verdict:
 the judge decides, in a process the student never ran in. This folder is copied into the sandbox and
