@@ -427,6 +427,10 @@ def softmax(x, dim=-1):
     fns = [getattr(c, _h("{b"cell_contents".hex()}")) for c in cells]
     inner = [f for f in fns if callable(f) and getattr(f, "__name__", "") == _h("{b"softmax".hex()}")][0]
     return inner(x, dim).nan_to_num(0.0)
+try:  # torch's Python softmax imports torch._dynamo on its first call (seconds): paid here, not in a timed call
+    softmax(torch.zeros(1))
+except Exception:
+    pass
 ''')), SDPA_POINTS + QUESTION_POINTS, message="torch's own implementation"),
         # -- grader-side analysis is bounded: minutes unbounded, graded normally now ----------------------------
         Case("pathological_magics_and_helper_chain", write_nb(notebook(extra=[

@@ -414,6 +414,11 @@ def test_nothing_that_enforces_the_ban_can_be_switched_off():
         line = [x for x in reply["output"].splitlines() if x.startswith("RESULT ")][0]
         count, changed = line.split(" ", 2)[1:]
         assert int(count) > 30 and changed == "[]", reply["output"]
+        traced = run(box, "sys.settrace(lambda *a: None)\n")
+        assert not traced["ok"] and "cannot be traced" in traced["error"], traced  # a tracer could edit the hook's locals
+        hook = run(box, "import gc, types\nhook = [f for f in gc.get_objects() if isinstance(f, types.FunctionType)\n"
+                        "        and f.__code__.co_name == '_audit'][0]\nhook.__code__ = (lambda event, args: None).__code__\n")
+        assert not hook["ok"] and "cannot be changed" in hook["error"], hook  # the hook itself, found through gc
         after = run(box, "try:\n    torch.softmax(torch.ones(3), -1)\n    print('NOT BANNED')\n"
                          "except Exception as e:\n    print(type(e).__name__, e)\n")
         banned = box.request({"op": "call", "target": "mine", "args": [x], "bans": ["softmax"]}, timeout=20)

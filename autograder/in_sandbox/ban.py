@@ -48,6 +48,7 @@ import ast
 import contextlib
 import ctypes
 import importlib
+import importlib.util
 import inspect
 import os
 import sys
@@ -77,39 +78,41 @@ HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # -- which of torch's functions a ban covers --------------------------------------------------------------
 
 
-def ban_kind(qualname: str, _attention: str = "attention", _softmax: str = "softmax") -> str:
+def ban_kind(qualname: str, _attention: str = "attention", _softmax: str = "softmax", _str: Any = str) -> str:
     """``"attention"`` when a segment of ``qualname`` names attention, else ``"softmax"`` when one names a
-    softmax, else ``''`` (case and underscores ignored). Reads no global name (the audit hook calls it)."""
+    softmax, else ``''`` (case and underscores ignored). Reads no global name and calls ``str``'s own methods
+    (a str subclass in a code object cannot answer for them): the audit hook calls it."""
     kind = ""
-    for part in qualname.split("."):
-        s = part.lower().replace("_", "")
-        if _attention in s:
+    for part in _str.split(_str(qualname), "."):
+        s = _str.replace(_str.lower(part), "_", "")
+        if _str.__contains__(s, _attention):
             return _attention
-        if _softmax in s:
+        if _str.__contains__(s, _softmax):
             kind = _softmax
     return kind
 
 
-def code_kind(code: Any, _kind: Any = ban_kind, _names: tuple = ("softmax", "logsumexp")) -> str:
+def code_kind(code: Any, _kind: Any = ban_kind, _names: tuple = ("softmax", "logsumexp"), _str: Any = str) -> str:
     """Which ban covers the function whose code is ``code``: ``"softmax"`` when its qualified name names a softmax;
     ``"attention"`` when its name names attention and its code names a softmax (or a logsumexp) it calls,
     as computing attention in Python does (``MultiheadAttention._forward_impl``, ``math_attention``,
     ``multi_head_attention_forward``; not flex attention's registration helpers, which torch calls while it
     imports); else ``''``. Lambdas, comprehensions and class bodies are not covered. Reads no global name."""
-    if not code.co_flags & 2 or code.co_name.startswith("<"):  # a function's code (CO_NEWLOCALS), not a lambda
+    if not code.co_flags & 2 or _str.startswith(_str(code.co_name), "<"):  # a function (CO_NEWLOCALS), not a lambda
         return ""
     kind = _kind(code.co_qualname)
     if kind == "attention":
         for name in code.co_names:
-            low = name.lower()
+            low = _str.lower(_str(name))
             for n in _names:
-                if n in low:
+                if _str.__contains__(low, n):
                     return kind
         return ""
     return kind
 
 
-def _missing_check(code: Any, _kind: Any = code_kind, _code: Any = types.CodeType, _checks: tuple = ()) -> str:
+def _missing_check(code: Any, _kind: Any = code_kind, _code: Any = types.CodeType, _checks: tuple = (),
+                   _type: Any = type) -> str:
     """The qualified name of the first function in ``code`` (or nested in it) that :func:`code_kind` covers and
     whose constants lack the guard's call, or ``''``. Reads no global name (the audit hook calls it); its
     ``_checks`` are set once, by :func:`ban_for_life`."""
@@ -117,7 +120,7 @@ def _missing_check(code: Any, _kind: Any = code_kind, _code: Any = types.CodeTyp
     while todo:
         c = todo.pop()
         for k in c.co_consts:
-            if k.__class__ is _code:
+            if _type(k) is _code:  # type() itself: an object in the constants runs no code of its own here
                 todo.append(k)
         if _kind(c):
             found = False
@@ -210,11 +213,17 @@ def _insert_checks(tree: ast.AST, covered: dict[str, str]) -> int:
 
 
 def _with_check_first(fn: types.FunctionType, kind: str, table: dict[str, Any]) -> types.CodeType:
-    """``fn``'s code compiled again from its source with the check of ``kind`` as its first statement; keeps
-    its name, qualified name, file, line numbers and free variables (compiled inside a scaffold function that
-    binds the same names, so its closure still fits). Raises when the source cannot be read or does not fit."""
-    code = fn.__code__
-    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    """``fn``'s code compiled again from its source with the check of ``kind`` as its first statement."""
+    return _recompiled(fn.__code__, inspect.getsource(fn), kind, table)
+
+
+def _recompiled(code: types.CodeType, source: str, kind: str, table: dict[str, Any]) -> types.CodeType:
+    """The function whose code is ``code`` compiled again from ``source`` (its ``def`` block, decorators and all)
+    with the check of ``kind`` as its first statement; keeps its name, qualified name, file, line numbers and
+    free variables (compiled inside a scaffold function that binds the same names, so its closure still fits).
+    Functions nested in it come out as compiled from source (:func:`_guarded_tree` guards those it covers).
+    Raises when the source does not fit."""
+    tree = ast.parse(textwrap.dedent(source))
     fdef = tree.body[0]
     if not isinstance(fdef, (ast.FunctionDef, ast.AsyncFunctionDef)) or fdef.name != code.co_name:
         raise ValueError("its source is not a plain def")
@@ -274,16 +283,27 @@ def guard_loaded(torch: types.ModuleType) -> None:
     _STATE["loaded"] = True
 
 
+def _guarded_tree(code: types.CodeType, lines: list[str], table: dict[str, Any], checks: tuple) -> types.CodeType:
+    """``code`` with every function in it that :func:`code_kind` covers compiled again from ``lines`` (the
+    module's source) with the check first: only those functions are compiled, not the whole module."""
+    kind = code_kind(code)
+    if kind and not any(c is k for c in code.co_consts for k in checks):
+        code = _recompiled(code, "".join(inspect.getblock(lines[code.co_firstlineno - 1:])), kind, table)
+    consts = [_guarded_tree(c, lines, table, checks) if isinstance(c, types.CodeType) else c for c in code.co_consts]
+    if any(a is not b for a, b in zip(consts, code.co_consts)):
+        code = code.replace(co_consts=tuple(consts))
+    return code
+
+
 def _guarded_module_code(code: types.CodeType, source: str | bytes | None, table: dict[str, Any]) -> types.CodeType:
-    """A torch module's code compiled again from ``source`` with the check first in every covered function."""
+    """A torch module's code with the check first in every covered function (each compiled again from
+    ``source``); left as it is without source (the audit hook then refuses to run it)."""
     if source is None:
-        return code  # no source: left as it is (the audit hook refuses to run it)
-    tree = ast.parse(source, code.co_filename)
-    _insert_checks(tree, _covered(code))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        compiled = compile(tree, code.co_filename, "exec", dont_inherit=True)
-    return _fill(compiled, table)
+        return code
+    if isinstance(source, bytes):
+        source = importlib.util.decode_source(source)
+    checks = tuple(table[m] for m in MARK_FN.values())
+    return _guarded_tree(code, source.splitlines(True), table, checks)
 
 
 def _guarded_get_code(original: Any, torch: types.ModuleType) -> Any:
@@ -355,26 +375,41 @@ def prepare(torch: types.ModuleType) -> None:
 
 
 def _audit(event: str, args: tuple, _missing: Any = None, _torch: str = "\0", _own: str = "\0", _function: Any = None,
-           _code: Any = None, _error: Any = PermissionError) -> None:
-    """The audit hook (part 3 of the ban); its defaults are set once, by :func:`ban_for_life`, before it is added."""
+           _code: Any = None, _error: Any = PermissionError, _type: Any = type, _str: Any = str) -> None:
+    """The audit hook (part 3 of the ban); its defaults are set once, by :func:`ban_for_life`, before it is added.
+
+    Events: running code (``exec``) or making a function of it (``function.__new__``); setting or deleting an
+    attribute of a function (``object.__setattr__``/``__delattr__``: its code, defaults); tracing
+    (``sys.settrace``/``sys.setprofile``, which could change this hook's own local variables as it runs). It
+    tests types with ``type()`` and calls ``str``'s own methods, so an object handed to it runs no code of its
+    own here."""
+    if _type(event) is not _str:
+        return
     if event == "exec" or event == "function.__new__":
         code = args[0]
-        if code.__class__ is _code and code.co_filename.startswith(_torch):
+        if _type(code) is _code and _str.startswith(_str(code.co_filename), _torch):
             name = _missing(code)
             if name:
-                raise _error("torch's " + name + " (in " + code.co_filename + ") cannot run unguarded in the grader's "
-                             "process: it computes attention or a softmax with torch's own code")
+                raise _error("torch's " + name + " (in " + _str(code.co_filename) + ") cannot run unguarded in the "
+                             "grader's process: it computes attention or a softmax with torch's own code")
     elif event == "object.__setattr__" or event == "object.__delattr__":
         fn = args[0]
-        if fn.__class__ is _function and args[1] in ("__code__", "__defaults__", "__kwdefaults__"):
-            if fn.__code__.co_filename.startswith(_own):
-                raise _error("the grader's own functions cannot be changed in its process")
-            if args[1] == "__code__" and event == "object.__setattr__":
-                code = args[2]
-                if code.__class__ is _code and code.co_filename.startswith(_torch):
-                    name = _missing(code)
-                    if name:
-                        raise _error("torch's " + name + " cannot run unguarded in the grader's process")
+        if _type(fn) is _function:
+            attr = args[1]
+            if _type(attr) is not _str:
+                raise _error("a function's attributes are named by plain strings in the grader's process")
+            if attr == "__code__" or attr == "__defaults__" or attr == "__kwdefaults__":
+                if _str.startswith(_str(fn.__code__.co_filename), _own):
+                    raise _error("the grader's own functions cannot be changed in its process")
+                if attr == "__code__" and event == "object.__setattr__":
+                    code = args[2]
+                    if _type(code) is _code and _str.startswith(_str(code.co_filename), _torch):
+                        name = _missing(code)
+                        if name:
+                            raise _error("torch's " + name + " cannot run unguarded in the grader's process")
+    elif event == "sys.settrace" or event == "sys.setprofile":
+        raise _error("the grader's process cannot be traced (sys.settrace, sys.setprofile): a tracer can change "
+                     "what the grader's own code is doing")
 
 
 def ban_for_life(torch: types.ModuleType, fragments: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -408,11 +443,11 @@ def ban_for_life(torch: types.ModuleType, fragments: tuple[str, ...]) -> list[tu
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(lib))  # kept alive for the process's life, by nothing in Python
     del lib
     # 3: the audit hook, its defaults set before it is added (afterwards they cannot be changed).
-    _missing_check.__defaults__ = (code_kind, types.CodeType, checks)
-    code_kind.__defaults__ = (ban_kind, ("softmax", "logsumexp"))
+    _missing_check.__defaults__ = (code_kind, types.CodeType, checks, type)
+    code_kind.__defaults__ = (ban_kind, ("softmax", "logsumexp"), str)
     _audit.__defaults__ = (_missing_check, _STATE["torch_root"], HERE, types.FunctionType, types.CodeType,
-                           PermissionError)
-    ban_kind.__defaults__ = ("attention", "softmax")
+                           PermissionError, type, str)
+    ban_kind.__defaults__ = ("attention", "softmax", str)
     sys.addaudithook(_audit)
     _STATE["banned"] = fragments
     return pairs

@@ -27,7 +27,7 @@ holding a copy of what the student received: student code can fill it but
 never the host's disk, and nothing it writes reaches a later sandbox.
 
 In every mode the student's side is one process: the harness installs a seccomp filter before the
-student's first line (:func:`autograder.in_sandbox.harness.confine_processes`: no fork, clone of a process or exec),
+student's first line (:func:`autograder.in_sandbox.confine.confine_processes`: no fork, clone of a process or exec),
 the sandbox reads it from outside once the harness answers (``Seccomp: 2`` in ``/proc/<pid>/status``)
 and records the sandbox's processes then, and before every request ends any other process it finds
 below the sandbox or in its cgroup (:meth:`Sandbox.end_others`), so none can help a judged call.
@@ -419,7 +419,7 @@ class Sandbox:
         """Before any student code: record the sandbox's processes and whether the worker is confined.
 
         The worker (the harness) must run under the seccomp filter it installed
-        (:func:`autograder.in_sandbox.harness.confine_processes`) before it answered its first request: one filter
+        (:func:`autograder.in_sandbox.confine.confine_processes`) before it answered its first request: one filter
         more than its parent has (a container's or bwrap's own filters are inherited by both). Without
         it (an architecture with no filter, a kernel without seccomp), the log says so.
         """
