@@ -619,6 +619,9 @@ def _cases_29() -> list[Case]:
         # A process-starting call fails, saying why and what to use instead.
         Case("torch_compile_default_backend", write_nb(notebook(softmax="@torch.compile\n" + SOFTMAX)),
              QUESTION_POINTS, message="the grader runs your notebook in one process"),
+        Case("subprocess_in_an_answer", write_nb(notebook(softmax=SOFTMAX.replace(
+            "    x_max = x.amax", "    import subprocess\n    subprocess.run(['true'], check=True)\n    x_max = x.amax", 1))),
+             QUESTION_POINTS, message="the grader runs your notebook in one process"),
     ]
 
 

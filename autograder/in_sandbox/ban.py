@@ -30,8 +30,10 @@ It is made of three parts, none of them an object student code can reach and swi
    object of torch's files that is executed (``exec``, an import) or made into a function
    (``types.FunctionType``, ``f.__code__ = ...``): one whose covered function lacks the call of 2 is refused, so reloading a torch module, re-importing it past the import system's guard or
    building a function from torch's unguarded code fails. It also refuses changing the code or defaults
-   of this folder's functions (the hook itself, the kernels). It reads no global name: everything it uses
-   is a default argument (immutable builtins and C objects) or a method of a builtin type.
+   of this folder's functions (the hook itself, the kernels), and tracing (``sys.settrace``,
+   ``sys.setprofile``: a tracer can change a running frame's local variables, the hook's own included).
+   It reads no global name: everything it uses is a default argument (immutable builtins and C objects)
+   or a method of a builtin type, and it tests types with ``type()``, so no object handed to it runs code.
 
 What stays open is listed in ``autograder/README.md`` ("What the grader does not promise").
 
