@@ -509,8 +509,14 @@ def _chain_sentence(name: str, hops: Mapping[str, str], offence: Mapping[str, st
     return "".join(f"calls {n}, which " for n in shown) + offence[at]
 
 
+def bound_names(code: str | Sequence[str]) -> set[str]:
+    """The global names ``code`` (cells) binds: the setup cells' names, which a bare name may read."""
+    return {name for tree in _parse(code) for stmt in _units(tree.body) for name in _bound_names(stmt)}
+
+
 def delegations(code: str | Sequence[str], parts: Iterable[str],
-                extra: Mapping[str, Mapping[str, str]] | None = None, budget_s: float | None = None) -> dict[str, str]:
+                extra: Mapping[str, Mapping[str, str]] | None = None, budget_s: float | None = None,
+                provided: Iterable[str] = ()) -> dict[str, str]:
     """Map each part whose answer delegates to a sentence saying how.
 
     ``code``: the student's cells in notebook order (a list of sources), or all of them joined in
@@ -519,6 +525,8 @@ def delegations(code: str | Sequence[str], parts: Iterable[str],
     A helper that delegates taints every part that calls it; another part does not.
     Bounded: more than ``MAX_SCAN_CHARS`` of code, or more than ``budget_s`` seconds
     (``SCAN_SECONDS`` by default), raises :class:`ScanLimit`; the work is linear in the code's size.
+    ``provided``: global names the course's own cells bind (the setup cells, not scanned): a bare name among
+    them is the course's, not one a star import brought.
     """
     size = len(code) if isinstance(code, str) else sum(len(str(c)) for c in code)
     if size > MAX_SCAN_CHARS:
@@ -533,6 +541,7 @@ def delegations(code: str | Sequence[str], parts: Iterable[str],
         units += [_Unit(stmt) for stmt in _units(tree.body)]
     exports = _written_modules(code)
     ctx = _context(units, set(exports), exports)
+    ctx.globals_bound |= set(provided)
     ctx.deadline = deadline
     for unit in units:  # importing the student's own module reads what it defines
         n = unit.stmt

@@ -141,8 +141,10 @@ def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *
 
     parts = [c.grade_id for c in source.solutions()]
     student_code = [code for label, code in plan.cells if not label.startswith("setup cell")]  # cell by cell
+    setup_code = [code for label, code in plan.cells if label.startswith("setup cell")]
     try:
-        delegated = authorship.delegations(student_code, parts, getattr(suite, "forbidden", {}))
+        delegated = authorship.delegations(student_code, parts, getattr(suite, "forbidden", {}),
+                                           provided=authorship.bound_names(setup_code))
     except authorship.ScanLimit as e:
         return fail_all(str(e))
 
