@@ -135,17 +135,6 @@ def _missing_check(code: Any, _kind: Any = code_kind, _code: Any = types.CodeTyp
     return ""
 
 
-def _covered(code: types.CodeType) -> dict[str, str]:
-    """Qualified name -> kind, of every function in ``code`` (nested ones too) that :func:`code_kind` covers."""
-    out, todo = {}, [code]
-    while todo:
-        c = todo.pop()
-        todo += [k for k in c.co_consts if isinstance(k, types.CodeType)]
-        if code_kind(c):
-            out[c.co_qualname] = code_kind(c)
-    return out
-
-
 # The call a guarded function starts with: placeholders compiled in, replaced by the call's two constants.
 MARK_FN = {"softmax": "__attention_course_softmax_fn__", "attention": "__attention_course_attention_fn__"}
 MARK_ARGS = {"softmax": "__attention_course_softmax_args__", "attention": "__attention_course_attention_args__"}
@@ -180,38 +169,6 @@ def _table(torch: types.ModuleType) -> dict[str, Any]:
 
 def _check_statement(kind: str) -> ast.stmt:
     return ast.Expr(ast.Call(ast.Constant(MARK_FN[kind]), [ast.Starred(ast.Constant(MARK_ARGS[kind]), ast.Load())], []))
-
-
-def _insert_checks(tree: ast.AST, covered: dict[str, str]) -> int:
-    """Put the check first in every function of ``tree`` whose qualified name (as the compiler makes it) is in
-    ``covered`` (qualified name -> kind, from the module's code compiled as it is); how many."""
-    count = 0
-
-    def visit(node: ast.AST, path: list[str]) -> None:
-        nonlocal count
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                qual = path + [child.name]
-                kind = covered.get(".".join(qual), "")
-                if kind:
-                    body = child.body
-                    first = 1 if body and isinstance(body[0], ast.Expr) and isinstance(
-                        getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str) else 0
-                    call = _check_statement(kind)
-                    ast.copy_location(call, body[first] if len(body) > first else child)
-                    ast.fix_missing_locations(call)
-                    body.insert(first, call)
-                    count += 1
-                visit(child, qual + ["<locals>"])
-            elif isinstance(child, ast.ClassDef):
-                visit(child, path + [child.name])
-            elif isinstance(child, (ast.Lambda,)):
-                continue
-            else:
-                visit(child, path)
-
-    visit(tree, [])
-    return count
 
 
 def _with_check_first(fn: types.FunctionType, kind: str, table: dict[str, Any]) -> types.CodeType:
