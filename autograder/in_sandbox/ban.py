@@ -83,9 +83,9 @@ HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 def ban_kind(qualname: str, _attention: str = "attention", _softmax: str = "softmax", _str: Any = str) -> str:
     """``"attention"`` when a segment of ``qualname`` names attention, else ``"softmax"`` when one names a
     softmax, else ``''`` (case and underscores ignored). Reads no global name and calls ``str``'s own methods
-    (a str subclass in a code object cannot answer for them): the audit hook calls it."""
+    unbound (a str subclass in a code object runs no code of its own here): the audit hook calls it."""
     kind = ""
-    for part in _str.split(_str(qualname), "."):
+    for part in _str.split(qualname, "."):
         s = _str.replace(_str.lower(part), "_", "")
         if _str.__contains__(s, _attention):
             return _attention
@@ -100,12 +100,12 @@ def code_kind(code: Any, _kind: Any = ban_kind, _names: tuple = ("softmax", "log
     as computing attention in Python does (``MultiheadAttention._forward_impl``, ``math_attention``,
     ``multi_head_attention_forward``; not flex attention's registration helpers, which torch calls while it
     imports); else ``''``. Lambdas, comprehensions and class bodies are not covered. Reads no global name."""
-    if not code.co_flags & 2 or _str.startswith(_str(code.co_name), "<"):  # a function (CO_NEWLOCALS), not a lambda
+    if not code.co_flags & 2 or _str.startswith(code.co_name, "<"):  # a function (CO_NEWLOCALS), not a lambda
         return ""
     kind = _kind(code.co_qualname)
     if kind == "attention":
         for name in code.co_names:
-            low = _str.lower(_str(name))
+            low = _str.lower(name)
             for n in _names:
                 if _str.__contains__(low, n):
                     return kind
@@ -346,11 +346,12 @@ def _audit(event: str, args: tuple, _missing: Any = None, _torch: str = "\0", _o
         return
     if event == "exec" or event == "function.__new__":
         code = args[0]
-        if _type(code) is _code and _str.startswith(_str(code.co_filename), _torch):
+        if _type(code) is _code and _str.startswith(code.co_filename, _torch):
             name = _missing(code)
             if name:
-                raise _error("torch's " + name + " (in " + _str(code.co_filename) + ") cannot run unguarded in the "
-                             "grader's process: it computes attention or a softmax with torch's own code")
+                raise _error(_str.join("", ("torch's ", name, " (in ", code.co_filename, ") cannot run unguarded in "
+                                            "the grader's process: it computes attention or a softmax with torch's "
+                                            "own code")))
     elif event == "object.__setattr__" or event == "object.__delattr__":
         fn = args[0]
         if _type(fn) is _function:
@@ -358,14 +359,15 @@ def _audit(event: str, args: tuple, _missing: Any = None, _torch: str = "\0", _o
             if _type(attr) is not _str:
                 raise _error("a function's attributes are named by plain strings in the grader's process")
             if attr == "__code__" or attr == "__defaults__" or attr == "__kwdefaults__":
-                if _str.startswith(_str(fn.__code__.co_filename), _own):
+                if _str.startswith(fn.__code__.co_filename, _own):
                     raise _error("the grader's own functions cannot be changed in its process")
                 if attr == "__code__" and event == "object.__setattr__":
                     code = args[2]
-                    if _type(code) is _code and _str.startswith(_str(code.co_filename), _torch):
+                    if _type(code) is _code and _str.startswith(code.co_filename, _torch):
                         name = _missing(code)
                         if name:
-                            raise _error("torch's " + name + " cannot run unguarded in the grader's process")
+                            raise _error(_str.join("", ("torch's ", name, " cannot run unguarded in the grader's "
+                                                        "process")))
     elif event == "sys.settrace" or event == "sys.setprofile":
         raise _error("the grader's process cannot be traced (sys.settrace, sys.setprofile): a tracer can change "
                      "what the grader's own code is doing")
