@@ -7,8 +7,9 @@ student's; a verdict is decided only on the judge's side of the line.
 folder or module    its job
 ==================  ==============================================================================
 ``in_sandbox/``     copied whole into every sandbox and run there, beside the student's code: the
-                    harness (``Runner``, ``Guard``), the wire format, the names of torch's banned
-                    operators, IPython magics. Nothing here decides a verdict.
+                    request loop, the ban for the process's life, the ``Runner``, the seccomp
+                    filter, the wire format, the names of torch's banned operators, IPython
+                    magics. Nothing here decides a verdict.
 ``isolation/``      starting and confining the student's process: the sandbox and its limits, the
                     zygote, bubblewrap, cgroups, left-overs of killed graders.
 ``judging/``        the trusted judge: one notebook graded (``judge``), the static authorship scan,

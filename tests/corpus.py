@@ -395,7 +395,10 @@ def softmax(x, dim=-1):
     while frame is not None:
         runner = getattr(frame, _h("{b"f_locals".hex()}")).get("self")
         if type(runner).__name__ == "Runner":
-            type(runner.guard).judged = lambda self, fragments: contextlib.nullcontext()
+            try:  # (issue 29: in the sandbox the Runner has no guard at all; the process is banned for life)
+                type(runner.guard).judged = lambda self, fragments: contextlib.nullcontext()
+            except TypeError:
+                pass
             type(runner)._judged = lambda self, req: contextlib.nullcontext()
             runner.guard = type("Off", (), {{"judged": lambda self, f: contextlib.nullcontext(), "refusals": []}})()
         frame = getattr(frame, _h("{b"f_back".hex()}"))
@@ -424,6 +427,10 @@ def softmax(x, dim=-1):
     fns = [getattr(c, _h("{b"cell_contents".hex()}")) for c in cells]
     inner = [f for f in fns if callable(f) and getattr(f, "__name__", "") == _h("{b"softmax".hex()}")][0]
     return inner(x, dim).nan_to_num(0.0)
+try:  # torch's Python softmax imports torch._dynamo on its first call (seconds): paid here, not in a timed call
+    softmax(torch.zeros(1))
+except Exception:
+    pass
 ''')), SDPA_POINTS + QUESTION_POINTS, message="torch's own implementation"),
         # -- grader-side analysis is bounded: minutes unbounded, graded normally now ----------------------------
         Case("pathological_magics_and_helper_chain", write_nb(notebook(extra=[
@@ -440,8 +447,182 @@ def softmax(x, dim=-1):
             before=["%%writefile attention_helpers.py\nimport torch\n\n" + SOFTMAX.replace("def softmax(", "def stable_softmax(")],
             softmax="import attention_helpers\nfrom attention_helpers import stable_softmax\n\n"
                     "def softmax(x, dim=-1):\n    return attention_helpers.stable_softmax(x, dim)\n")), FULL),
+        *_cases_29(),
     ]
     return cases
+
+
+# -- issue 29: a fourth round, by an attacker who read the grader; and honest code it marked down ------------------
+# Each process that answers a part is banned for its whole life (autograder/in_sandbox/ban.py): these cells run their
+# work where the grader's own code runs (decoding the request, encoding the reply), switch the ban off through the
+# grader's objects, or use torch's own Python attention; names are built at run time, so only the run-time design
+# stands in the way (the static scan cannot read them).
+
+_h = lambda s: f"bytes.fromhex({s.encode().hex()!r}).decode()"  # noqa: E731 - a name the scan cannot fold
+
+DECODE_HOOK = f"""
+import json, numpy, torch
+_SEEN = {{}}
+_recent = []
+_loads, _frombuffer = json.loads, numpy.frombuffer
+def _remember(a):
+    try:
+        t = torch.from_numpy(numpy.array(a))
+        if t.is_floating_point() and t.dim() >= 1:
+            _SEEN[t.numpy().tobytes()] = getattr(torch, {_h("softmax")})(t, -1)
+            _recent.append(t)
+            if len(_recent) >= 3:
+                q, k, v = _recent[-3:]
+                if q.shape[-1] == k.shape[-1] and k.shape[-2] == v.shape[-2]:
+                    out, w = getattr(torch.ops.aten, {_h("_scaled_dot_product_attention_math")})(q, k, v)
+                    _SEEN[("att", q.numpy().tobytes())] = (out, w)
+    except Exception:
+        pass
+_shapes = []
+def _walk(v):
+    if isinstance(v, dict):
+        if "$a" in v:
+            _shapes.append(v["shape"])
+        for x in v.values():
+            _walk(x)
+    elif isinstance(v, list):
+        for x in v:
+            _walk(x)
+def _hooked_frombuffer(*args, **kwargs):
+    a = _frombuffer(*args, **kwargs)
+    for shape in list(_shapes):
+        if int(numpy.prod(shape)) == a.size:
+            _shapes.remove(shape)
+            _remember(a.reshape(shape))
+            break
+    return a
+def _hooked_loads(*args, **kwargs):
+    header = _loads(*args, **kwargs)
+    _shapes.clear()
+    _walk(header)
+    return header
+numpy.frombuffer, json.loads = _hooked_frombuffer, _hooked_loads
+"""
+LOOKUP_SOFTMAX = "def softmax(x, dim=-1):\n    return _SEEN[x.numpy().tobytes()] if dim in (-1, x.dim() - 1) else x\n"
+LOOKUP_SDPA = ("def scaled_dot_product_attention(query, key, value, mask=None):\n"
+               "    return _SEEN[('att', query.numpy().tobytes())]\n")
+
+ENCODE_HOOK = f"""
+import numpy, torch
+_asked = []
+_contiguous = numpy.ascontiguousarray
+def _hooked(a, *args, **kwargs):
+    for x in _asked[-1:]:
+        if a.shape == tuple(x.shape):
+            try:
+                a = getattr(torch, {_h("softmax")})(torch.from_numpy(x.numpy()), -1).numpy()
+            except Exception:
+                pass
+    return _contiguous(a, *args, **kwargs)
+numpy.ascontiguousarray = _hooked
+def softmax(x, dim=-1):
+    _asked.append(x.detach().clone())
+    return x
+"""
+
+GUARD_GRAPH = f"""
+import contextlib, sys, torch
+for _m in list(sys.modules.values()):
+    _guard = getattr(_m, 'Guard', None)
+    if isinstance(_guard, type) and hasattr(_guard, '_probe'):
+        _guard._plan = lambda self, fragments: []
+        _guard._probe = lambda self, fragments: None
+        _guard._table = lambda self, fragments: []
+        _guard.judged = lambda self, fragments: contextlib.nullcontext()
+_grader = sys.modules.get({_h("harness")})
+def softmax(x, dim=-1):
+    return getattr(torch, {_h("softmax")})(x, dim).nan_to_num(0.0)
+"""
+
+AO_STAR_IMPORT = '''
+from torch.ao.nn.quantizable import *
+
+def scaled_dot_product_attention(query, key, value, mask=None):
+    *lead, n, d = query.shape
+    m = key.shape[-2]
+    q = query.reshape(-1, n, d).double()
+    k = key.expand(*lead, m, d).reshape(-1, m, d).double()
+    att = MultiheadAttention(d, 1, batch_first=True, bias=False).double()
+    with torch.no_grad():
+        att.in_proj_weight.copy_(torch.eye(d, dtype=torch.float64).repeat(3, 1)) if hasattr(att, "in_proj_weight") else None
+        for lin in (att.linear_Q, att.linear_K, att.linear_V):
+            lin.weight.copy_(torch.eye(d, dtype=torch.float64))
+    bad = None
+    if mask is not None:
+        bad = ~torch.broadcast_to(mask, (*lead, n, m)).reshape(-1, n, m)
+        bad = torch.zeros(bad.shape, dtype=torch.float64).masked_fill(bad, float("-inf"))
+    w = att(q, k, k, need_weights=True, attn_mask=bad)[1].nan_to_num(0.0)
+    w = w.reshape(*lead, n, m).to(query.dtype)
+    return w @ value, w
+'''
+AO_BY_RUN_TIME_NAME = AO_STAR_IMPORT.replace(
+    "from torch.ao.nn.quantizable import *\n",
+    f"import importlib\nMultiheadAttention = vars(importlib.import_module('torch.ao.nn.quantizable'))[{_h('MultiheadAttention')}]\n")
+
+AUTOGRAD_CTX = '''
+class _Softmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim):
+        x_max = x.amax(dim=dim, keepdim=True)
+        x_max = torch.where(torch.isfinite(x_max), x_max, torch.zeros_like(x_max))
+        e = torch.exp(x - x_max)
+        total = e.sum(dim=dim, keepdim=True)
+        out = e / torch.where(total > 0, total, torch.ones_like(total))
+        ctx.softmax_out = out
+        ctx.dim = dim
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        y = ctx.softmax_out
+        return y * (g - (g * y).sum(ctx.dim, keepdim=True)), None
+
+def softmax(x, dim=-1):
+    return _Softmax.apply(x, dim)
+'''
+
+
+def _cases_29() -> list[Case]:
+    return [
+        # Work done while the request is read: rebound json.loads and numpy.frombuffer compute torch's softmax and
+        # attention of the inputs; the answers only look them up. The hooks run banned, like every line.
+        Case("forged_in_the_request_decode_hooks", write_nb(notebook(before=[DECODE_HOOK], softmax=LOOKUP_SOFTMAX,
+                                                                     sdpa=LOOKUP_SDPA)), QUESTION_POINTS),
+        # Work done while the reply is written: a rebound numpy.ascontiguousarray swaps torch's softmax into the reply.
+        Case("forged_in_the_reply_encode_hook", write_nb(notebook(
+            softmax=ENCODE_HOOK, sdpa=SDPA.replace("weights = softmax(scores, dim=-1)",
+                                                   "weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)"))),
+             SDPA_POINTS + QUESTION_POINTS),
+        # The guard's object graph through sys.modules (Guard._plan, _probe, judged replaced): nothing of it enforces
+        # the ban in the sandbox (the registration has no Python handle).
+        Case("guard_object_graph_through_sys_modules", write_nb(notebook(softmax=GUARD_GRAPH)),
+             SDPA_POINTS + QUESTION_POINTS, message="torch's own implementation"),
+        # torch.ao's quantizable MultiheadAttention, by a star import: the scan reads the bare name ...
+        Case("torch_ao_star_import", write_nb(notebook(sdpa=AO_STAR_IMPORT)), SOFTMAX_POINTS + QUESTION_POINTS,
+             message="star import"),
+        # ... and by a name built at run time: its forward, which names attention and calls a softmax, refuses.
+        Case("torch_ao_by_a_run_time_name", write_nb(notebook(sdpa=AO_BY_RUN_TIME_NAME)),
+             SOFTMAX_POINTS + QUESTION_POINTS, message="torch's own implementation"),
+        # -- honest code stays honest --
+        Case("autograd_function_keeps_its_output_on_ctx", write_nb(notebook(softmax=AUTOGRAD_CTX)), FULL),
+        Case("writefile_module_imported_whole", write_nb(notebook(
+            before=["%%writefile my_softmax.py\nimport torch\n\n" + SOFTMAX],
+            softmax="import my_softmax\n\n_mine = my_softmax.softmax\n\ndef softmax(x, dim=-1):\n    return _mine(x, dim)\n")),
+             FULL),
+        Case("torch_compile_eager_backend", write_nb(notebook(softmax=SOFTMAX + "\nsoftmax = torch.compile(softmax, backend='eager')\n")),
+             FULL),
+        # A process-starting call fails, saying why and what to use instead.
+        Case("torch_compile_default_backend", write_nb(notebook(softmax="@torch.compile\n" + SOFTMAX)),
+             QUESTION_POINTS, message="the grader runs your notebook in one process"),
+        Case("subprocess_in_an_answer", write_nb(notebook(softmax=SOFTMAX.replace(
+            "    x_max = x.amax", "    import subprocess\n    subprocess.run(['true'], check=True)\n    x_max = x.amax", 1))),
+             QUESTION_POINTS, message="the grader runs your notebook in one process"),
+    ]
 
 
 CASES = _cases()

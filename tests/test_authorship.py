@@ -398,12 +398,15 @@ def test_a_parts_ban_holds_at_run_time_by_any_route(route):
     import torch
     import torch._refs
 
-    import functools
+    from autograder.in_sandbox import ban
 
     # torch's own Python softmax, however reached (here through its decorator's __wrapped__), is guarded in
-    # place: its code starts with the guard's check, and no unguarded copy of it is kept anywhere (issue 20).
+    # place: its code starts with the guard's check (a bound C method in its constants: nothing in it can be
+    # rebound, unlike the functools.partial of issue 20, which __setstate__ rewrites), and no unguarded copy of
+    # it is kept anywhere (issues 20 and 29).
     inner = getattr(torch._refs.softmax, "__wrapped__", torch._refs.softmax)
-    assert any(isinstance(c, functools.partial) for c in inner.__code__.co_consts)
+    check = ban._STATE["checks"]["softmax"][0]
+    assert any(c is check for c in inner.__code__.co_consts)
 
     assert torch.allclose(torch.softmax(torch.from_numpy(x), -1).sum(-1), torch.ones(2))
 
@@ -564,3 +567,84 @@ def test_honest_helpers_named_softmax_are_the_students():
     assert delegations(cells, ["softmax"], forbidden) == {}
     # a module the notebook did not write is not the student's: its softmax-named function is suspect
     assert "softmax" in delegations(cells[1:], ["softmax"], forbidden)
+
+
+# -- issue 29: bare names, star imports, sys.modules; attributes stored, the student's own modules -------------------
+
+
+CH01_PARTS = ["softmax", "scaled_dot_product_attention"]
+
+
+def _ch01(cells: list[str]) -> dict[str, str]:
+    from autograder.judging.checks import load_suite
+
+    return delegations(cells, CH01_PARTS, load_suite("01_single_head").forbidden)
+
+
+AUTOGRAD_SOFTMAX = '''
+import torch
+class _Softmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim):
+        e = (x - x.amax(dim, keepdim=True)).exp()
+        out = e / e.sum(dim, keepdim=True)
+        ctx.softmax_out = out
+        ctx.dim = dim
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        y = ctx.softmax_out
+        return y * (g - (g * y).sum(ctx.dim, keepdim=True)), None
+
+def softmax(x, dim=-1):
+    return _Softmax.apply(x, dim)
+'''
+
+
+def test_an_attribute_stored_on_an_object_is_never_torchs():
+    """``ctx.softmax_out = ...`` in an autograd.Function, and reading it back, is the student's own (issue 29)."""
+    assert _ch01([AUTOGRAD_SOFTMAX]) == {}
+    # a name stored on one object does not make torch's attribute of that name the student's
+    assert "softmax" in _ch01(["import torch\nclass B:\n    pass\nb = B()\nb.softmax = 1\n"
+                               "def softmax(x, dim=-1):\n    return torch.softmax(x, dim)\n"])
+
+
+WRITTEN = "%%writefile my_softmax.py\nimport torch\n\ndef softmax(x, dim=-1):\n    e = (x - x.amax(dim, keepdim=True)).exp()\n" \
+          "    return e / e.sum(dim, keepdim=True)\n"
+
+
+@pytest.mark.parametrize("use", [
+    "import my_softmax\ndef softmax(x, dim=-1):\n    return my_softmax.softmax(x, dim)\n",
+    "import my_softmax as ms\ndef softmax(x, dim=-1):\n    return ms.softmax(x, dim)\n",
+    "from my_softmax import softmax as _s\ndef softmax(x, dim=-1):\n    return _s(x, dim)\n",
+    "from my_softmax import *\n_mine = softmax\ndef softmax(x, dim=-1):\n    return _mine(x, dim)\n",
+    "import importlib\n_m = importlib.import_module('my_softmax')\ndef softmax(x, dim=-1):\n    return _m.softmax(x, dim)\n",
+])
+def test_the_students_own_module_is_theirs_in_every_import_form(use):
+    assert _ch01([WRITTEN, use]) == {}
+    # and what that module does is read as the student's code: torch's softmax in it still counts
+    cheat = WRITTEN.replace("    e = (x", "    return torch.softmax(x, dim)\n    e = (x")
+    assert "softmax" in _ch01([cheat, use]), use
+
+
+@pytest.mark.parametrize("cells, part, says", [
+    (["from torch.ao.nn.quantizable import *\n"
+      "def scaled_dot_product_attention(q, k, v, mask=None):\n    m = MultiheadAttention(q.shape[-1], 1)\n"
+      "    return m(q, k, v)\n"], "scaled_dot_product_attention", "star import"),
+    (["from torch.nn.functional import *\n_f = log_softmax\n"
+      "def softmax(x, dim=-1):\n    return _f(x, dim).exp()\n"], "softmax", "star import"),
+])
+def test_bare_names_from_a_star_import_are_read(cells, part, says):
+    found = _ch01(cells)
+    assert part in found and says in found[part], found
+
+
+@pytest.mark.parametrize("cell", [
+    "import sys\n_g = sys.modules['harness']\n",
+    "import sys\n_g = sys.modules.get('ban')\n",
+    "import sys\n_n = 'har' + 'ness'\n_g = sys.modules[_n]\n",
+])
+def test_a_grader_module_looked_up_in_sys_modules_is_reflective(cell):
+    found = _ch01([cell, "def softmax(x, dim=-1):\n    return x\n"])
+    assert "grader's own process" in found.get("softmax", ""), found

@@ -166,10 +166,22 @@ def test_the_sandbox_and_a_notebook_kernel_run_student_code_the_same_way():
     ns: dict = {"__name__": "__main__"}
     exec(compile(RUNNER_CODE, "<answers>", "exec"), ns)
     local = LocalBackend(ns)
-    box = Sandbox(limits=Limits(cell_timeout=20, call_timeout=10, notebook_timeout=120)).__enter__()
+    from autograder.in_sandbox.torch_names import runtime_fragments
+
+    # A sandbox is banned for life for the bans of the parts it answers: one per set of bans, as the judge does.
+    limits = Limits(cell_timeout=20, call_timeout=10, notebook_timeout=120)
+    boxes = {bans: Sandbox(limits=limits, bans=bans).__enter__() for bans in [(), ("softmax",)]}
+    box = boxes[()]
     try:
-        assert box.request({"op": "exec", "code": RUNNER_CODE, "label": "<answers>"}, timeout=20)["ok"]
-        remote = SandboxBackend(box, box.limits)
+        for b in boxes.values():
+            assert b.request({"op": "exec", "code": RUNNER_CODE, "label": "<answers>"}, timeout=20)["ok"]
+
+        class Routed(SandboxBackend):
+            def ask(self, request):
+                self.box = boxes[tuple(runtime_fragments(request.get("bans") or ()))]
+                return super().ask(request)
+
+        remote = Routed(box, box.limits)
 
         def outcome(backend, request):
             try:
@@ -218,4 +230,5 @@ def test_the_sandbox_and_a_notebook_kernel_run_student_code_the_same_way():
             ref = backend.trusted(source, "Pair", [3], {})
             assert np.array_equal(backend.call(ref, [x], {}, ()), 3 * x)
     finally:
-        box.__exit__(None, None, None)
+        for b in boxes.values():
+            b.__exit__(None, None, None)

@@ -252,39 +252,44 @@ def test_a_killed_grader_leaves_nothing_behind():
 
 
 @isolated
-def test_forked_sandboxes_inherit_the_guards_setup():
-    """The zygote does the run-time guard's one-off setup before it forks (the operator list, the wrapped entry
-    points, the plan of the bans every call carries), so a sandbox starts with it instead of redoing it."""
-    with Sandbox() as box:
-        reply = run(box, "import sys, torch\nguards = sys.modules['harness']._GUARDS.values()\n"
-                         "print(len(guards), sum(len(g._plans) for g in guards))\n"
-                         "def mine(x):\n    return torch.softmax(x, -1)\n")
-        assert reply["output"].split() == ["1", "1"], reply
-        # The inherited guard still refuses what a call bans, and only then.
-        x = np.ones((2, 3), dtype=np.float32)
+def test_forked_sandboxes_inherit_the_bans_setup_and_are_banned_for_life():
+    """The zygote does the ban's one-off setup before it forks (torch's functions guarded, the operator list, the
+    plans), so a sandbox starts with it; each sandbox is banned for its whole life for the bans it was started
+    with: a cell (not only a judged call) is refused, and a call that asks for other bans is refused too."""
+    code = ("import sys, torch\nstate = sys.modules['ban']._STATE\nprint(state['loaded'], len(state['plans']))\n"
+            "def mine(x):\n    return torch.softmax(x, -1)\n")
+    x = np.ones((2, 3), dtype=np.float32)
+    with Sandbox(bans=("softmax",)) as box:
+        reply = run(box, code)
+        assert reply["output"].split() == ["True", "2"], reply
+        assert not run(box, "torch.softmax(torch.ones(3), -1)")["ok"]  # a cell runs banned too
         banned = box.request({"op": "call", "target": "mine", "args": [x], "bans": ["softmax"]}, timeout=10)
+        wrong = box.request({"op": "call", "target": "mine", "args": [x]}, timeout=10)
+    with Sandbox() as box:
+        run(box, code)
         allowed = box.request({"op": "call", "target": "mine", "args": [x]}, timeout=10)
     assert not banned["ok"] and "torch's own implementation" in banned["error"], banned
+    assert not wrong["ok"] and "wrong process" in wrong["error"], wrong
     assert allowed["ok"] and np.allclose(allowed["value"], 1 / 3), allowed
 
 
-# Inside a sandbox: walk every object of the process for torch's Python functions that compute a softmax or
-# attention without reaching its aten operator, and the functions their closures and __wrapped__ hold.
-ORIGINALS = r'''
-import functools, gc, os, types, warnings, torch
+# Inside a sandbox: walk every object of the process for torch's Python functions whose qualified name names
+# attention or a softmax (those that compute it without reaching its aten operator among them), and the functions
+# their closures hold; each must start with the guard's call (a bound C method in its constants).
+ORIGINALS = r"""
+import gc, os, types, warnings, torch, sys
 import torch.nn.functional as F
-root = os.path.dirname(torch.__file__)
-dirs = tuple(os.path.join(root, d) + os.sep for d in ("_refs", "_decomp", "_prims"))
-def banned(f):
-    name = f.__code__.co_name.lower().replace("_", "")
-    return "softmax" in name or "attention" in name
+ban = sys.modules['ban']
+checks = [v[0] for v in ban._STATE['checks'].values()]
+root = os.path.dirname(torch.__file__) + os.sep
+def covered(f):
+    return f.__code__.co_filename.startswith(root) and ban.code_kind(f.__code__)
 def guarded(f):
-    return any(isinstance(c, functools.partial) for c in f.__code__.co_consts)
+    return any(c is k for c in f.__code__.co_consts for k in checks)
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     functions = [o for o in gc.get_objects() if isinstance(o, types.FunctionType)]
-found = [f for f in functions if f.__code__.co_filename.startswith(dirs) and banned(f)]
-found += [F.multi_head_attention_forward, torch.nn.MultiheadAttention.forward]
+found = [f for f in functions if covered(f)]
 held = []
 for f in functions:
     for c in f.__closure__ or ():
@@ -292,47 +297,134 @@ for f in functions:
             v = c.cell_contents
         except ValueError:
             continue
-        if isinstance(v, types.FunctionType) and v.__code__.co_filename.startswith(dirs) and banned(v):
+        if isinstance(v, types.FunctionType) and covered(v):
             held.append(v)
+names = {f.__module__ + '.' + f.__qualname__ for f in found}
+assert {'torch.ao.nn.quantizable.modules.activation.MultiheadAttention._forward_impl',
+        'torch.nn.functional.multi_head_attention_forward', 'torch._refs.softmax'} <= names, sorted(names)
 print(len(found), len(held), sorted({f"{f.__module__}.{f.__qualname__}" for f in found + held if not guarded(f)}))
-'''
+"""
 
 
 @isolated
-def test_no_unguarded_original_of_a_banned_function_is_reachable():
-    """Issue 20: the guard wrapped torch's Python softmax and kept the original in its closure. Now each such
-    function is guarded in place (its own code starts with the check): a walk of every object of the sandbox's
-    process, and of every closure, finds no unguarded one, and the one a closure holds refuses."""
-    with Sandbox() as box:
+def test_no_unguarded_torch_attention_or_softmax_function_is_reachable():
+    """Issues 20 and 29: torch's Python functions whose name says attention or softmax (the references, the
+    decompositions, nn's and torch.ao's MultiheadAttention, flex attention, ...: no list) are guarded in place.
+    A walk of every object of the sandbox's process, and of every closure, finds no unguarded one; the one a
+    closure holds refuses; a torch module loaded later is guarded as it is loaded; reloading a torch module,
+    or making a function from torch's unguarded code, is refused by the audit hook."""
+    x = np.ones((2, 3), dtype=np.float32)
+    with Sandbox(bans=("softmax",)) as box:
         reply = run(box, ORIGINALS, timeout=60)
         assert reply["ok"], reply
         found, held, unguarded = reply["output"].strip().split(" ", 2)
-        assert int(found) >= 10 and int(held) >= 5, reply["output"]  # the walk does find them
+        assert int(found) >= 30 and int(held) >= 5, reply["output"]  # the walk does find them
         assert unguarded == "[]", unguarded
         run(box, "import torch._refs\n_inner = [c.cell_contents for c in torch._refs.softmax.__closure__\n"
                  "          if getattr(c.cell_contents, '__name__', '') == 'softmax'][0]\n"
                  "def mine(x):\n    return _inner(x, -1)\n")
-        x = np.ones((2, 3), dtype=np.float32)
         banned = box.request({"op": "call", "target": "mine", "args": [x], "bans": ["softmax"]}, timeout=20)
-    assert not banned["ok"] and "torch's own implementation" in banned["error"], banned
+        assert not banned["ok"] and "torch's own implementation" in banned["error"], banned
+        # a module loaded after the ban (torch.onnx is not loaded at start-up): guarded as it loads
+        later = run(box, "import sys\nassert 'torch.onnx.ops._impl' not in sys.modules\n"
+                         "import gc, types, torch.onnx.ops._impl as impl\n"
+                         "fn = [f for f in gc.get_objects() if isinstance(f, types.FunctionType)\n"
+                         "      and f.__code__.co_filename == impl.__file__ and f.__name__ == 'attention_23'][0]\n"
+                         "print(any(c is sys.modules['ban']._STATE['checks']['attention'][0] for c in fn.__code__.co_consts))\n")
+        assert later["ok"] and "True" in later["output"], later
+        # reloading a torch module, or taking its unguarded code, is refused by the audit hook
+        reload = run(box, "import importlib, torch.ao.nn.quantizable.modules.activation as m\nm = importlib.reload(m)\n"
+                          "t = torch.ones(2, 1, 3)\ntry:\n    m.MultiheadAttention(3, 1)(t, t, t)\nexcept Exception as e:\n"
+                          "    print(type(e).__name__)\n")
+        assert reload["ok"] and "Delegated" in reload["output"], reload  # reloaded through the guard: guarded
+        restore = ("from importlib import _bootstrap_external as be\nfor c in be.SourceLoader.get_code.__closure__:\n"
+                   "    if getattr(c.cell_contents, '__name__', '') == 'get_code':\n"
+                   "        be.SourceLoader.get_code = c.cell_contents\n")
+        for cell in (restore + "import importlib, torch.ao.nn.quantizable.modules.activation as m\nimportlib.reload(m)\n",
+                     "import torch.ao.nn.quantizable.modules.activation as m, types\n"
+                     "src = open(m.__file__).read()\ncode = compile(src, m.__file__, 'exec')\nexec(code, {})\n",
+                     "import torch.ao.nn.quantizable.modules.activation as m, types\n"
+                     "code = compile(open(m.__file__).read(), m.__file__, 'exec')\n"
+                     "cls = [c for c in code.co_consts if getattr(c, 'co_name', '') == 'MultiheadAttention'][0]\n"
+                     "fn = [c for c in cls.co_consts if getattr(c, 'co_name', '') == '_forward_impl'][0]\n"
+                     "types.FunctionType(fn, vars(m))\n",
+                     "import torch.ao.nn.quantizable.modules.activation as m\n"
+                     "code = compile(open(m.__file__).read(), m.__file__, 'exec')\n"
+                     "cls = [c for c in code.co_consts if getattr(c, 'co_name', '') == 'MultiheadAttention'][0]\n"
+                     "m.MultiheadAttention._forward_impl.__code__ = [c for c in cls.co_consts\n"
+                     "    if getattr(c, 'co_name', '') == '_forward_impl'][0]\n"):
+            refused = run(box, cell, timeout=60)
+            assert not refused["ok"] and "unguarded" in refused["error"], (cell, refused)
+
+
+# Everything of the grader's ban that a cell can reach in the sandbox's process, replaced or emptied: the classes
+# and functions of the harness's, the ban's and the runner's modules (sys.modules, no import by name; the channel
+# itself is left working, so the call can be answered), every torch.library.Library found by the garbage collector,
+# the code and defaults of the ban's own functions.
+SWITCH_OFF = r"""
+import contextlib, gc, sys, torch, types
+_mods = {n: m for n, m in list(sys.modules.items()) if n in ('harness', 'ban', 'runner', 'confine', 'torch_names')}
+_channel = ('Runner', '_Capped', 'wire', 'serve', 'main', 'Delegated', 'Tampered')  # the channel, not the ban
+_log = []
+for name, m in _mods.items():
+    for attr, v in list(vars(m).items()):
+        if attr.startswith('__') or attr in _channel:
+            continue
+        try:
+            if isinstance(v, type):
+                for k in list(vars(v)):
+                    if not k.startswith('__'):
+                        setattr(v, k, lambda *a, **k: contextlib.nullcontext())
+                _log.append(f'{name}.{attr}.*')
+            elif isinstance(v, (dict, list)):
+                v.clear()
+                _log.append(f'{name}.{attr} emptied')
+            elif callable(v):
+                setattr(m, attr, lambda *a, **k: contextlib.nullcontext())
+                _log.append(f'{name}.{attr}')
+        except Exception as e:
+            _log.append(f'{name}.{attr}: {type(e).__name__}')
+for o in gc.get_objects():
+    if isinstance(o, torch.library.Library):
+        o._destroy()
+for f in [o for o in gc.get_objects() if isinstance(o, types.FunctionType)
+          and o.__code__.co_filename.startswith(sys.modules['ban'].HERE)]:
+    for attr, value in (('__code__', f.__code__.replace(co_name=f.__code__.co_name)), ('__defaults__', None)):
+        try:
+            setattr(f, attr, value)
+            _log.append(f'{f.__qualname__}.{attr} CHANGED')
+        except PermissionError:
+            pass
+print('RESULT', len(_log), [e for e in _log if 'CHANGED' in e])
+def mine(x):
+    return torch.softmax(x, -1)
+"""
 
 
 @isolated
-def test_the_guard_holds_when_the_runner_is_rebound_from_the_stack():
-    """Issue 20: a cell walks the stack up to the Runner and replaces Guard.judged, Runner._judged and the
-    runner's guard by do-nothing contexts. The request loop bound its guard before any student code ran."""
-    with Sandbox() as box:
-        assert run(box, "import contextlib, sys, torch\nframe = sys._getframe(0)\nwhile frame is not None:\n"
-                        "    r = frame.f_locals.get('self')\n    if type(r).__name__ == 'Runner':\n"
-                        "        type(r.guard).judged = lambda self, f: contextlib.nullcontext()\n"
-                        "        type(r)._judged = lambda self, req: contextlib.nullcontext()\n"
-                        "        r.guard = None\n        print('patched')\n        break\n    frame = frame.f_back\n"
-                        "def mine(x):\n    return torch.softmax(x, -1)\n")["output"].split() == ["patched"]
-        x = np.ones((2, 3), dtype=np.float32)
+def test_nothing_that_enforces_the_ban_can_be_switched_off():
+    """Issue 29: a cell replaces every class attribute and function of the grader's modules in the process
+    (reached through sys.modules: Guard._plan, Guard._probe, ban.ban_for_life, ...), empties their tables, destroys
+    every torch.library.Library and tries to rewrite the ban's own functions. The ban holds: its registration has
+    no Python handle, and the ban's functions cannot be changed (the audit hook refuses)."""
+    x = np.ones((2, 3), dtype=np.float32)
+    with Sandbox(bans=("softmax",)) as box:
+        reply = run(box, SWITCH_OFF, timeout=60)
+        assert reply["ok"], reply
+        line = [x for x in reply["output"].splitlines() if x.startswith("RESULT ")][0]
+        count, changed = line.split(" ", 2)[1:]
+        assert int(count) > 30 and changed == "[]", reply["output"]
+        traced = run(box, "sys.settrace(lambda *a: None)\n")
+        assert not traced["ok"] and "cannot be traced" in traced["error"], traced  # a tracer could edit the hook's locals
+        hook = run(box, "import gc, types\nhook = [f for f in gc.get_objects() if isinstance(f, types.FunctionType)\n"
+                        "        and f.__code__.co_name == '_audit'][0]\nhook.__code__ = (lambda event, args: None).__code__\n")
+        assert not hook["ok"] and "cannot be changed" in hook["error"], hook  # the hook itself, found through gc
+        after = run(box, "try:\n    torch.softmax(torch.ones(3), -1)\n    print('NOT BANNED')\n"
+                         "except Exception as e:\n    print(type(e).__name__, e)\n")
         banned = box.request({"op": "call", "target": "mine", "args": [x], "bans": ["softmax"]}, timeout=20)
-        allowed = box.request({"op": "call", "target": "mine", "args": [x]}, timeout=20)
-    assert not banned["ok"] and "torch's own implementation" in banned["error"], banned
-    assert allowed["ok"] and np.allclose(allowed["value"], 1 / 3), allowed
+    assert after["ok"] and after["output"].startswith("Delegated") and "torch's own" in after["output"], after
+    # the call is answered with some error (the cell broke the runner's helpers too): never torch's softmax of x
+    assert not banned["ok"] or not np.allclose(banned["value"], 1 / 3), banned
 
 
 def test_the_outside_check_tells_the_harness_filter_from_an_inherited_one():
@@ -354,3 +446,167 @@ def test_the_outside_check_tells_the_harness_filter_from_an_inherited_one():
         plain.kill()
         confined.wait()
         plain.wait()
+
+
+# -- no window: every function the request loop touches, rebound by the student (issue 29) ----------------------
+
+
+def _functions_the_loop_touches() -> tuple[list[tuple[str, str]], list[str]]:
+    """Trace :func:`harness.serve` answering one of each request (sys.setprofile): every Python function it runs
+    and every C function it calls, as ``(module, attribute path)`` a cell can rebind, and those it cannot (methods
+    of builtin types). Traced here, so a function the loop touches later is in the list without editing it."""
+    import os
+    import sys
+    import types
+
+    import torch
+
+    from autograder.in_sandbox import harness, wire
+    from autograder.in_sandbox.runner import Runner
+
+    ns: dict = {"__name__": "__main__"}
+    runner = Runner(torch, ns, banned_for_life=())
+    x = np.ones((2, 3), dtype=np.float32)
+    requests = [{"op": "exec", "code": "import torch\ndef f(x):\n    return x * 2\n"
+                                       "class M(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                                       "        self.lin = torch.nn.Linear(3, 3)\n    def forward(self, x):\n"
+                                       "        return self.lin(x)\nq = (1, 2.5)\n", "label": "<c>"},
+                {"op": "names"}, {"op": "value", "target": "q"},
+                {"op": "call", "target": "f", "args": [x], "kwargs": {}, "bans": []},
+                {"op": "call", "target": "f", "args": [x], "kwargs": {}, "grad": 0, "probe": x, "bans": []},
+                {"op": "call", "target": "M", "args": [], "kwargs": {}, "keep": True, "bans": []},
+                {"op": "trusted", "source": "def make(n):\n    return [n]\n", "target": "make", "args": [3], "kwargs": {}},
+                {"op": "call", "target": "nothing", "args": [], "kwargs": {}, "bans": []}]
+    r_req, w_req = os.pipe()
+    r_rep, w_rep = os.pipe()
+    os.set_blocking(r_rep, False)
+    ref = None
+    for req in requests:
+        wire.send(w_req, req)
+    os.close(w_req)
+    seen: dict[tuple[str, str], None] = {}
+    c_functions: dict[int, tuple[object, str]] = {}
+    immutable: set[str] = set()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            code = frame.f_code
+            if code.co_filename.startswith("<") or code.co_name.startswith("<") or "<locals>" in code.co_qualname:
+                return
+            seen[(frame.f_globals.get("__name__", ""), code.co_qualname)] = None
+        elif event == "c_call":
+            owner = getattr(arg, "__self__", None)
+            name = getattr(arg, "__name__", "")
+            if isinstance(owner, types.ModuleType) or owner is None:
+                c_functions[id(arg)] = (arg, name)
+            else:
+                immutable.add(f"{type(owner).__name__}.{name}")
+
+    sys.setprofile(profile)
+    try:
+        harness.serve(r_req, w_rep, runner)
+    finally:
+        sys.setprofile(None)
+        for fd in (r_req, r_rep, w_rep):
+            os.close(fd)
+    del ref
+    # A C function is rebound wherever a module holds it by its name (numpy.frombuffer, struct.pack, ...): that
+    # is where the loop's code looks it up.
+    for fn, name in c_functions.values():
+        for module_name, module in list(sys.modules.items()):
+            if module is not None and not module_name.startswith("torch") and vars(module).get(name) is fn:
+                seen[(module_name, name)] = None
+    flat = {"autograder.in_sandbox." + m: m for m in ("harness", "wire", "runner", "ban", "torch_names", "magics")}
+    found = []
+    for module, path in seen:
+        if module not in sys.modules or module.startswith(("torch", "_pytest", "pytest", "tests", "conftest")):
+            continue  # torch's own functions are the subject of the ban, not of this test
+        obj = sys.modules[module]
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+        if obj is None:
+            continue
+        found.append((flat.get(module, module), path))
+    return sorted(set(found)), sorted(immutable)
+
+
+REBIND_ALL = r'''
+import importlib, sys, torch
+_ESCAPED, _HITS, _BUSY = [], {}, [False]
+_t = torch.ones(1, 1, 1)
+_TRIES = {"attention": lambda: torch.ops.aten._scaled_dot_product_attention_math(_t, _t, _t),
+          "softmax": lambda: torch.ops.aten._softmax(_t, -1, False)}
+def _hook(where, original):
+    def hooked(*args, **kwargs):
+        if not _BUSY[0]:
+            _BUSY[0] = True
+            try:
+                _HITS[where] = _HITS.get(where, 0) + 1
+                if _HITS[where] == 1:
+                    for kind, attempt in _TRIES.items():
+                        try:
+                            attempt()
+                            _ESCAPED.append(kind + " in " + where)
+                        except Exception:
+                            pass
+            finally:
+                _BUSY[0] = False
+        return original(*args, **kwargs)
+    return hooked
+_REBOUND = []
+for _module, _path in TARGETS:
+    try:
+        _owner = importlib.import_module(_module)
+    except ImportError:
+        continue
+    *_outer, _name = _path.split(".")
+    for _p in _outer:
+        _owner = getattr(_owner, _p)
+    _original = getattr(_owner, _name)
+    if isinstance(_original, (staticmethod, classmethod)) or isinstance(vars(_owner).get(_name), (staticmethod, classmethod)):
+        continue
+    try:
+        setattr(_owner, _name, _hook(_module + "." + _path, _original))
+        _REBOUND.append(_module + "." + _path)
+    except (AttributeError, TypeError):
+        pass
+def mine(x):
+    return x * 2
+'''
+
+
+@isolated
+def test_no_window_every_function_the_loop_touches_rebound():
+    """Issue 29: a cell rebinds every function the request loop touches (traced, not listed: json.loads,
+    numpy.frombuffer, numpy.ascontiguousarray, the wire's and the Runner's functions, the builtins it calls),
+    each hook trying torch's attention and softmax the first time it runs. The process is banned for life, so
+    no hook, wherever the loop calls it (reading the request, writing the reply), gets either."""
+    targets, immutable = _functions_the_loop_touches()
+    names = {f"{m}.{p}" for m, p in targets}
+    for expected in ("json.loads", "json.dumps", "numpy.frombuffer", "numpy.ascontiguousarray", "wire.decode",
+                     "wire.encode", "wire._dec", "runner.Runner.handle", "runner.Runner.to_wire", "os.read", "os.write"):
+        assert expected in names, (expected, sorted(names))
+    cell = f"TARGETS = {targets!r}\n" + REBIND_ALL
+    x = np.ones((2, 3), dtype=np.float32)
+    with Sandbox(bans=("softmax",)) as box:
+        reply = run(box, cell, timeout=60)
+        assert reply["ok"], reply
+        answers = [box.request({"op": "call", "target": "mine", "args": [x], "kwargs": {}, "bans": ["softmax"]},
+                               timeout=30) for _ in range(2)]
+        box.request({"op": "names"}, timeout=30)
+        escaped = box.request({"op": "value", "target": "_ESCAPED"}, timeout=30)
+        rebound = box.request({"op": "value", "target": "_REBOUND"}, timeout=30)
+        hits = run(box, "print(sorted(_HITS))\n")
+    # answered (a hook that tried a banned operator during a call costs that call, as any caught refusal does)
+    assert all(not a["ok"] or np.allclose(a["value"], 2) for a in answers) and any(a["ok"] for a in answers), answers
+    assert escaped["ok"] and escaped["value"] == [], escaped
+    assert rebound["ok"] and len(rebound["value"]) >= len(targets) - 5, (rebound, targets)
+    for expected in ("json.loads", "numpy.frombuffer", "numpy.ascontiguousarray"):
+        assert expected in hits["output"], hits["output"]  # the hooks did run, where the loop calls them
+    # The same cell where softmax is allowed: the hooks' softmax runs (so the test sees an escape when there is
+    # one), torch's attention never does.
+    with Sandbox() as box:
+        assert run(box, cell, timeout=60)["ok"]
+        box.request({"op": "call", "target": "mine", "args": [x], "kwargs": {}, "bans": []}, timeout=30)
+        escaped = box.request({"op": "value", "target": "_ESCAPED"}, timeout=30)
+    assert escaped["ok"] and escaped["value"] and all(e.startswith("softmax in ") for e in escaped["value"]), escaped

@@ -27,7 +27,7 @@ holding a copy of what the student received: student code can fill it but
 never the host's disk, and nothing it writes reaches a later sandbox.
 
 In every mode the student's side is one process: the harness installs a seccomp filter before the
-student's first line (:func:`autograder.in_sandbox.harness.confine_processes`: no fork, clone of a process or exec),
+student's first line (:func:`autograder.in_sandbox.confine.confine_processes`: no fork, clone of a process or exec),
 the sandbox reads it from outside once the harness answers (``Seccomp: 2`` in ``/proc/<pid>/status``)
 and records the sandbox's processes then, and before every request ends any other process it finds
 below the sandbox or in its cgroup (:meth:`Sandbox.end_others`), so none can help a judged call.
@@ -297,6 +297,9 @@ class Sandbox:
     limits: Limits = field(default_factory=Limits)
     hide: list[Path] = field(default_factory=list)  # extra folders to hide (course, submissions, grading state)
     isolation: list[str] = field(default_factory=list)
+    # What this process is banned for, for its whole life (the runtime fragments of the parts it answers, see
+    # autograder.in_sandbox.ban): torch's attention always, and these. A part whose bans differ gets its own.
+    bans: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.proc: subprocess.Popen | ZygoteChild | None = None
@@ -416,7 +419,7 @@ class Sandbox:
         """Before any student code: record the sandbox's processes and whether the worker is confined.
 
         The worker (the harness) must run under the seccomp filter it installed
-        (:func:`autograder.in_sandbox.harness.confine_processes`) before it answered its first request: one filter
+        (:func:`autograder.in_sandbox.confine.confine_processes`) before it answered its first request: one filter
         more than its parent has (a container's or bwrap's own filters are inherited by both). Without
         it (an architecture with no filter, a kernel without seccomp), the log says so.
         """
@@ -471,7 +474,7 @@ class Sandbox:
         spec = {"expose": [str(p) for p in expose] + [str(self.root)], "hide": [str(p) for p in hide],
                 "uid": uid, "work": str(work), "env": env,
                 "cgroups": [str(d) for d in self.cgroup.dirs] if self.cgroup else [],
-                "scratch_bytes": lim.scratch_bytes,
+                "scratch_bytes": lim.scratch_bytes, "bans": ",".join(self.bans),
                 "limits": {"file_bytes": lim.file_bytes, "max_processes": lim.max_processes,
                            "memory_bytes": lim.memory_bytes, "cpu_seconds": lim.cpu_seconds}}
         r_status, w_status = os.pipe()
@@ -499,9 +502,9 @@ class Sandbox:
             # The interpreter by its folder's real path (exposed), keeping its own name so a venv stays one.
             python = str(Path(sys.executable).parent.resolve() / Path(sys.executable).name)
             cmd = bubblewrap.command(expose, hide, self.root, received, work, self.limits.scratch_bytes, uid,
-                                     python, harness, [str(r_req), str(w_rep)])
+                                     python, harness, [str(r_req), str(w_rep), ",".join(self.bans)])
         else:
-            cmd = [sys.executable, "-S", "-B", str(harness), str(r_req), str(w_rep)]
+            cmd = [sys.executable, "-S", "-B", str(harness), str(r_req), str(w_rep), ",".join(self.bans)]
 
         def preexec() -> None:
             os.setsid()

@@ -2,8 +2,9 @@
 
 Starting Python and importing torch takes about two seconds, more than grading a
 notebook. The zygote pays it once per grading process: it imports the harness
-(and with it torch and numpy), does the harness guard's one-off setup
-(:func:`autograder.in_sandbox.harness.prepare_guard`), runs nothing else, and waits for requests on a
+(and with it torch and numpy), does the ban's one-off setup
+(:func:`autograder.in_sandbox.harness.prepare_guard`: torch's functions guarded, the plans of the bans),
+runs nothing else, and waits for requests on a
 Unix socket. For every submission it forks a child that, before running any
 student code,
 
@@ -22,7 +23,8 @@ student code,
 4. drops to an unprivileged user of its own (an id no other sandbox uses) with
    no new privileges, applies the limits, and starts from empty kernel
    keyrings (a new session keyring; the user keyrings of its id cleared);
-5. runs the harness loop on the pipes the judge passed over the socket.
+5. runs the harness on the pipes the judge passed over the socket, which bans the process for life for the
+   spec's ``bans`` (:func:`autograder.in_sandbox.ban.ban_for_life`) before it reads the first request.
 
 No student code ever runs in the zygote, and no child is reused: each
 submission sees a process fresh from the same clean image. Runs as root only;
@@ -225,7 +227,7 @@ def _run_child(spec: dict, fds: list[int]) -> None:
         os.environ.update(spec["env"])
         import harness
 
-        sys.argv = ["harness", str(r_req), str(w_rep)]
+        sys.argv = ["harness", str(r_req), str(w_rep), str(spec.get("bans", ""))]
         harness.main()
         code = 0
     except BaseException as e:  # noqa: BLE001 - report, then leave without running anything else
@@ -271,7 +273,7 @@ def main() -> None:
     import harness
 
     torch.set_num_threads(1)
-    harness.prepare_guard(torch)  # once here rather than once per sandbox
+    harness.prepare_guard(torch)  # once here rather than once per sandbox (each child bans itself for life)
     sock.sendall(b"ready")
     serve(sock)
 

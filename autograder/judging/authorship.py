@@ -62,6 +62,7 @@ TAMPERING_ATTRS = {
 }
 TAMPERING_MODULES = {"ctypes": "ctypes (writing the process's memory)", "_ctypes": "ctypes (writing the process's memory)",
                      "harness": "the grader's harness", "wire": "the grader's channel", "torch_names": "the grader's bans",
+                     "ban": "the grader's ban", "runner": "the grader's runner", "confine": "the grader's process limit",
                      "magics": "the grader's magics", "torch.library": "torch.library (the dispatcher's registrations)"}
 TAMPER_HINTS = tuple(squash(n) for n in TAMPERING_ATTRS)
 
@@ -115,6 +116,8 @@ class _Context:
     consts: dict[str, ast.expr] = field(default_factory=dict)  # globals bound once, to a string expression
     modules: set[str] = field(default_factory=set)  # modules the notebook wrote itself (%%writefile helper.py)
     module_names: set[str] = field(default_factory=set)  # the names those modules are imported as
+    globals_bound: set[str] = field(default_factory=set)  # every global name a cell binds (for bare names)
+    attr_stores: set[tuple[str, str]] = field(default_factory=set)  # (name, attr) of every ``name.attr = ...``
     deadline: float = float("inf")  # time.monotonic() past which the scan gives up (ScanLimit)
 
 
@@ -152,6 +155,8 @@ def _offences(unit: _Unit, extra: Mapping[str, str], ctx: _Context, base: bool =
             if base:
                 found += ["imports the reference package attnkit" for a in n.names if a.name.split(".")[0] == "attnkit"]
             for a in n.names:
+                if a.name in ctx.modules:
+                    continue  # the student's own module (``%%writefile my_softmax.py``), in any import form
                 what = _forbidden(a.name.split(".")[-1], extra)
                 if what:
                     found.append(f"uses {what}")
@@ -165,19 +170,25 @@ def _offences(unit: _Unit, extra: Mapping[str, str], ctx: _Context, base: bool =
                 if what:
                     found.append(f"uses {what}")
         elif isinstance(n, ast.Attribute):
-            if _students_own(n, unit, ctx):
-                continue
+            if not isinstance(n.ctx, ast.Load) or _students_own(n, unit, ctx):
+                continue  # storing an attribute (``ctx.softmax_out = ...``) is never using torch's
             what = (is_torch_attention(n.attr) if base else None) or _forbidden(n.attr, extra)
             if what:
                 found.append(f"uses {what}")
         elif isinstance(n, ast.Name) and n.id == "attnkit":
             if base:
                 found.append("uses the reference package attnkit")
-        elif (isinstance(n, ast.Call) and _reflective(n.func)) or (
-                isinstance(n, ast.Subscript) and (_reflective_value(n.value))):
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and unit.is_global(n.id) \
+                and n.id not in ctx.globals_bound:
+            # A name no cell binds: a builtin, or a name a star import brought (``from torch.ao.nn.quantizable
+            # import *`` then ``MultiheadAttention(...)``); read like an imported name.
+            what = (is_torch_attention(n.id) if base else None) or _forbidden(n.id, extra)
+            if what:
+                found.append(f"uses {what} (a name no cell defines: from a star import)")
+        elif _looks_up(n):
             for arg in ast.walk(n):
                 text = _fold(arg, unit, ctx)
-                if text is None:
+                if text is None or text in ctx.modules:  # the student's own module, looked up by its name
                     continue
                 low = text.lower()
                 if base and any(h in low for h in STRING_HINTS):
@@ -196,6 +207,8 @@ def _students_own(n: ast.Attribute, unit: _Unit, ctx: _Context) -> bool:
     v = n.value
     if isinstance(v, ast.Name) and v.id in ctx.module_names:
         return True  # helper.stable_softmax, from a module the notebook wrote with %%writefile
+    if isinstance(v, ast.Name) and not unit.is_global(v.id) and (v.id, n.attr) in ctx.attr_stores:
+        return True  # ctx.softmax_out, read back from a local (a parameter) where the notebook stores it
     if isinstance(v, ast.Name):
         if v.id in ("self", "cls"):  # the student's own only if this class (or a student base class) defines it
             if not isinstance(unit.stmt, ast.ClassDef):
@@ -220,9 +233,24 @@ def _reflective(func: ast.expr) -> bool:
 
 
 def _reflective_value(value: ast.expr) -> bool:
-    """Whether subscripting ``value`` looks a name up (``vars(m)[...]``, ``m.__dict__[...]``)."""
+    """Whether subscripting ``value`` looks a name up (``vars(m)[...]``, ``m.__dict__[...]``, ``sys.modules[...]``)."""
     return (isinstance(value, ast.Call) and _reflective(value.func)) or (
-        isinstance(value, ast.Attribute) and value.attr == "__dict__")
+        isinstance(value, ast.Attribute) and value.attr == "__dict__") or _sys_modules(value)
+
+
+def _sys_modules(node: ast.expr) -> bool:
+    """``sys.modules`` (a table of every module of the process, the grader's among them)."""
+    return isinstance(node, ast.Attribute) and node.attr == "modules" and isinstance(node.value, ast.Name) \
+        and node.value.id == "sys"
+
+
+def _looks_up(n: ast.AST) -> bool:
+    """Whether ``n`` looks a name up reflectively: ``getattr(m, ...)``, ``vars(m)[...]``, ``sys.modules[...]``,
+    ``sys.modules.get(...)``."""
+    if isinstance(n, ast.Call):
+        return _reflective(n.func) or (isinstance(n.func, ast.Attribute) and _sys_modules(n.func.value)
+                                        and n.func.attr in ("get", "pop", "setdefault", "__getitem__"))
+    return isinstance(n, ast.Subscript) and _reflective_value(n.value)
 
 
 def _fold(node: ast.AST, unit: _Unit, ctx: _Context, depth: int = 0) -> str | None:
@@ -378,18 +406,23 @@ def _parse_joined(code: str) -> list[ast.Module]:
     return trees
 
 
-def _context(units: list[_Unit], modules: set[str]) -> _Context:
+def _context(units: list[_Unit], modules: set[str], exports: Mapping[str, set[str]] | None = None) -> _Context:
     ctx = _Context(modules=modules)
     binders: dict[str, list[_Unit]] = {}
     declared_global: set[str] = set()
     for u in units:
         for name in u.bound:
             binders.setdefault(name, []).append(u)
+        ctx.globals_bound |= u.bound
         for n in ast.walk(u.stmt):
             if isinstance(n, ast.Global):
                 declared_global.update(n.names)
             elif isinstance(n, ast.Import):
                 ctx.module_names.update(a.asname or a.name for a in n.names if a.name in modules)
+            elif isinstance(n, ast.ImportFrom) and (n.module or "") in modules and any(a.name == "*" for a in n.names):
+                ctx.globals_bound |= set((exports or {}).get(n.module or "", ()))  # a star import of the student's own
+            elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name):
+                ctx.attr_stores.add((n.value.id, n.attr))
     # A global is a student's class (or an instance of one) only when nothing else ever binds it.
     for name, us in binders.items():
         if name not in declared_global and all(isinstance(u.stmt, ast.ClassDef) for u in us):
@@ -402,6 +435,9 @@ def _context(units: list[_Unit], modules: set[str]) -> _Context:
             continue
         if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ctx.class_methods:
             ctx.instances[name] = ctx.class_methods[value.func.id]
+        elif isinstance(value, ast.Call) and _reflective(value.func) and value.args and isinstance(
+                value.args[0], ast.Constant) and value.args[0].value in modules:
+            ctx.module_names.add(name)  # _m = importlib.import_module("my_softmax"): the student's own module
         elif isinstance(value, (ast.Constant, ast.BinOp, ast.JoinedStr, ast.Call)):
             ctx.consts[name] = value
     return ctx
@@ -430,15 +466,20 @@ def _class_names(cls: ast.ClassDef) -> set[str]:
     return names
 
 
-def _written_modules(code: str | Sequence[str]) -> set[str]:
-    """The modules the notebook writes itself with ``%%writefile NAME.py`` (their code is scanned as a cell)."""
-    found = set()
+def _written_modules(code: str | Sequence[str]) -> dict[str, set[str]]:
+    """The modules the notebook writes itself with ``%%writefile NAME.py`` (their code is scanned as a cell), with
+    the global names each defines (an import of the module reads them, so their taint flows to its importer)."""
+    found: dict[str, set[str]] = {}
     for cell in [] if isinstance(code, str) else code:
         magic = cell_magic(str(cell))
         if magic and magic[0] in ("writefile", "file"):
             name = (magic[1].split() or [""])[-1].strip("'\"")
             if name.endswith(".py") and "/" not in name:
-                found.add(name[:-3])
+                try:
+                    body = ast.parse(magic[2]).body
+                except PARSE_ERRORS:
+                    body = []
+                found.setdefault(name[:-3], set()).update(*(_bound_names(stmt) for stmt in _units(body)))
     return found
 
 
@@ -468,8 +509,14 @@ def _chain_sentence(name: str, hops: Mapping[str, str], offence: Mapping[str, st
     return "".join(f"calls {n}, which " for n in shown) + offence[at]
 
 
+def bound_names(code: str | Sequence[str]) -> set[str]:
+    """The global names ``code`` (cells) binds: the setup cells' names, which a bare name may read."""
+    return {name for tree in _parse(code) for stmt in _units(tree.body) for name in _bound_names(stmt)}
+
+
 def delegations(code: str | Sequence[str], parts: Iterable[str],
-                extra: Mapping[str, Mapping[str, str]] | None = None, budget_s: float | None = None) -> dict[str, str]:
+                extra: Mapping[str, Mapping[str, str]] | None = None, budget_s: float | None = None,
+                provided: Iterable[str] = ()) -> dict[str, str]:
     """Map each part whose answer delegates to a sentence saying how.
 
     ``code``: the student's cells in notebook order (a list of sources), or all of them joined in
@@ -478,6 +525,8 @@ def delegations(code: str | Sequence[str], parts: Iterable[str],
     A helper that delegates taints every part that calls it; another part does not.
     Bounded: more than ``MAX_SCAN_CHARS`` of code, or more than ``budget_s`` seconds
     (``SCAN_SECONDS`` by default), raises :class:`ScanLimit`; the work is linear in the code's size.
+    ``provided``: global names the course's own cells bind (the setup cells, not scanned): a bare name among
+    them is the course's, not one a star import brought.
     """
     size = len(code) if isinstance(code, str) else sum(len(str(c)) for c in code)
     if size > MAX_SCAN_CHARS:
@@ -490,8 +539,15 @@ def delegations(code: str | Sequence[str], parts: Iterable[str],
     for tree in _parse(code):
         _check_budget(deadline)
         units += [_Unit(stmt) for stmt in _units(tree.body)]
-    ctx = _context(units, _written_modules(code))
+    exports = _written_modules(code)
+    ctx = _context(units, set(exports), exports)
+    ctx.globals_bound |= set(provided)
     ctx.deadline = deadline
+    for unit in units:  # importing the student's own module reads what it defines
+        n = unit.stmt
+        if isinstance(n, (ast.Import, ast.ImportFrom)):
+            for m in [a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""]:
+                unit.reads |= exports.get(m, set())
     # name -> the units binding it; its offences; the globals it reads
     binders: dict[str, list[_Unit]] = {}
     defs: dict[str, tuple[list[str], set[str]]] = {}

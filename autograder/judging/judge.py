@@ -9,6 +9,11 @@ The flow for one notebook:
    is skipped on a fresh sandbox, so later answers still count);
 5. run each check of the assignment's suite against the sandbox; a check that hangs or crashes
    the process fails with that reason and the next check gets a fresh sandbox.
+
+A sandbox is banned for its whole life, from before the first student line, for the bans of the parts it
+answers (:func:`autograder.in_sandbox.ban.ban_for_life`): there is one :class:`Session` per set of bans, so a
+part whose bans differ (chapter 01's softmax bans torch's softmax, its attention does not) is answered by a
+process of its own, in which the notebook's cells ran again.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from autograder.in_sandbox.torch_names import runtime_fragments
 from autograder.isolation.sandbox import Limits, Sandbox, SandboxError
 from autograder.judging import authorship
 from autograder.judging.checks import Backend, CheckFailed, load_suite, reply_value, seed_for
@@ -42,15 +48,18 @@ class SandboxBackend(Backend):
 
 
 class Session:
-    """A sandbox with the planned cells already run; restarted (skipping bad cells) when it dies."""
+    """A sandbox banned for ``bans`` with the planned cells already run; restarted (skipping bad cells) when it
+    dies. ``deadline``: the notebook's, shared by its sessions."""
 
-    def __init__(self, plan: Plan, files: Path | None, hide: list[Path], limits: Limits, result: NotebookResult) -> None:
+    def __init__(self, plan: Plan, files: Path | None, hide: list[Path], limits: Limits, result: NotebookResult,
+                 bans: tuple[str, ...] = (), deadline: float | None = None) -> None:
         self.plan, self.files, self.hide, self.limits, self.result = plan, files, hide, limits, result
+        self.bans = bans
         self.skip: set[int] = set()
         self.cell_errors: list[str] = []
         self.box: Sandbox | None = None
         self.restarts = 0
-        self.deadline = time.monotonic() + limits.notebook_timeout
+        self.deadline = deadline if deadline is not None else time.monotonic() + limits.notebook_timeout
 
     def ready(self, extra: int = 0) -> Sandbox | None:
         """A live sandbox with every runnable cell executed, or None once the notebook's budget is spent.
@@ -61,7 +70,7 @@ class Session:
             if self.restarts > MAX_RESTARTS + extra or time.monotonic() >= self.deadline:
                 return None
             self.restarts += 1
-            box = Sandbox(files=self.files, limits=self.limits, hide=self.hide)
+            box = Sandbox(files=self.files, limits=self.limits, hide=self.hide, bans=self.bans)
             box.deadline = self.deadline
             try:
                 box.start()
@@ -71,7 +80,8 @@ class Session:
                 if e.kind == "timeout":
                     return None
                 continue
-            self.result.log.append("isolation: " + "; ".join(box.isolation)) if self.restarts == 1 else None
+            if not any(line.startswith("isolation: ") for line in self.result.log):  # once per notebook
+                self.result.log.append("isolation: " + "; ".join(box.isolation))
             self.box = box
             for i, (label, code) in enumerate(self.plan.cells):
                 if i in self.skip:
@@ -131,12 +141,22 @@ def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *
 
     parts = [c.grade_id for c in source.solutions()]
     student_code = [code for label, code in plan.cells if not label.startswith("setup cell")]  # cell by cell
+    setup_code = [code for label, code in plan.cells if label.startswith("setup cell")]
     try:
-        delegated = authorship.delegations(student_code, parts, getattr(suite, "forbidden", {}))
+        delegated = authorship.delegations(student_code, parts, getattr(suite, "forbidden", {}),
+                                           provided=authorship.bound_names(setup_code))
     except authorship.ScanLimit as e:
         return fail_all(str(e))
 
-    session = Session(plan, files, hide or [], limits, result)
+    deadline = time.monotonic() + limits.notebook_timeout
+    sessions: dict[tuple[str, ...], Session] = {}  # one banned process per set of bans (see the module's docstring)
+
+    def session_for(check_parts: tuple[str, ...]) -> Session:
+        bans = tuple(runtime_fragments(suite.bans(check_parts)))
+        if bans not in sessions:
+            sessions[bans] = Session(plan, files, hide or [], limits, result, bans, deadline)
+        return sessions[bans]
+
     crashed_reasons: list[str] = []
     hung_parts: set[str] = set()
     stopped_parts: set[str] = set()  # parts whose code once stopped the process (crash, time-out, channel)
@@ -150,9 +170,10 @@ def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *
                 result.tests.append(TestResult(cell.grade_id, check.doc, 0.0, cell.points,
                                                f"earns no points: {bad[0]}; write it yourself"))
                 continue
+            session = session_for(check.parts)
             box = session.ready(extra=0 if set(check.parts) & stopped_parts else len(parts))
             if box is None:
-                reason = "the notebook used up its time limit" if time.monotonic() >= session.deadline else \
+                reason = "the notebook used up its time limit" if time.monotonic() >= deadline else \
                     "the notebook's process could not be kept running"
                 result.tests.append(TestResult(cell.grade_id, check.doc, 0.0, cell.points, reason))
                 crashed_reasons.append(reason)
@@ -182,7 +203,8 @@ def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *
                                                f"your answer could not be checked ({type(e).__name__}: {str(e)[:200]}); "
                                                "check the type, dtype and shape of what your code returns"))
     finally:
-        session.lost()
+        for session in sessions.values():
+            session.lost()
     skipped = [line for line in result.log if "was stopped and skipped" in line]
     if skipped or crashed_reasons:
         result.reason = "; ".join(skipped + crashed_reasons)[:500]
