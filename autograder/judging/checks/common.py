@@ -216,3 +216,36 @@ def expect_layer(out, w, p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mas
     wrong = mha_mistakes(p, q, k, v, h, mask) | (also or {})
     expect_close(out, exp_out, f"the output of {layer}", mistakes.outputs(wrong))
     expect_close(w, exp_w, f"the {weights_name} of {layer}", mistakes.weights(wrong))
+
+
+# -- the mask, as a property of the student's own weights -------------------------------------------
+
+
+def renormalised(w0: Tensor, full: Tensor) -> Tensor:
+    """What masking the scores with ``full`` (True = may attend) before the softmax does to weights ``w0`` computed
+    without the mask, whatever made the scores (their scale, the projections): the allowed keys' weights scaled
+    back to sum 1; a row with no allowed key all zero."""
+    kept = w0.double() * full
+    total = kept.sum(-1, keepdim=True)
+    return torch.where(total > 0, kept / total.clamp_min(1e-300), 0.0)
+
+
+def expect_masked(w: Tensor, w0: Tensor, full: Tensor, what: str, wrong_masks: dict[str, Tensor] | None = None) -> None:
+    """Weights ``w`` under the mask ``full`` (broadcast to their shape) must be the student's own unmasked weights
+    ``w0`` renormalised on the allowed keys (:func:`renormalised`): the mask's property alone, so a wrong scale or
+    projection costs the checks of the values, not this one. Names the mask's classic mistakes, and
+    ``wrong_masks`` (message -> the mask a mistake applies instead)."""
+    right = renormalised(w0, full)
+    expect_close(w, right, what, {
+        ATTENTION_MISTAKES[mistakes.MASK_INVERTED]: renormalised(w0, ~full),
+        ATTENTION_MISTAKES[mistakes.MASK_AFTER]: w0.double() * full,
+        "the mask is ignored: the keys where it is False must get weight 0 (True = may attend)": w0.double(),
+        UNIFORM_ROWS: torch.where(full.any(-1, keepdim=True), right, 1.0 / w.shape[-1]),
+        **{message: renormalised(w0, wrong) for message, wrong in (wrong_masks or {}).items()}})
+
+
+def hidden_keys_changed(value: Tensor, full: Tensor) -> Tensor | None:
+    """``value`` (B, m, ...) with the rows of the keys that ``full`` (B, ..., n, m) hides from every query changed,
+    or None when it hides none: the output must not change (a hidden key must not reach it)."""
+    hidden = ~full.flatten(1, -2).any(1)  # (B, m)
+    return value + 10.0 * hidden.reshape(*hidden.shape, *[1] * (value.dim() - 2)) if bool(hidden.any()) else None
