@@ -19,7 +19,7 @@ from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
 from autograder.judging.checks import (CheckFailed, Suite, Trial, args, close, expect_close, expect_pair, expect_tensor,
                                        listed, mistakes, number, requirement)
-from autograder.judging.checks.common import ATTENTION_MISTAKES, expect_masked, hidden_keys_changed
+from autograder.judging.checks.common import ATTENTION_MISTAKES, expect_masked, fitted_scale, hidden_keys_changed
 
 SUITE = Suite("01_single_head")
 # requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words
@@ -218,19 +218,11 @@ def sdpa_values(t: Trial) -> None:
         expect_close(out, F.scaled_dot_product_attention(q, k, v), "the attention output", mistakes.outputs(wrong))
 
 
-def own_scale_query(q, k, w, mask=None):
-    """``q`` rescaled so that the reference's ``Q K^T / sqrt(d_k)`` is the student's own scaled scores: the scale
-    ``c`` of ``w = softmax(c Q K^T)`` fitted to the student's weights ``w`` (least squares on the log-weights of
-    the allowed keys, row by row). A check of another property compares with the reference on this query, so a
-    wrong scale costs test_sdpa_values alone. Weights that do not follow the scores (c <= 0.01) keep the right scale."""
-    s = (q.double() @ k.double().transpose(-2, -1)).expand(w.shape)
-    keep = (w.double() > 1e-12) & (True if mask is None else mask.expand(w.shape))
-    n = keep.sum(-1, keepdim=True).clamp_min(1)
-    lw = torch.where(keep, w.double().clamp_min(1e-300).log(), 0.0)
-    x = torch.where(keep, s - (s * keep).sum(-1, keepdim=True) / n, 0.0)
-    y = torch.where(keep, lw - lw.sum(-1, keepdim=True) / n, 0.0)
-    c = float((x * y).sum() / (x * x).sum().clamp_min(1e-300))
-    return q * (c * math.sqrt(q.shape[-1]) if math.isfinite(c) and c > 0.01 else 1.0)
+def own_scale_query(q, k, w):
+    """``q`` rescaled so that the reference's ``Q K^T / sqrt(d_k)`` is the student's own scaled scores
+    (``common.fitted_scale``): a wrong scale costs test_sdpa_values alone."""
+    c = fitted_scale(q @ k.transpose(-2, -1), w)
+    return q if c is None else q * (c * math.sqrt(q.shape[-1]))
 
 
 @SUITE.check("test_sdpa_batch_dims", parts=[SDPA])

@@ -249,3 +249,28 @@ def hidden_keys_changed(value: Tensor, full: Tensor) -> Tensor | None:
     or None when it hides none: the output must not change (a hidden key must not reach it)."""
     hidden = ~full.flatten(1, -2).any(1)  # (B, m)
     return value + 10.0 * hidden.reshape(*hidden.shape, *[1] * (value.dim() - 2)) if bool(hidden.any()) else None
+
+
+def fitted_scale(scores: Tensor, w: Tensor, allowed: Tensor | None = None) -> float | None:
+    """The student's own scale: ``c`` with ``w = softmax(c * scores)`` on the ``allowed`` keys, fitted by least
+    squares on the log-weights, row by row. A check of another property than the scale compares with the
+    reference at this scale, so a wrong scale costs the check of the values alone. None when the weights do not
+    follow the scores (c <= 0.01: uniform weights, say), and the right scale applies."""
+    s = scores.double().expand(w.shape)
+    keep = (w.double() > 1e-12) & (True if allowed is None else allowed.expand(w.shape))
+    n = keep.sum(-1, keepdim=True).clamp_min(1)
+    lw = torch.where(keep, w.double().clamp_min(1e-300).log(), 0.0)
+    x = torch.where(keep, s - (s * keep).sum(-1, keepdim=True) / n, 0.0)
+    y = torch.where(keep, lw - lw.sum(-1, keepdim=True) / n, 0.0)
+    c = float((x * y).sum() / (x * x).sum().clamp_min(1e-300))
+    return c if math.isfinite(c) and c > 0.01 else None
+
+
+def scaled_reference(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None,
+                     w: Tensor) -> tuple[Tensor, Tensor]:
+    """MultiHeadAttention's ``(output, weights)`` with weights ``p`` at the scale the student's per-head weights ``w``
+    show (:func:`fitted_scale`): the reference for a check of the mask or of causality, not of the scale."""
+    Q, K, V = _lin(p, "q_proj", q), _lin(p, "k_proj", k), _lin(p, "v_proj", v)
+    full = None if mask is None else _full(mask, q.shape[0], h, q.shape[1], k.shape[1])
+    c = fitted_scale(ref_split(Q, h) @ ref_split(K, h).transpose(-2, -1), w, full)
+    return _heads(p, Q, K, V, h, mask, scale=None if c is None else 1.0 / c ** 2)
