@@ -230,18 +230,19 @@ def renormalised(w0: Tensor, full: Tensor) -> Tensor:
     return torch.where(total > 0, kept / total.clamp_min(1e-300), 0.0)
 
 
-def expect_masked(w: Tensor, w0: Tensor, full: Tensor, what: str, wrong_masks: dict[str, Tensor] | None = None) -> None:
+def expect_masked(w: Tensor, w0: Tensor, full: Tensor, what: str, wrong_masks: dict[str, Tensor] | None = None,
+                  name: str = "the mask") -> None:
     """Weights ``w`` under the mask ``full`` (broadcast to their shape) must be the student's own unmasked weights
     ``w0`` renormalised on the allowed keys (:func:`renormalised`): the mask's property alone, so a wrong scale or
     projection costs the checks of the values, not this one. Names the mask's classic mistakes, and
-    ``wrong_masks`` (message -> the mask a mistake applies instead)."""
+    ``wrong_masks`` (message -> the mask a mistake applies instead); ``name``: the mask's name in the messages."""
     right = renormalised(w0, full)
     expect_close(w, right, what, {
+        **{message: renormalised(w0, wrong) for message, wrong in (wrong_masks or {}).items()},
         ATTENTION_MISTAKES[mistakes.MASK_INVERTED]: renormalised(w0, ~full),
         ATTENTION_MISTAKES[mistakes.MASK_AFTER]: w0.double() * full,
-        "the mask is ignored: the keys where it is False must get weight 0 (True = may attend)": w0.double(),
-        UNIFORM_ROWS: torch.where(full.any(-1, keepdim=True), right, 1.0 / w.shape[-1]),
-        **{message: renormalised(w0, wrong) for message, wrong in (wrong_masks or {}).items()}})
+        f"{name} is ignored: the keys where it is False must get weight 0 (True = may attend)": w0.double(),
+        UNIFORM_ROWS: torch.where(full.any(-1, keepdim=True), right, 1.0 / w.shape[-1])})
 
 
 def hidden_keys_changed(value: Tensor, full: Tensor) -> Tensor | None:
