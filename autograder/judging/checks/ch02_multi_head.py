@@ -23,39 +23,34 @@ from autograder.judging.checks.common import (INTERLEAVED_SPLIT, MASK_AXES, NAN_
                                               hidden_keys_changed, random_weights)
 
 SUITE = Suite("02_multi_head")
-# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words
-# of the exercise text that state it); tests/test_stated_requirements.py and test_chNN_grading.py read it
-STATED_REQUIREMENTS = {
+STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
     'split: head axis before the sequence axis': requirement('test_split_heads', 'transpose',
-                '(b, n, h*dh) -> (b, h, n, dh)'),
+        '(b, n, h*dh) -> (b, h, n, dh)'),
     'split: contiguous feature blocks per head': requirement('test_split_heads', 'interleaved',
-                'head h holds features h*dh:(h+1)*dh'),
+        'head h holds features h*dh:(h+1)*dh'),
     'merge: inverse of split, heads in order': requirement('test_merge_heads', 'reverse order',
-                'the inverse, (b, h, n, dh) -> (b, n, h*dh)'),
+        'the inverse, (b, h, n, dh) -> (b, n, h*dh)'),
     'four nn.Linear(E, E) projections': requirement('test_mha_shapes', 'no out_proj',
-                'q_proj, k_proj, v_proj and out_proj are each nn.linear(e, e, bias=bias)',
-                also=('test_mha_values', 'test_mha_mask')),
-    'bias flag': requirement('test_mha_shapes', 'still has biases',
-                'with bias=false none of the four has a bias'),
+        'q_proj, k_proj, v_proj and out_proj are each nn.linear(e, e, bias=bias)',
+        also=('test_mha_values', 'test_mha_mask')),
+    'bias flag': requirement('test_mha_shapes', 'still has biases', 'with bias=false none of the four has a bias'),
     'ValueError when E % H != 0': requirement('test_mha_shapes', 'ValueError',
-                'raise a valueerror when embed_dim is not divisible by num_heads'),
-    'per-head weights (B, H, n, m), n != m': requirement('test_mha_shapes', 'per-head',
-                'per-head weights (b, h, n, m)',
-                also=('test_mha_values', 'test_mha_mask')),
+        'raise a valueerror when embed_dim is not divisible by num_heads'),
+    'per-head weights (B, H, n, m), n != m': requirement('test_mha_shapes', 'per-head', 'per-head weights (b, h, n, m)',
+        also=('test_mha_values', 'test_mha_mask')),
     'each projection on its own input': requirement('test_mha_values', 'wrong input',
-                'apply q_proj to query, k_proj to key and v_proj to value'),
+        'apply q_proj to query, k_proj to key and v_proj to value'),
     'scale 1/sqrt(head_dim)': requirement('test_mha_values', 'sqrt(head_dim)',
-                "the scale 1/\\sqrt{d_h} of one head's width"),
+        "the scale 1/\\sqrt{d_h} of one head's width"),
     'out_proj on the merged heads': requirement('test_mha_values', 'out_proj is missing',
-                'merge the heads and apply out_proj'),
-    'mask True means may attend': requirement('test_mha_mask', 'polarity',
-                'true means "may attend"'),
+        'merge the heads and apply out_proj'),
+    'mask True means may attend': requirement('test_mha_mask', 'polarity', 'true means "may attend"'),
     '3-D mask applies to every head': requirement('test_mha_mask', 'unsqueeze(1)',
-                'a mask broadcastable to (b, n, m) applies to every head'),
+        'a mask broadcastable to (b, n, m) applies to every head'),
     '4-D mask per head': requirement('test_mha_mask', '(B, H, n, m) per-head mask',
-                'a 4-d mask is already (b, h, n, m)'),
+        'a 4-d mask is already (b, h, n, m)'),
     'fully masked row gives zeros': requirement('test_mha_mask', 'all masked gets NaN',
-                'gets zero weights in every head, never nan'),
+        'gets zero weights in every head, never nan'),
 }
 SPLIT, MERGE, MHA = "split_heads", "merge_heads", "MultiHeadAttention"
 

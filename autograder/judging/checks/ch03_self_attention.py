@@ -20,33 +20,29 @@ from autograder.judging.checks import (CheckFailed, Suite, Trial, expect_close, 
 from autograder.judging.checks.common import NAN_ROWS, expect_layer, expect_masked, random_weights, reference
 
 SUITE = Suite("03_self_attention")
-# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words
-# of the exercise text that state it); tests/test_stated_requirements.py and test_chNN_grading.py read it
-STATED_REQUIREMENTS = {
-    'attribute attn': requirement('test_self_attention_shapes', 'attn',
-                'in __init__, as self.attn',
-                also=('test_self_attention_values', 'test_self_attention_mask', 'test_self_attention_permutation')),
+STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
+    'attribute attn': requirement('test_self_attention_shapes', 'attn', 'in __init__, as self.attn',
+        also=('test_self_attention_values', 'test_self_attention_mask', 'test_self_attention_permutation')),
     'returns (output, weights) of the right shapes': requirement('test_self_attention_shapes', 'pair',
-                'returning (output, weights) with shapes (b, n, e) and (b, h, n, n)',
-                also=('test_self_attention_values', 'test_self_attention_mask', 'test_self_attention_permutation')),
+        'returning (output, weights) with shapes (b, n, e) and (b, h, n, n)',
+        also=('test_self_attention_values', 'test_self_attention_mask', 'test_self_attention_permutation')),
     'x is query, key and value': requirement('test_self_attention_values', 'residual connection',
-                'plays all three roles: the queries, the keys and the values'),
+        'plays all three roles: the queries, the keys and the values'),
     'attn created once in __init__': requirement('test_self_attention_values', 'in __init__',
-                'create the multiheadattention once, in __init__',
-                also=('test_self_attention_mask', 'test_self_attention_permutation')),
+        'create the multiheadattention once, in __init__',
+        also=('test_self_attention_mask', 'test_self_attention_permutation')),
     'mask passed on': requirement('test_self_attention_mask', 'mask is ignored',
-                'pass the mask (true = may attend) on unchanged'),
+        'pass the mask (true = may attend) on unchanged'),
     'fully masked row gives zeros': requirement('test_self_attention_mask', 'attends to every key instead',
-                'do not switch its keys back on'),
+        'do not switch its keys back on'),
     'permutation equivariance': requirement('test_self_attention_permutation', 'permutation equivariant',
-                "add no positional encoding and nothing else that depends on a position's index",
-                also=('test_self_attention_values',)),
-    'design: a pair of (d, d_k) matrices': requirement('test_design_weights', 'pair',
-                'returns (w_q, w_k)'),
+        "add no positional encoding and nothing else that depends on a position's index",
+        also=('test_self_attention_values',)),
+    'design: a pair of (d, d_k) matrices': requirement('test_design_weights', 'pair', 'returns (w_q, w_k)'),
     'design: at least 0.9 on the target': requirement('test_design_weights', 'scale',
-                'at least 0.9 of its weight on position targets[i]'),
+        'at least 0.9 of its weight on position targets[i]'),
     'design: shared targets': requirement('test_design_weights', 'share a target',
-                'several positions may share a target'),
+        'several positions may share a target'),
 }
 RESIDUAL = ("a residual connection is added (x + attention): SelfAttention returns the attention output alone, "
             "attn(x, x, x); the residual belongs to the transformer block (chapter 07)")

@@ -19,54 +19,47 @@ from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Tr
 from autograder.judging.checks.common import expect_masked, hidden_keys_changed
 
 SUITE = Suite("05_cross_attention")
-# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words
-# of the exercise text that state it); tests/test_stated_requirements.py and test_chNN_grading.py read it
-STATED_REQUIREMENTS = {
+STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
     'CrossAttention holds self.attn': requirement('test_cross_attention_shapes', 'self.attn',
-                'an nn.module with one attribute attn, a multiheadattention(embed_dim, num_heads)',
-                also=('test_cross_attention_values', 'test_cross_attention_mask', 'test_cross_attention_properties')),
+        'an nn.module with one attribute attn, a multiheadattention(embed_dim, num_heads)',
+        also=('test_cross_attention_values', 'test_cross_attention_mask', 'test_cross_attention_properties')),
     'n and m unrelated': requirement('test_cross_attention_mask', 'different lengths',
-                'nothing in your code should assume that x and context have the same length'),
+        'nothing in your code should assume that x and context have the same length'),
     'keys and values from the context': requirement('test_cross_attention_values', 'keys are taken from x',
-                'the keys and values from a second sequence context (b, m, e)',
-                also=('test_cross_attention_shapes', 'test_cross_attention_mask', 'test_cross_attention_properties')),
+        'the keys and values from a second sequence context (b, m, e)',
+        also=('test_cross_attention_shapes', 'test_cross_attention_mask', 'test_cross_attention_properties')),
     'context_mask on the keys axis': requirement('test_cross_attention_mask', 'wrong axis',
-                'the padding lies along the keys axis (the last one)'),
+        'the padding lies along the keys axis (the last one)'),
     'context_mask True = real token': requirement('test_cross_attention_mask', 'polarity',
-                'true marks the real context tokens'),
+        'true marks the real context tokens'),
     'fully padded context: zero weights, no NaN': requirement('test_cross_attention_mask', 'all padding',
-                "if an example's mask is all false, its weights must be zeros, not nan"),
+        "if an example's mask is all false, its weights must be zeros, not nan"),
     'source mask: True at the first lengths[b]': requirement('test_source_padding_mask', 'j <= length',
-                'row b is true at positions 0 .. lengths[b] - 1 (the real tokens)',
-                also=('test_source_padding_mask_errors',)),
+        'row b is true at positions 0 .. lengths[b] - 1 (the real tokens)', also=('test_source_padding_mask_errors',)),
     'source mask: True marks real tokens': requirement('test_source_padding_mask', 'true marks padding',
-                '(the real tokens) and false after (the padding)',
-                also=('test_source_padding_mask_errors',)),
+        '(the real tokens) and false after (the padding)', also=('test_source_padding_mask_errors',)),
     'source mask: length 0 is all False': requirement('test_source_padding_mask', 'length 0',
-                'a length of 0 (an empty source) gives a row of false',
-                also=('test_source_padding_mask_errors',)),
+        'a length of 0 (an empty source) gives a row of false', also=('test_source_padding_mask_errors',)),
     'source mask: shape (B, m)': requirement('test_source_padding_mask', '(B, m)',
-                'returns the bool (b, m) mask that crossattention takes',
-                also=('test_source_padding_mask_errors',)),
-    'source mask: bool dtype': requirement('test_source_padding_mask', 'bool',
-                'returns the bool (b, m) mask'),
-    'source mask: ValueError for bad lengths': requirement('test_source_padding_mask_errors', 'should raise a ValueError',
-                'a length below 0 or above m cannot describe a source of m positions'),
+        'returns the bool (b, m) mask that crossattention takes', also=('test_source_padding_mask_errors',)),
+    'source mask: bool dtype': requirement('test_source_padding_mask', 'bool', 'returns the bool (b, m) mask'),
+    'source mask: ValueError for bad lengths': requirement('test_source_padding_mask_errors',
+        'should raise a ValueError', 'a length below 0 or above m cannot describe a source of m positions'),
     'source mask: ValueError, not another exception': requirement('test_source_padding_mask_errors', 'IndexError',
-                'cannot describe a source of m positions: raise a valueerror that says so'),
+        'cannot describe a source of m positions: raise a valueerror that says so'),
     'sublayer: norm and cross attributes': requirement('test_decoder_cross_attention', 'self.norm',
-                'holds self.norm = nn.layernorm(embed_dim) and self.cross = crossattention(embed_dim, num_heads)',
-                also=('test_decoder_cross_attention_padding',)),
+        'holds self.norm = nn.layernorm(embed_dim) and self.cross = crossattention(embed_dim, num_heads)',
+        also=('test_decoder_cross_attention_padding',)),
     'sublayer: the residual': requirement('test_decoder_cross_attention', 'residual is missing',
-                'and adds the result back (the residual connection)'),
+        'and adds the result back (the residual connection)'),
     'sublayer: only x is normalised': requirement('test_decoder_cross_attention', 'memory is normalised',
-                'only x is normalised here: memory comes from the encoder'),
+        'only x is normalised here: memory comes from the encoder'),
     'sublayer: pre-norm': requirement('test_decoder_cross_attention', 'post-norm',
-                'in a pre-norm decoder block (chapter 07) the cross-attention sublayer normalises its input'),
-    'sublayer: memory_lengths hide padding': requirement('test_decoder_cross_attention_padding', 'memory_lengths is ignored',
-                'says how many of the m memory positions are real source tokens'),
+        'in a pre-norm decoder block (chapter 07) the cross-attention sublayer normalises its input'),
+    'sublayer: memory_lengths hide padding': requirement('test_decoder_cross_attention_padding',
+        'memory_lengths is ignored', 'says how many of the m memory positions are real source tokens'),
     'sublayer: empty source, no NaN': requirement('test_decoder_cross_attention_padding', 'all padding',
-                'an example with an empty source gets zero weights and no nan'),
+        'an example with an empty source gets zero weights and no nan'),
 }
 CROSS = "CrossAttention"
 SOURCE_MASK = "source_padding_mask"
@@ -185,9 +178,9 @@ def _expect_mask_property(call, x: Tensor, ctx: Tensor, keep: Tensor, h: int, wh
     _, w0 = call(x, ctx, None)
     _expect_shapes(*call(x, ctx, None), b, n, m, e, h, what + " without the mask")
     out, w = call(x, ctx, keep)
-    for value, name in ((out, "output"), (w, "weights")):
+    for value, part in ((out, "output"), (w, "weights")):
         if isinstance(value, Tensor) and value.is_floating_point() and not torch.isfinite(value).all():
-            raise CheckFailed(f"the {name}{what} contain NaN: {FULLY_PADDED}")
+            raise CheckFailed(f"the {part}{what} contain NaN: {FULLY_PADDED}")
     _expect_shapes(out, w, b, n, m, e, h, what)
     full = keep[:, None, None, :].expand_as(w)
     wrong = {WRONG_AXIS: keep[:, None, :, None].expand_as(w)} if n == m else {}
