@@ -23,7 +23,8 @@ from attnkit import padding_mask as ref_padding
 from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
 from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, choice, expect_close, expect_pair,
-                                       expect_tensor, fail_if_named, listed, mistakes, number, requirement, row_set)
+                                       expect_tensor, fail_if_named, listed, mistakes, number, requirement, row_set,
+                                       twin)
 from autograder.judging.checks.common import (ATTENTION_MISTAKES, UNIFORM_ROWS, head_mistakes, random_weights,
                                               scaled_reference)
 
@@ -123,29 +124,31 @@ def causal_mask_check(t: Trial) -> None:
                           "device=device)), so a model on the GPU gets its mask there")
 
 
-@SUITE.check("test_padding_mask", parts=[PADDING])
-def padding_mask_check(t: Trial) -> None:
-    """padding_mask(lengths, max_len) is a bool (B, 1, max_len) tensor, True at the first lengths[b] positions."""
-    for lengths, max_len in [([3, 1, 4], 5), ([2, 2], 2), ([0, 3, 1, 2], 3)]:
-        lt = torch.tensor(lengths, dtype=torch.int64)
-        b = len(lengths)
-        m = t.call(PADDING, lt, max_len)
-        what = f"padding_mask(lengths={lengths}, max_len={max_len})"
-        if isinstance(m, Tensor) and tuple(m.shape) == (b, max_len) and b != 1:
-            raise CheckFailed(f"{what} has shape {(b, max_len)}: add a query axis, (B, 1, max_len), so the mask "
-                              "broadcasts over the queries of each example (mask[:, None, :])")
-        if isinstance(m, Tensor) and tuple(m.shape) == (b, max_len, 1):
-            raise CheckFailed(f"{what} has shape {(b, max_len, 1)}: the singleton axis goes in the middle, "
-                              "(B, 1, max_len), so that the mask hides keys (columns), not queries")
-        m = expect_bool_mask(m, (b, 1, max_len), what)
-        pos = torch.arange(max_len)
-        expect_equal_mask(m, ref_padding(lt, max_len), what, {
-            "off by one: a sequence of length L has real tokens at positions 0..L-1, so use position < L, "
-            "not position <= L": (pos <= lt[:, None])[:, None],
-            "off by one: a sequence of length L has real tokens at positions 0..L-1 (all L of them), "
-            "so use position < L, not position < L - 1": (pos < lt[:, None] - 1)[:, None],
-            INVERTED + ": it is True at the padding": (pos >= lt[:, None])[:, None],
-        })
+def _padding_mistakes(lengths: Tensor, max_len: int) -> dict[str, Tensor]:
+    pos, real = torch.arange(max_len), ref_padding(lengths, max_len)
+    return {
+        "the mask has shape (B, max_len): add a query axis, (B, 1, max_len), so the mask broadcasts over the "
+        "queries of each example (mask[:, None, :])": real[:, 0],
+        "the mask has shape (B, max_len, 1): the singleton axis goes in the middle, (B, 1, max_len), so that the "
+        "mask hides keys (columns), not queries": real.transpose(1, 2),
+        "off by one: a sequence of length L has real tokens at positions 0..L-1, so use position < L, "
+        "not position <= L": (pos <= lengths[:, None])[:, None],
+        "off by one: a sequence of length L has real tokens at positions 0..L-1 (all L of them), "
+        "so use position < L, not position < L - 1": (pos < lengths[:, None] - 1)[:, None],
+        INVERTED + ": it is True at the padding": (pos >= lengths[:, None])[:, None]}
+
+
+def _same_mask(got, expected: Tensor, what: str, known: dict[str, Tensor]) -> None:
+    if isinstance(got, Tensor) and tuple(got.shape) != tuple(expected.shape) and got.shape[0] != 1:
+        fail_if_named(got.bool(), known, what, lambda a, b: a.shape == b.shape and torch.equal(a, b))
+    expect_equal_mask(expect_bool_mask(got, tuple(expected.shape), what), expected, what, known)
+
+
+SUITE.oracle("test_padding_mask", PADDING, "padding_mask(lengths, max_len) is a bool (B, 1, max_len) tensor, True at "
+             "the first lengths[b] positions.", cases=[([3, 1, 4], 5), ([2, 2], 2), ([0, 3, 1, 2], 3)],
+             draw=lambda t, lengths, max_len: (torch.tensor(lengths, dtype=torch.int64), max_len),
+             reference=ref_padding, mistakes=_padding_mistakes, compare=_same_mask,
+             what=lambda lengths, max_len: f"padding_mask(lengths={lengths.tolist()}, max_len={max_len})")
 
 
 # -- masked attention ----------------------------------------------------------------------------
@@ -245,12 +248,9 @@ def fully_masked_check(t: Trial) -> None:
 def masked_mha_check(t: Trial) -> None:
     """Through the given MultiHeadAttention: causal & padding masks for a batch of unequal lengths, length 0 included."""
     b, n, e, h = 3, 5, 8, 2
-    try:
-        obj = t.new("MultiHeadAttention", e, h)
-    except StudentError as err:
-        raise CheckFailed(f"the given MultiHeadAttention could not be created (was the setup cell changed?): {err}") from None
     p = random_weights(t, e)
-    obj.load(p)
+    obj, _ = twin(t, "MultiHeadAttention", e, h, reference=p, hint=" (the given MultiHeadAttention: was the setup "
+                  "cell changed?)")
     x = t.randn(b, n, e)
     mask = ref_causal(n) & ref_padding(torch.tensor([5, 2, 0]), n)  # (B, n, n)
     try:
@@ -282,9 +282,8 @@ def causality_check(t: Trial) -> None:
     """With your causal_mask, SelfAttention's output i ignores inputs j > i: perturbing them changes nothing, their gradient is 0."""
     n, e, h = 6, 8, 2
     mask = expect_bool_mask(t.call(CAUSAL, n), (n, n), f"causal_mask({n})")
-    obj = t.new("SelfAttention", e, h)
     p = random_weights(t, e)
-    obj.load({f"attn.{k}": v for k, v in p.items()})
+    obj, _ = twin(t, "SelfAttention", e, h, reference=p, names=lambda k: f"attn.{k}")
     x = t.randn(1, n, e)
     out, w = expect_pair(obj(x, mask), "SelfAttention")
     expect_tensor(out, (1, n, e), "the output of SelfAttention with your causal mask")

@@ -15,7 +15,8 @@ from torch import Tensor, nn
 
 from attnkit import CrossAttention as RefCrossAttention
 from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, choice, expect_close, expect_pair,
-                                       expect_tensor, expect_value_error, listed, number, requirement, twin)
+                                       expect_tensor, expect_value_error, fail_if_named, listed, number, requirement,
+                                       twin)
 from autograder.judging.checks.common import expect_masked, hidden_keys_changed
 
 SUITE = Suite("05_cross_attention")
@@ -260,16 +261,12 @@ def source_padding_mask_check(t: Trial) -> None:
         exp = _ref_source_mask(lt, m)
         if torch.equal(got, exp):
             continue
-        mistakes = {
+        fail_if_named(got, {
             "True marks padding here; True must mark the real source tokens (the ones that may be attended to)": ~exp,
             "one position too many is True (j <= length instead of j < length): positions 0 .. length-1 are real":
                 torch.arange(m)[None, :] <= lt[:, None],
             "a source of length 0 must give a row of False (nothing to attend to), not one real token":
-                torch.arange(m)[None, :] < lt.clamp(min=1)[:, None],
-        }
-        for message, wrong in mistakes.items():
-            if torch.equal(got, wrong):
-                raise CheckFailed(f"mistake in {what}: {message}")
+                torch.arange(m)[None, :] < lt.clamp(min=1)[:, None]}, what, torch.equal)
         raise CheckFailed(f"mistake in {what}: row b should be True at positions 0 .. lengths[b] - 1 and False after")
 
 
