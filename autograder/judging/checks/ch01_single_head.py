@@ -19,7 +19,8 @@ from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
 from autograder.judging.checks import (CheckFailed, Suite, Trial, args, close, expect_close, expect_pair, expect_tensor,
                                        listed, mistakes, number, requirement)
-from autograder.judging.checks.common import ATTENTION_MISTAKES, expect_masked, fitted_scale, hidden_keys_changed
+from autograder.judging.checks.common import (ATTENTION_MISTAKES, expect_distributions, expect_masked, fitted_scale,
+                                              hidden_keys_changed)
 
 SUITE = Suite("01_single_head")
 STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
@@ -37,7 +38,7 @@ STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, w
         'any number of leading batch dimensions'),
     'scale 1/sqrt(d_k)': requirement('test_sdpa_values', 'not scaled', 'softmax(q k^t / sqrt(d_k)) v'),
     'softmax over the keys': requirement('test_sdpa_values', 'over the keys',
-        'weights of the visible keys still sum to 1', also=('test_sdpa_batch_dims', 'test_sdpa_mask')),
+        'weights of the visible keys still sum to 1', also=('test_sdpa_batch_dims', 'test_sdpa_mask', 'test_sdpa_fully_masked')),
     'mask True means may attend': requirement('test_sdpa_mask', 'polarity', 'true means "may attend"',
         also=('test_sdpa_fully_masked',)),
     'mask before the softmax': requirement('test_sdpa_mask', 'after the softmax',
@@ -259,6 +260,7 @@ def sdpa_fully_masked(t: Trial) -> None:
                  {ATTENTION_MISTAKES[mistakes.FINITE_FILL]: torch.full((1, 5), 0.2)})
     expect_close(out[:, 1], torch.zeros(1, 2), "the output row of the fully masked query (it should be all zero)")
     rest = torch.tensor([0, 2])
+    expect_distributions(w[:, rest], "the weights of the other rows")
     out2, w2 = _own(t, q[:, rest], k, v, mask[rest], what="attention on the other two queries")
     expect_close(w[:, rest], w2, "the weights of the other rows (a fully masked row must not change them)")
     expect_close(out[:, rest], out2, "the output of the other rows (a fully masked row must not change them)")

@@ -25,8 +25,8 @@ from attnkit import softmax as ref_softmax
 from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, choice, expect_close, expect_pair,
                                        expect_tensor, fail_if_named, listed, mistakes, number, requirement, row_set,
                                        twin)
-from autograder.judging.checks.common import (ATTENTION_MISTAKES, UNIFORM_ROWS, head_mistakes, random_weights,
-                                              scaled_reference)
+from autograder.judging.checks.common import (ATTENTION_MISTAKES, UNIFORM_ROWS, expect_distributions, head_mistakes,
+                                              random_weights, scaled_reference)
 
 SUITE = Suite("04_masked_attention")
 STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
@@ -239,6 +239,7 @@ def fully_masked_check(t: Trial) -> None:
                  "all zero)", {UNIFORM_ROWS: torch.full((int(empty.sum()), 5), 0.2)})
     expect_close(out[empty], torch.zeros(int(empty.sum()), 2), "the output of the fully masked rows (they should be all zero)")
     rest = torch.tensor([0, 2, 3])
+    expect_distributions(w[:1, rest], "the weights of the other rows")
     out2, w2, _, _ = _against_reference(t, q[:1, rest], k[:1], v[:1], mask[:1, rest], "attention on the other rows")
     expect_close(w[:1, rest], w2, "the weights of the other rows (a fully masked row must not change them)")
     expect_close(out[:1, rest], out2, "the output of the other rows (a fully masked row must not change them)")

@@ -25,6 +25,7 @@ from attnkit import split_heads as ref_split
 from attnkit.torch_twins import to_torch_multihead
 from autograder.judging.checks import mistakes
 from autograder.judging.checks.compare import expect_close, expect_tensor
+from autograder.judging.checks.verdicts import CheckFailed
 from autograder.judging.checks.trial import Trial
 
 TIMES_SQRT = "the scores are multiplied by sqrt(d_k); the scale is 1/sqrt(d_k): divide Q K^T by sqrt(d_k)"
@@ -236,6 +237,7 @@ def expect_masked(w: Tensor, w0: Tensor, full: Tensor, what: str, wrong_masks: d
     ``w0`` renormalised on the allowed keys (:func:`renormalised`): the mask's property alone, so a wrong scale or
     projection costs the checks of the values, not this one. Names the mask's classic mistakes, and
     ``wrong_masks`` (message -> the mask a mistake applies instead); ``name``: the mask's name in the messages."""
+    expect_distributions(w0, what.replace("weights", "weights without the mask", 1))
     right = renormalised(w0, full)
     expect_close(w, right, what, {
         **{message: renormalised(w0, wrong) for message, wrong in (wrong_masks or {}).items()},
@@ -243,6 +245,16 @@ def expect_masked(w: Tensor, w0: Tensor, full: Tensor, what: str, wrong_masks: d
         ATTENTION_MISTAKES[mistakes.MASK_AFTER]: w0.double() * full,
         f"{name} is ignored: the keys where it is False must get weight 0 (True = may attend)": w0.double(),
         UNIFORM_ROWS: torch.where(full.any(-1, keepdim=True), right, 1.0 / w.shape[-1])})
+
+
+def expect_distributions(w: Tensor, what: str) -> None:
+    """Each row of ``w`` sums to 1 (or is all zero: a query with no allowed key), and not every row is zero: what
+    a check of the mask or of a fully masked row takes for granted (weights of zeros hide nothing)."""
+    sums = w.double().sum(-1)
+    ones, zeros = (sums - 1).abs() < 1e-4, sums.abs() < 1e-6
+    if not bool((ones | zeros).all()) or not bool(ones.any()):
+        raise CheckFailed(f"{what}: the weights of a query that may see some key must sum to 1 over the keys (a "
+                          "softmax along the keys, dim=-1)")
 
 
 def hidden_keys_changed(value: Tensor, full: Tensor) -> Tensor | None:
