@@ -467,6 +467,9 @@ def _expect_own_rows(t: Trial, got: Tensor, q: Tensor, k: Tensor, v: Tensor, wha
     allowed = torch.ones(n, m, dtype=torch.bool).tril() if causal else torch.ones(n, m, dtype=torch.bool)
     allowed = (allowed & mask if mask is not None else allowed).expand(*lead, n, m).reshape(-1, n, m)
     qs, ks, vs = (x.expand(*lead, *x.shape[-2:]).reshape(-1, *x.shape[-2:]) for x in (q, k, v))
+    if not bool(got.reshape(-1, n, v.shape[-1]).abs().sum(-1)[allowed.any(-1)].gt(0).all()):
+        raise CheckFailed(f"{what}: a query that may see some key gets an output of zeros: it is the softmax-weighted "
+                          "sum of the values it may see")
     for e in range(min(3, allowed.shape[0])):
         rows = sorted({0, n - 1, *torch.randperm(n, generator=t.gen)[:4].tolist()})
         for keys in {tuple(allowed[e, i].tolist()) for i in rows}:
