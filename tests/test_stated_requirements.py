@@ -134,3 +134,42 @@ def test_each_key_phrase_is_distinctive(chapter):
     weak = {name: req.phrase for name, req in _table(chapter).items()
             if len(_words(req.phrase)) < MIN_WORDS or len(_norm(req.phrase).strip()) < MIN_CHARS}
     assert not weak, f"ch{chapter}: key phrases too short to show where the text states the requirement: {weak}"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_a_reviewers_list_is_printed_from_the_data(chapter):
+    """``python -m autograder.judging.checks --requirements NN`` lists every check with its property and every
+    stated requirement under the check that enforces it: the requirements are written once, as data."""
+    from autograder.judging.checks.__main__ import requirements_list
+
+    listing, table = requirements_list(chapter[:2]), _table(chapter)
+    assert all(f"{gid} (" in listing for gid in load_suite(chapter).checks), listing
+    assert all(f"- {name}: \"{req.phrase}\"" in listing for name, req in table.items()), listing
+    assert "do not exist" not in listing
+    doc = importlib.import_module(f"autograder.judging.checks.ch{chapter}").__doc__ or ""
+    assert sum(req.phrase in doc for req in table.values()) < 2, "the requirements are data: keep prose out of the docstring"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_question_tables_give_the_points_of_their_test_cells(chapter):
+    """A question's row in its chapter's table states its points; the notebook's test cell holds the same."""
+    cells = {_nbgrader(c).get("grade_id"): _nbgrader(c) for path in sorted((RELEASE / chapter).glob("*.ipynb"))
+             for c in json.loads(path.read_text())["cells"]}
+    rows = {gid: c.points for gid, c in load_suite(chapter).checks.items() if c.points is not None}
+    assert all(cells[gid].get("points") == points for gid, points in rows.items()), rows
+
+
+def test_the_readmes_chapter_skeleton_uses_the_engine_as_it_is():
+    """"Adding a chapter" (autograder/README.md) shows a chapter's checks module: it parses, and every name it
+    imports from the engine exists, so a newcomer who copies it starts from working code."""
+    import autograder.judging.checks as engine
+
+    readme = (CHECKS.parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Adding a chapter"):]
+    code = section[section.index("```python") + len("```python"):section.index("```", section.index("```python") + 9)]
+    tree = ast.parse(code)
+    names = {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             and node.module == "autograder.judging.checks" for a in node.names}
+    assert names and all(hasattr(engine, n) for n in names), sorted(n for n in names if not hasattr(engine, n))
+    calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    assert {"SUITE.oracle", "SUITE.questions", "twin", "requirement"} <= calls, calls
