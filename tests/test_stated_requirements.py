@@ -134,3 +134,26 @@ def test_each_key_phrase_is_distinctive(chapter):
     weak = {name: req.phrase for name, req in _table(chapter).items()
             if len(_words(req.phrase)) < MIN_WORDS or len(_norm(req.phrase).strip()) < MIN_CHARS}
     assert not weak, f"ch{chapter}: key phrases too short to show where the text states the requirement: {weak}"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_a_reviewers_list_is_printed_from_the_data(chapter):
+    """``python -m autograder.judging.checks --requirements NN`` lists every check with its property and every
+    stated requirement under the check that enforces it: the requirements are written once, as data."""
+    from autograder.judging.checks.__main__ import requirements_list
+
+    listing, table = requirements_list(chapter[:2]), _table(chapter)
+    assert all(f"{gid} (" in listing for gid in load_suite(chapter).checks), listing
+    assert all(f"- {name}: \"{req.phrase}\"" in listing for name, req in table.items()), listing
+    assert "do not exist" not in listing
+    doc = importlib.import_module(f"autograder.judging.checks.ch{chapter}").__doc__ or ""
+    assert sum(req.phrase in doc for req in table.values()) < 2, "the requirements are data: keep prose out of the docstring"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_question_tables_give_the_points_of_their_test_cells(chapter):
+    """A question's row in its chapter's table states its points; the notebook's test cell holds the same."""
+    cells = {_nbgrader(c).get("grade_id"): _nbgrader(c) for path in sorted((RELEASE / chapter).glob("*.ipynb"))
+             for c in json.loads(path.read_text())["cells"]}
+    rows = {gid: c.points for gid, c in load_suite(chapter).checks.items() if c.points is not None}
+    assert all(cells[gid].get("points") == points for gid, points in rows.items()), rows

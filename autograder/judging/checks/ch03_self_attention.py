@@ -35,7 +35,8 @@ from torch import Tensor
 from attnkit import softmax as ref_softmax
 from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, expect_close, expect_number, expect_pair,
                                expect_tensor, expect_tuple, requirement)
-from autograder.judging.checks.common import expect_layer, random_weights, reference, row_set
+from autograder.judging.checks.common import expect_layer, random_weights, reference
+from autograder.judging.checks.questions import row_set
 
 SUITE = Suite("03_self_attention")
 # requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words

@@ -48,8 +48,8 @@ from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
 from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, expect_choice, expect_close, expect_number,
                                expect_pair, expect_tensor, expect_tuple, mistakes, requirement)
-from autograder.judging.checks.common import (ATTENTION_MISTAKES, UNIFORM_ROWS, head_mistakes, random_weights, reference_module,
-                                      row_set)
+from autograder.judging.checks.common import (ATTENTION_MISTAKES, UNIFORM_ROWS, head_mistakes, random_weights, reference_module)
+from autograder.judging.checks.questions import row_set
 
 SUITE = Suite("04_masked_attention")
 # requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words

@@ -6,7 +6,6 @@
   ``MultiHeadAttention(E, H)``, ``reference`` / ``expected`` for its ``(output, weights)``, ``head_mistakes`` and
   ``mha_mistakes`` for its classic mistakes, and ``expect_layer`` that compares a layer's answer with all of them
   (chapter 02's layer, chapter 03's self-attention, chapter 04's masked layer).
-- ``row_set``: a question's listed row numbers, order-free (chapters 03 and 04).
 
 Everything here runs in the judge, on the judge's tensors; nothing reaches the student's process.
 """
@@ -24,7 +23,9 @@ from attnkit import merge_heads as ref_merge
 from attnkit import softmax as ref_softmax
 from attnkit import split_heads as ref_split
 from attnkit.torch_twins import to_torch_multihead
-from autograder.judging.checks import Trial, expect_close, expect_tensor, mistakes
+from autograder.judging.checks import mistakes
+from autograder.judging.checks.compare import expect_close, expect_tensor
+from autograder.judging.checks.trial import Trial
 
 TIMES_SQRT = "the scores are multiplied by sqrt(d_k); the scale is 1/sqrt(d_k): divide Q K^T by sqrt(d_k)"
 UNIFORM_ROWS = ("a query whose keys are all masked gets equal weights on every key instead of zeros: filling with a "
@@ -215,14 +216,3 @@ def expect_layer(out, w, p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mas
     wrong = mha_mistakes(p, q, k, v, h, mask) | (also or {})
     expect_close(out, exp_out, f"the output of {layer}", mistakes.outputs(wrong))
     expect_close(w, exp_w, f"the {weights_name} of {layer}", mistakes.weights(wrong))
-
-
-# -- questions --------------------------------------------------------------------------------
-
-
-def row_set(value):
-    """A listed set of row numbers in increasing order (the order a student lists them in does not matter);
-    any other value unchanged, for ``expect_tuple`` to judge."""
-    if isinstance(value, (tuple, list)) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        return tuple(sorted(value))
-    return value

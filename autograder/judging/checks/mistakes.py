@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from attnkit import softmax as ref_softmax
-from autograder.judging.checks import CheckFailed
+from autograder.judging.checks.verdicts import CheckFailed
 
 # the variants, by key (a chapter's message table maps these to its words)
 NOT_SCALED = "not scaled"  # softmax(Q K^T) V
