@@ -54,52 +54,57 @@ LN_2 = 0.6931471805599453  # ln(2): converts a base-2 log back to a natural one
 
 
 @triton.jit
-def flash_forward_kernel(Q, K, V, O, LSE,  # pointers: q, o (B·H, n, d); k, v (B·H, m, d); lse (B·H, n)
-                         n, m, qk_scale,  # lengths, and 1/sqrt(d) * log2(e)
-                         CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """One program: BLOCK_M queries of one (batch, head), against every key they may see."""
+def flash_forward_kernel(
+    Q, K, V, O, LSE,  # q, o (B·H, n, d); k, v (B·H, m, d); lse (B·H, n): contiguous
+    n, m, qk_scale,  # lengths; the scores' scale times log2(e)
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    """One program: BLOCK_M queries of one (batch, head) against the keys they see."""
     start_m = tl.program_id(0)  # which tile of queries
     bh = tl.program_id(1)  # which (batch, head)
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query positions
     cols = tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions within a tile
     dims = tl.arange(0, HEAD_DIM)  # (HEAD_DIM,)
 
-    # the query tile: loaded once, kept in registers; rows past n are masked (read as 0, never stored)
-    q_ptrs = Q + (bh * n + rows[:, None]) * HEAD_DIM + dims[None, :]  # (BLOCK_M, HEAD_DIM) addresses
+    # the query tile, loaded once and kept in registers; rows past n read as 0
+    q_ptrs = Q + (bh * n + rows[:, None]) * HEAD_DIM + dims[None, :]
     q = tl.load(q_ptrs, mask=rows[:, None] < n, other=0.0)  # (BLOCK_M, HEAD_DIM)
 
-    # the online softmax's state, per query: running max (base-2 units), running sum, running output
+    # the online softmax's state: running max (base 2), running sum, accumulator
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # (BLOCK_M,)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # (BLOCK_M,)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # (BLOCK_M, HEAD_DIM)
 
-    # causal: query i sees keys j <= i, so the keys past this tile's last query are never loaded
+    # causal: no key past this tile's last query is ever loaded
     end = tl.minimum((start_m + 1) * BLOCK_M, m) if CAUSAL else m
     for start_n in range(0, end, BLOCK_N):
         keys = start_n + cols  # (BLOCK_N,)
-        k_ptrs = K + (bh * m + keys[None, :]) * HEAD_DIM + dims[:, None]  # (HEAD_DIM, BLOCK_N): K^T's tile
+        k_ptrs = K + (bh * m + keys[None, :]) * HEAD_DIM + dims[:, None]
         kT = tl.load(k_ptrs, mask=keys[None, :] < m, other=0.0)  # (HEAD_DIM, BLOCK_N)
-        s = tl.dot(q, kT, input_precision="ieee") * qk_scale  # (BLOCK_M, BLOCK_N) scores, base-2 units
+        s = tl.dot(q, kT, input_precision="ieee") * qk_scale  # (BLOCK_M, BLOCK_N)
         visible = keys[None, :] < m  # (1, BLOCK_N): keys past m are padding
         if CAUSAL:
             visible = visible & (keys[None, :] <= rows[:, None])  # (BLOCK_M, BLOCK_N)
         s = tl.where(visible, s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, axis=1))  # (BLOCK_M,)
-        alpha = tl.exp2(m_i - m_new)  # (BLOCK_M,) rescales what was summed under the old max
+        alpha = tl.exp2(m_i - m_new)  # (BLOCK_M,) rescales what the old max summed
         p = tl.exp2(s - m_new[:, None])  # (BLOCK_M, BLOCK_N) unnormalised weights
         l_i = l_i * alpha + tl.sum(p, axis=1)
 
-        v_ptrs = V + (bh * m + keys[:, None]) * HEAD_DIM + dims[None, :]  # (BLOCK_N, HEAD_DIM)
+        v_ptrs = V + (bh * m + keys[:, None]) * HEAD_DIM + dims[None, :]
         v = tl.load(v_ptrs, mask=keys[:, None] < m, other=0.0)  # (BLOCK_N, HEAD_DIM)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")  # (BLOCK_M, HEAD_DIM)
+        pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")  # (BLOCK_M, HEAD_DIM)
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
 
     acc = acc / l_i[:, None]  # normalise once, at the end
     o_ptrs = O + (bh * n + rows[:, None]) * HEAD_DIM + dims[None, :]
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=rows[:, None] < n)
-    # the log-sum-exp of each query's scores (natural log), what the backward pass recomputes the weights from
-    tl.store(LSE + bh * n + rows, (m_i + tl.log2(l_i)) * 0.6931471805599453, mask=rows < n)
+    # the natural log-sum-exp of each row's scores: the backward pass needs it
+    lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # times ln 2
+    tl.store(LSE + bh * n + rows, lse, mask=rows < n)
 
 
 def _decorated_for_interpreter() -> bool:
@@ -154,29 +159,35 @@ def _check(q: Tensor, k: Tensor, v: Tensor, block_m: int, block_n: int) -> None:
                          "'cuda', or set TRITON_INTERPRET=1 before importing attnkit.flash_triton to run on the CPU")
 
 
-def flash_attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, *, scale: float | None = None,
-                            block_m: int | None = None, block_n: int | None = None,
-                            num_warps: int = 4, num_stages: int = 2) -> tuple[Tensor, Tensor]:
-    """``(output, lse)``: attention of ``q`` (B, H, n, d) over ``k``, ``v`` (B, H, m, d), and the natural
-    log-sum-exp of each query's scaled scores, (B, H, n) float32.
+def flash_attention_forward(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool = False, *,
+    scale: float | None = None, block_m: int | None = None, block_n: int | None = None,
+    num_warps: int = 4, num_stages: int = 2,
+) -> tuple[Tensor, Tensor]:
+    """``(output, lse)``: attention of ``q`` (B, H, n, d) over ``k``, ``v`` (B, H, m, d)
+    and the natural log-sum-exp of each query's scaled scores, (B, H, n) float32.
 
-    ``causal``: query ``i`` sees keys ``j <= i`` (counted from the start, as
-    ``scaled_dot_product_attention(..., is_causal=True)``). ``scale``: the scores' factor, ``1/sqrt(d)`` by
-    default. ``block_m``, ``block_n``: queries and keys per tile, powers of two of at least 16.
-    ``num_warps``, ``num_stages``: how the GPU runs a program (ignored by the interpreter).
+    ``causal``: query ``i`` sees keys ``j <= i`` (from the start, as
+    ``scaled_dot_product_attention(..., is_causal=True)``). ``scale``: the scores'
+    factor, ``1/sqrt(d)`` by default. ``block_m``, ``block_n``: queries and keys per
+    tile, powers of two of at least 16. ``num_warps``, ``num_stages``: how a GPU runs
+    a program (the interpreter ignores them).
     """
     block_m, block_n = block_m or DEFAULT_BLOCKS[0], block_n or DEFAULT_BLOCKS[1]
     _check(q, k, v, block_m, block_n)
     (B, H, n, d), m = q.shape, k.shape[2]
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # row i of head bh starts at (bh * n + i) * d
+    # contiguous: row i of head bh starts at element (bh * n + i) * d
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = torch.empty_like(q)  # (B, H, n, d)
     lse = torch.empty(B, H, n, device=q.device, dtype=torch.float32)  # (B, H, n)
     if n == 0 or B * H == 0:
         return out, lse
-    qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2_E  # exp(x) = exp2(x * log2(e))
-    grid = (triton.cdiv(n, block_m), B * H)  # one program per (tile of queries, batch and head)
-    flash_forward_kernel[grid](q, k, v, out, lse, n, m, qk_scale, CAUSAL=bool(causal), BLOCK_M=block_m,
-                               BLOCK_N=block_n, HEAD_DIM=d, num_warps=num_warps, num_stages=num_stages)
+    # exp(x) = exp2(x * log2(e)): the kernel works in base 2
+    qk_scale = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2_E
+    grid = (triton.cdiv(n, block_m), B * H)  # one program per query tile and head
+    flash_forward_kernel[grid](
+        q, k, v, out, lse, n, m, qk_scale, CAUSAL=bool(causal), BLOCK_M=block_m,
+        BLOCK_N=block_n, HEAD_DIM=d, num_warps=num_warps, num_stages=num_stages)
     return out, lse
 
 
