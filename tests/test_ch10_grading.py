@@ -185,3 +185,21 @@ def test_question_answers_pass():
 ])
 def test_wrong_answer_named(gid, value, words):
     assert_answer_named(A, gid, value, words)
+
+
+def test_the_released_stubs_are_named_not_implemented():
+    """A blank notebook: every code check says 'not implemented yet', the kernel's too (the interpreter wraps
+    what a kernel raises in its own error)."""
+    import json
+
+    from autograder.course import RELEASE
+    from checking import namespace
+
+    cells = json.loads((RELEASE / A / "flash_triton.ipynb").read_text())["cells"]
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code"
+                     and not c["metadata"]["nbgrader"].get("grade") and not c["metadata"]["nbgrader"]["grade_id"]
+                     .startswith("q_"))
+    assert "raise NotImplementedError" in code and callable(namespace(code)["flash_attention_forward"])
+    gids = [*KERNEL_CHECKS, "test_wrapper_shapes", "test_wrapper_blocks"]
+    results = run_checks(A, code, gids)
+    assert all(msg.startswith("not implemented yet") for msg in results.values()), results

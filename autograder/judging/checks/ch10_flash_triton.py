@@ -134,7 +134,12 @@ def _launch(t: Trial, q: Tensor, k: Tensor, v: Tensor, causal: bool, block_m: in
     tail = 64 * d
     launch = t.trusted(LAUNCH, "Launch", q, k, v, tail)
     scale = LOG2_E / math.sqrt(d) if qk_scale is None else qk_scale
-    return launch(launcher, scale, causal, block_m, block_n)
+    try:
+        return launch(launcher, scale, causal, block_m, block_n)
+    except StudentError as e:  # the interpreter wraps what the kernel raised
+        if "InterpreterError: NotImplementedError()" in str(e):
+            raise StudentError("not implemented yet: the cell still raises NotImplementedError") from None
+        raise
 
 
 # -- the reference: the tiled loop in float64, with switches for the classic mistakes ------------------------------
