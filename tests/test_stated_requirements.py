@@ -157,3 +157,19 @@ def test_question_tables_give_the_points_of_their_test_cells(chapter):
              for c in json.loads(path.read_text())["cells"]}
     rows = {gid: c.points for gid, c in load_suite(chapter).checks.items() if c.points is not None}
     assert all(cells[gid].get("points") == points for gid, points in rows.items()), rows
+
+
+def test_the_readmes_chapter_skeleton_uses_the_engine_as_it_is():
+    """"Adding a chapter" (autograder/README.md) shows a chapter's checks module: it parses, and every name it
+    imports from the engine exists, so a newcomer who copies it starts from working code."""
+    import autograder.judging.checks as engine
+
+    readme = (CHECKS.parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Adding a chapter"):]
+    code = section[section.index("```python") + len("```python"):section.index("```", section.index("```python") + 9)]
+    tree = ast.parse(code)
+    names = {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             and node.module == "autograder.judging.checks" for a in node.names}
+    assert names and all(hasattr(engine, n) for n in names), sorted(n for n in names if not hasattr(engine, n))
+    calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    assert {"SUITE.oracle", "SUITE.questions", "twin", "requirement"} <= calls, calls

@@ -1,33 +1,11 @@
 """Graded checks for exercise 01_single_head: ``softmax``, ``scaled_dot_product_attention`` and four
-conceptual questions.
+conceptual questions. The requirements the exercise states are ``STATED_REQUIREMENTS`` (data); print them with
+``python -m autograder.judging.checks --requirements 01``. Not graded, on purpose: "use your softmax" in the
+attention is advice (torch's softmax is allowed there); the device (the judge's inputs arrive on the CPU).
 
-Stated requirements (the exercise's text and docstrings), each with the check that exercises it; a
-reviewer compares this list with the notebook, ``tests/test_ch01_grading.py`` breaks each one alone:
-
-softmax(x, dim=-1)
-  - normalises along ``dim``, any axis, default -1 ........................ test_softmax_dim
-  - stable for scores around 1e4 (subtract the maximum) ................... test_softmax_stable
-  - a slice that is entirely -inf gives zeros, not NaN (docstring) ........ test_softmax_stable
-  - keeps the shape and dtype of ``x`` (docstring) ........................ test_softmax_basic
-scaled_dot_product_attention(query, key, value, mask=None)
-  - returns the pair ``(output, weights)`` ................................ test_sdpa_shapes
-  - output (..., n, d_v), weights (..., n, m), with n != m and d_v != d_k . test_sdpa_shapes
-  - any number of leading batch dimensions (none, one, two) ............... test_sdpa_batch_dims
-  - scores scaled by 1/sqrt(d_k) .......................................... test_sdpa_values
-  - softmax over the keys (the weights of a query sum to 1) ............... test_sdpa_values
-  - mask True means "may attend" .......................................... test_sdpa_mask
-  - the masked scores become -inf *before* the softmax .................... test_sdpa_mask
-  - a mask broadcastable to (..., n, m): an (n, m) one over the batch, a
-    per-example (B, n, m) one ............................................. test_sdpa_mask
-  - a query whose keys are all masked: zero weights and a zero output row,
-    never NaN (and not equal weights) ..................................... test_sdpa_fully_masked
-  - float64 in, float64 out (outputs keep the inputs' dtype) .............. test_sdpa_dtype_stability
-  - large scores (1e4 after scaling) stay finite .......................... test_sdpa_dtype_stability
-Both
-  - no torch softmax inside ``softmax``; no torch attention or attnkit: the authorship scan and the
-    run-time tripwire (``SUITE.forbidden``), tested in test_delegation_earns_nothing_for_that_part.
-Not graded, on purpose: "use your softmax" in the attention is advice (torch's softmax is allowed
-there); the device (the judge's inputs arrive on the CPU; the visible tests run on the student's device).
+Each attention check tests one property: test_sdpa_values the formula (scale, softmax axis, values); the others
+compare the student's answer with the student's own answer on related inputs (a 3-D batch, the unmasked
+weights renormalised, the rows without the masked one, float64), so a wrong scale costs test_sdpa_values alone.
 """
 
 from __future__ import annotations
@@ -39,50 +17,38 @@ import torch.nn.functional as F
 
 from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
-from autograder.judging.checks import (CheckFailed, Suite, Trial, close, expect_close, expect_number, expect_pair,
-                               expect_tensor, expect_tuple, mistakes, requirement)
-from autograder.judging.checks.common import ATTENTION_MISTAKES
+from autograder.judging.checks import (CheckFailed, Suite, Trial, args, close, expect_close, expect_pair, expect_tensor,
+                                       listed, mistakes, number, requirement)
+from autograder.judging.checks.common import ATTENTION_MISTAKES, expect_masked, fitted_scale, hidden_keys_changed
 
 SUITE = Suite("01_single_head")
-# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words
-# of the exercise text that state it); tests/test_stated_requirements.py and test_chNN_grading.py read it
-STATED_REQUIREMENTS = {
-    'softmax along dim': requirement('test_softmax_dim', 'dim',
-                'along the axis dim'),
-    'softmax stable near 1e4': requirement('test_softmax_stable', 'overflow',
-                'subtract the maximum'),
+STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
+    'softmax along dim': requirement('test_softmax_dim', 'dim', 'along the axis dim'),
+    'softmax stable near 1e4': requirement('test_softmax_stable', 'overflow', 'subtract the maximum'),
     'softmax of an all -inf slice is zero': requirement('test_softmax_stable', 'entirely -inf',
-                'entirely -inf (every key masked) must give zeros'),
-    'softmax keeps shape and dtype': requirement('test_softmax_basic', 'dtype',
-                'shape and dtype of x'),
-    'attention returns a pair': requirement('test_sdpa_shapes', 'pair',
-                'returning (output, weights)',
-                also=('test_sdpa_values', 'test_sdpa_batch_dims', 'test_sdpa_mask', 'test_sdpa_fully_masked', 'test_sdpa_dtype_stability')),
+        'entirely -inf (every key masked) must give zeros'),
+    'softmax keeps shape and dtype': requirement('test_softmax_basic', 'dtype', 'shape and dtype of x'),
+    'attention returns a pair': requirement('test_sdpa_shapes', 'pair', 'returning (output, weights)',
+        also=('test_sdpa_values', 'test_sdpa_batch_dims', 'test_sdpa_mask', 'test_sdpa_fully_masked', 'test_sdpa_dtype_stability')),
     'shapes with n != m and d_v != d_k': requirement('test_sdpa_shapes', 'wrong operand',
-                'return (output, weights) of shapes (..., n, d_v) and (..., n, m)',
-                also=('test_sdpa_values', 'test_sdpa_batch_dims', 'test_sdpa_mask', 'test_sdpa_fully_masked', 'test_sdpa_dtype_stability')),
+        'return (output, weights) of shapes (..., n, d_v) and (..., n, m)',
+        also=('test_sdpa_values', 'test_sdpa_batch_dims', 'test_sdpa_mask', 'test_sdpa_fully_masked', 'test_sdpa_dtype_stability')),
     'any number of leading dimensions': requirement('test_sdpa_batch_dims', 'leading dimension',
-                'any number of leading batch dimensions'),
-    'scale 1/sqrt(d_k)': requirement('test_sdpa_values', 'not scaled',
-                'softmax(q k^t / sqrt(d_k)) v',
-                also=('test_sdpa_batch_dims', 'test_sdpa_mask', 'test_sdpa_fully_masked', 'test_sdpa_dtype_stability')),
+        'any number of leading batch dimensions'),
+    'scale 1/sqrt(d_k)': requirement('test_sdpa_values', 'not scaled', 'softmax(q k^t / sqrt(d_k)) v'),
     'softmax over the keys': requirement('test_sdpa_values', 'over the keys',
-                'weights of the visible keys still sum to 1',
-                also=('test_sdpa_batch_dims', 'test_sdpa_mask', 'test_sdpa_fully_masked', 'test_sdpa_dtype_stability')),
-    'mask True means may attend': requirement('test_sdpa_mask', 'polarity',
-                'true means "may attend"',
-                also=('test_sdpa_fully_masked',)),
+        'weights of the visible keys still sum to 1', also=('test_sdpa_batch_dims', 'test_sdpa_mask')),
+    'mask True means may attend': requirement('test_sdpa_mask', 'polarity', 'true means "may attend"',
+        also=('test_sdpa_fully_masked',)),
     'mask before the softmax': requirement('test_sdpa_mask', 'after the softmax',
-                'the score becomes -inf before the softmax'),
+        'the score becomes -inf before the softmax'),
     'mask broadcast, per-example mask': requirement('test_sdpa_mask', 'per-example (B, n, m) mask',
-                'broadcastable to (..., n_queries, n_keys)'),
+        'broadcastable to (..., n_queries, n_keys)'),
     'fully masked row gives zeros': requirement('test_sdpa_fully_masked', 'zeros',
-                'gets zero weights and a zero output row, never nan'),
-    'float64 in, float64 out': requirement('test_sdpa_dtype_stability', 'float64',
-                'float64 in, float64 out'),
-    'large scores stay finite': requirement('test_sdpa_dtype_stability', 'overflow',
-                'stable for large scores',
-                also=('test_sdpa_fully_masked',)),
+        'gets zero weights and a zero output row, never nan'),
+    'float64 in, float64 out': requirement('test_sdpa_dtype_stability', 'float64', 'float64 in, float64 out'),
+    'large scores stay finite': requirement('test_sdpa_dtype_stability', 'overflow', 'stable for large scores',
+        also=('test_sdpa_fully_masked',)),
 }
 SOFTMAX, SDPA = "softmax", "scaled_dot_product_attention"
 KQ = ("the wrong operand is transposed: your scores are K Q^T, of shape (..., m, n); they must be "
@@ -124,13 +90,10 @@ def softmax_basic(t: Trial) -> None:
     expect_close(y, ref_softmax(x), "softmax of a float64 tensor", atol=1e-10, rtol=1e-10)
 
 
-@SUITE.check("test_softmax_dim", parts=[SOFTMAX])
-def softmax_dim(t: Trial) -> None:
-    """The ``dim`` argument chooses the axis, for every axis of a 3-D tensor."""
-    x = t.randn(3, 4, 5, scale=2.0)
-    for dim in (0, 1, 2, -2):
-        expect_close(t.call(SOFTMAX, x, dim=dim), ref_softmax(x, dim=dim), f"softmax(x, dim={dim})",
-                     _softmax_mistakes(x, dim))
+SUITE.oracle("test_softmax_dim", SOFTMAX, "The ``dim`` argument chooses the axis, for every axis of a 3-D tensor.",
+             cases=[0, 1, 2, -2], draw=lambda t, dim: args(t.randn(3, 4, 5, scale=2.0), dim=dim),
+             reference=lambda x, dim: ref_softmax(x, dim=dim), mistakes=lambda x, dim: _softmax_mistakes(x, dim),
+             what=lambda x, dim: f"softmax(x, dim={dim})")
 
 
 @SUITE.check("test_softmax_stable", parts=[SOFTMAX])
@@ -212,17 +175,15 @@ def _pair(t: Trial, q, *args):
         raise _explained(t, q, e) from None
 
 
-def _against_reference(t: Trial, q, k, v, mask=None, what: str = "scaled_dot_product_attention"):
-    """(output, weights) of the student's attention, of the right shapes, then the reference's."""
-    args = (q, k, v) if mask is None else (q, k, v, mask)
-    exp_out, exp_w = ref_attention(q, k, v, mask)
+def _own(t: Trial, q, k, v, mask=None, what: str = "attention"):
+    """The student's (output, weights) on these inputs, of the right shapes (an error explained by probing)."""
     try:
-        out, w = expect_pair(t.call(SDPA, *args), SDPA)
-        expect_tensor(w, tuple(exp_w.shape), f"the weights of {what}")
-        expect_tensor(out, tuple(exp_out.shape), f"the output of {what}")
+        out, w = expect_pair(t.call(SDPA, *((q, k, v) if mask is None else (q, k, v, mask))), SDPA)
+        expect_tensor(w, (*q.shape[:-1], k.shape[-2]), f"the weights of {what}")
+        expect_tensor(out, (*q.shape[:-1], v.shape[-1]), f"the output of {what}")
     except CheckFailed as e:
         raise _explained(t, q, e) from None
-    return out, w, exp_out, exp_w
+    return out, w
 
 
 @SUITE.check("test_sdpa_shapes", parts=[SDPA])
@@ -230,7 +191,7 @@ def sdpa_shapes(t: Trial) -> None:
     """Returns (output, weights) with shapes (B, n, d_v) and (B, n, m), for n != m and d_v != d_k."""
     for b, n, m, dk, dv in [(2, 3, 5, 4, 6), (1, 7, 2, 3, 1)]:
         q, k, v = t.randn(b, n, dk), t.randn(b, m, dk), t.randn(b, m, dv)
-        _against_reference(t, q, k, v, what=f"attention for query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}")
+        _own(t, q, k, v, what=f"attention for query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}")
 
 
 @SUITE.check("test_sdpa_values", parts=[SDPA])
@@ -238,7 +199,7 @@ def sdpa_values(t: Trial) -> None:
     """Output and weights equal torch.nn.functional.scaled_dot_product_attention on random inputs."""
     for b, n, m, dk, dv in [(2, 4, 6, 8, 8), (3, 5, 3, 4, 7)]:
         q, k, v = t.randn(b, n, dk, scale=1.5), t.randn(b, m, dk, scale=1.5), t.randn(b, m, dv)
-        out, w, _, exp_w = _against_reference(t, q, k, v)
+        (out, w), (_, exp_w) = _own(t, q, k, v, what="scaled_dot_product_attention"), ref_attention(q, k, v)
         if not torch.allclose(w.sum(-1).double(), torch.ones(b, n, dtype=torch.float64), atol=1e-4):
             raise CheckFailed("the weights do not sum to 1 over the keys: did you apply the softmax over the right axis (dim=-1)?")
         wrong = _mistakes(q, k, v)
@@ -246,44 +207,46 @@ def sdpa_values(t: Trial) -> None:
         expect_close(out, F.scaled_dot_product_attention(q, k, v), "the attention output", mistakes.outputs(wrong))
 
 
+def own_scale_query(q, k, w):
+    """``q`` rescaled so that the reference's ``Q K^T / sqrt(d_k)`` is the student's own scaled scores
+    (``common.fitted_scale``): a wrong scale costs test_sdpa_values alone."""
+    c = fitted_scale(q @ k.transpose(-2, -1), w)
+    return q if c is None else q * (c * math.sqrt(q.shape[-1]))
+
+
 @SUITE.check("test_sdpa_batch_dims", parts=[SDPA])
 def sdpa_batch_dims(t: Trial) -> None:
-    """Works for any number of leading dimensions: none (n, d), one (B, n, d) and two (B, H, n, d)."""
+    """Any number of leading dimensions, none (n, d) to two (B, H, n, d), each a batch dimension (scored with your own scale)."""
     for lead in [(), (2, 3), (2, 1, 2)]:
         q, k, v = t.randn(*lead, 4, 5), t.randn(*lead, 6, 5), t.randn(*lead, 6, 3)
-        out, w, exp_out, exp_w = _against_reference(t, q, k, v, what=f"attention on {len(lead) + 2}-D inputs")
-        expect_close(out, exp_out, f"the output for inputs of shape {tuple(q.shape)}",
-                     mistakes.outputs(_mistakes(q, k, v)))
+        out, w = _own(t, q, k, v, what=f"attention on {len(lead) + 2}-D inputs")
+        q = own_scale_query(q, k, w)
+        exp_out, exp_w = ref_attention(q, k, v)
+        expect_close(out, exp_out, f"the output for inputs of shape {tuple(q.shape)}", mistakes.outputs(_mistakes(q, k, v)))
         expect_close(w, exp_w, f"the weights for inputs of shape {tuple(q.shape)}")
 
 
 @SUITE.check("test_sdpa_mask", parts=[SDPA])
 def sdpa_mask(t: Trial) -> None:
-    """A boolean mask (True = may attend), broadcast over the batch, matches torch's masked attention."""
+    """A boolean mask (True = may attend), (n, m) over the batch or (B, n, m) per example, hides its keys before the softmax."""
     b, n, m, d = 2, 5, 6, 4
     q, k, v = t.randn(b, n, d), t.randn(b, m, d), t.randn(b, m, d + 1)
-    mask = t.rand_mask(n, m, p=0.6)
-    mask[:, 0] = True  # every query may attend to at least one key
-    out, w, exp_out, exp_w = _against_reference(t, q, k, v, mask, what="masked attention")
-    if bool((w.masked_select(~mask.expand_as(w)).abs() > 1e-6).any()):
-        if bool((w.masked_select(mask.expand_as(w)).abs() < 1e-9).all()):
-            raise CheckFailed("the mask polarity is inverted: True means 'may attend', so the keys where the mask is "
-                              "False must get weight 0")
-        raise CheckFailed("masked keys (mask False) get non-zero weight: fill their scores with -inf before the softmax")
-    wrong = _mistakes(q, k, v, mask)
-    expect_close(w, exp_w, "the masked attention weights", mistakes.weights(wrong))
-    expect_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), "the masked attention output",
-                 mistakes.outputs(wrong))
-    per_batch = t.rand_mask(b, n, m, p=0.5)
-    per_batch[..., -1] = True
-    q2 = t.randn(b, n, d)
-    _, w2, _, exp_w2 = _against_reference(t, q2, k, v, per_batch, what="attention with a (B, n, m) mask")
-    expect_close(w2, exp_w2, "the weights with a per-example (B, n, m) mask")
+    for mask, what in [(t.rand_mask(n, m, p=0.6), "masked attention"),
+                       (t.rand_mask(b, n, m, p=0.5), "attention with a per-example (B, n, m) mask")]:
+        mask[..., 0], mask[..., -1] = True, False  # every query sees key 0; no query sees key m-1
+        _, w0 = _own(t, q, k, v, what="attention without a mask")
+        out, w = _own(t, q, k, v, mask, what=what)
+        full = mask.expand_as(w)
+        expect_masked(w, w0, full, f"the weights of {what}", {
+            "a per-example (B, n, m) mask must give each example its own mask": mask[:1].expand_as(w)})
+        out2, _ = _own(t, q, k, hidden_keys_changed(v, full), mask, what=what)
+        expect_close(out2, out, f"the output of {what} when only the value of a masked key changes (a key no query "
+                     "may see must not reach the output)")
 
 
 @SUITE.check("test_sdpa_fully_masked", parts=[SDPA])
 def sdpa_fully_masked(t: Trial) -> None:
-    """A query row with no allowed key gives zero weights and a zero output row, not NaN."""
+    """A query row with no allowed key gives zero weights and a zero output row, not NaN; the other rows are unchanged."""
     q, k, v = t.randn(1, 3, 4), t.randn(1, 5, 4), t.randn(1, 5, 2)
     mask = torch.ones(3, 5, dtype=torch.bool)
     mask[1] = False
@@ -291,97 +254,79 @@ def sdpa_fully_masked(t: Trial) -> None:
     mistakes.expect_no_nan({"weights": w, "output": out}, "", " for a query whose keys are all masked: softmax over a "
                            "row of -inf divides 0 by 0. The contract asks for a zero row instead (for example, replace "
                            "the row's max by 0 when it is -inf and divide by the sum only where it is positive)")
-    exp_out, exp_w = ref_attention(q, k, v, mask)
-    wrong = _mistakes(q, k, v, mask)
-    expect_close(w, exp_w, "the weights with one fully masked query row", mistakes.weights(wrong))
-    expect_close(out, exp_out, "the output with one fully masked query row", mistakes.outputs(wrong))
+    out, w = _own(t, q, k, v, mask, what="attention with one fully masked query row")
+    expect_close(w[:, 1], torch.zeros(1, 5), "the weights of the fully masked query row",
+                 {ATTENTION_MISTAKES[mistakes.FINITE_FILL]: torch.full((1, 5), 0.2)})
+    expect_close(out[:, 1], torch.zeros(1, 2), "the output row of the fully masked query (it should be all zero)")
+    rest = torch.tensor([0, 2])
+    out2, w2 = _own(t, q[:, rest], k, v, mask[rest], what="attention on the other two queries")
+    expect_close(w[:, rest], w2, "the weights of the other rows (a fully masked row must not change them)")
+    expect_close(out[:, rest], out2, "the output of the other rows (a fully masked row must not change them)")
 
 
 @SUITE.check("test_sdpa_dtype_stability", parts=[SDPA])
 def sdpa_dtype_stability(t: Trial) -> None:
-    """float64 in gives float64 out; large scores (1e4 after scaling) stay finite and exact."""
-    q, k, v = (t.randn(2, 3, 4, dtype=torch.float64), t.randn(2, 5, 4, dtype=torch.float64),
-               t.randn(2, 5, 3, dtype=torch.float64))
-    out, w = _pair(t, q, k, v)
-    exp_out, exp_w = ref_attention(q, k, v)
-    expect_tensor(out, tuple(exp_out.shape), "the output for float64 inputs", dtype=torch.float64)
-    expect_tensor(w, tuple(exp_w.shape), "the weights for float64 inputs", dtype=torch.float64)
-    expect_close(out, exp_out, "the output for float64 inputs", mistakes.outputs(_mistakes(q, k, v)), atol=1e-8,
-                 rtol=1e-8)
+    """float64 in gives float64 out; large scores (1e4 after scaling) stay finite, equal to the float64 answer."""
+    q, k, v = t.randn(2, 3, 4), t.randn(2, 5, 4), t.randn(2, 5, 3)
+    out32, w32 = _own(t, q, k, v, what="attention on float32 inputs")
+    out, w = _pair(t, q.double(), k.double(), v.double())
+    expect_tensor(out, tuple(out32.shape), "the output for float64 inputs", dtype=torch.float64)
+    expect_tensor(w, tuple(w32.shape), "the weights for float64 inputs", dtype=torch.float64)
+    expect_close(out, out32, "the output for float64 inputs (it should equal the float32 answer to float32's precision)")
     q, k, v = t.randn(2, 3, 4, scale=100.0), t.randn(2, 6, 4, scale=100.0), t.randn(2, 6, 3)
     out, w = _pair(t, q, k, v)
     if isinstance(w, torch.Tensor) and not torch.isfinite(w).all():
         raise CheckFailed("the weights overflow to NaN/inf for large scores (around 1e4): use a numerically stable "
                           "softmax that subtracts the row maximum")
-    exp_out, exp_w = ref_attention(q, k, v)
-    expect_close(w, exp_w, "the weights for large scores", atol=1e-4)
-    expect_close(out, exp_out, "the output for large scores", atol=1e-3)
+    out64, w64 = _own(t, q.double(), k.double(), v.double(), what="attention on the same large scores in float64")
+    expect_close(w, w64, "the weights for large scores (they should equal your float64 answer)", atol=1e-4)
+    expect_close(out, out64, "the output for large scores (it should equal your float64 answer)", atol=1e-3)
 
 
 # -- conceptual questions (the inputs are in the question; the answer is a value) ----------------------
-# The right values are computed here from the question's inputs, so a reader can check them.
+# The right values are computed here from the question's inputs, so a reader can check them. q_score_variance and
+# q_variance_over_dk: q and k have D_K independent entries of mean 0, variance 1. q_weight: d_k = 4, one query
+# q = (2, 0, 0, 0), keys k1 = (1, 0, 0, 0), k2 = (0, 0, 0, 0). q_output_shape: query (8, 3, 5, 16), key
+# (8, 3, 7, 16), value (8, 3, 7, 32).
 
-D_K = 64  # q_score_variance, q_variance_over_dk: q and k have 64 independent entries of mean 0, variance 1
-
-
-@SUITE.check("test_q_score_variance", parts=["q_score_variance"])
-def q_score_variance(t: Trial) -> None:
-    """Var(q . k) for d_k = 64 independent entries of variance 1 (no scaling)."""
-    expect_number(t.value("q_score_variance"), float(D_K), "q_score_variance", {
-        "1 is the variance after dividing by sqrt(d_k); the question asks for the raw dot product q . k":
-            1.0,
-        f"{math.sqrt(D_K):g} = sqrt(d_k) is the standard deviation; the variance is its square": math.sqrt(D_K),
-        f"{D_K ** 2} = d_k^2 is too large: q . k is a sum of d_k independent products, each of variance 1, "
-        "and the variances of independent terms add": float(D_K ** 2),
-        "0 is the mean of q . k; its variance is the sum of the d_k products' variances": 0.0,
-    })
-
-
-@SUITE.check("test_q_variance_over_dk", parts=["q_variance_over_dk"])
-def q_variance_over_dk(t: Trial) -> None:
-    """Var(q . k / d_k) for d_k = 64: dividing by c divides the variance by c^2."""
-    expect_number(t.value("q_variance_over_dk"), D_K / D_K ** 2, "q_variance_over_dk", {
-        "1 is the variance after dividing by sqrt(d_k) (or the variance divided by d_k once); dividing q . k "
-        "by d_k = 64 divides its variance by d_k^2": 1.0,
-        f"{1 / math.sqrt(D_K):g} = 1/sqrt(d_k) is the standard deviation; the variance is its square":
-            1 / math.sqrt(D_K),
-        f"{D_K:g} is the variance without any scaling": float(D_K),
-        f"{math.sqrt(D_K):g}: dividing by c divides the variance by c^2 = {D_K ** 2}, not by sqrt(c)":
-            D_K / math.sqrt(D_K),
-    })
-
-
-# q_weight: d_k = 4, one query q = (2, 0, 0, 0), keys k1 = (1, 0, 0, 0), k2 = (0, 0, 0, 0).
-Q_WEIGHT_SCORES = (2.0 / math.sqrt(4), 0.0)  # the scaled scores of the two keys
+D_K = 64
+S1, S2 = 2.0 / math.sqrt(4), 0.0  # q_weight's scaled scores of the two keys
 
 
 def _weight_on_first(s1: float, s2: float) -> float:
     return math.exp(s1) / (math.exp(s1) + math.exp(s2))
 
 
-@SUITE.check("test_q_weight", parts=["q_weight"])
-def q_weight(t: Trial) -> None:
-    """The weight the query puts on the first key in a hand-sized example (d_k = 4, two keys)."""
-    s1, s2 = Q_WEIGHT_SCORES
-    expect_number(t.value("q_weight"), _weight_on_first(s1, s2), "q_weight", {
+SUITE.questions({
+    "q_score_variance": number(float(D_K), "Var(q . k) for d_k = 64 independent entries of variance 1 (no scaling).", {
+        "1 is the variance after dividing by sqrt(d_k); the question asks for the raw dot product q . k": 1.0,
+        f"{math.sqrt(D_K):g} = sqrt(d_k) is the standard deviation; the variance is its square": math.sqrt(D_K),
+        f"{D_K ** 2} = d_k^2 is too large: q . k is a sum of d_k independent products, each of variance 1, "
+        "and the variances of independent terms add": float(D_K ** 2),
+        "0 is the mean of q . k; its variance is the sum of the d_k products' variances": 0.0}),
+    "q_variance_over_dk": number(D_K / D_K ** 2, "Var(q . k / d_k) for d_k = 64: dividing by c divides the variance "
+                                 "by c^2.", {
+        "1 is the variance after dividing by sqrt(d_k) (or the variance divided by d_k once); dividing q . k "
+        "by d_k = 64 divides its variance by d_k^2": 1.0,
+        f"{1 / math.sqrt(D_K):g} = 1/sqrt(d_k) is the standard deviation; the variance is its square":
+            1 / math.sqrt(D_K),
+        f"{D_K:g} is the variance without any scaling": float(D_K),
+        f"{math.sqrt(D_K):g}: dividing by c divides the variance by c^2 = {D_K ** 2}, not by sqrt(c)":
+            D_K / math.sqrt(D_K)}),
+    "q_weight": number(_weight_on_first(S1, S2), "The weight the query puts on the first key in a hand-sized example "
+                       "(d_k = 4, two keys).", {
         f"{_weight_on_first(2.0, 0.0):.3f} is the weight without the 1/sqrt(d_k) scaling: the scores are "
         "q . k / sqrt(4)": _weight_on_first(2.0, 0.0),
         f"{_weight_on_first(0.5, 0.0):.3f} divides the score by d_k = 4; the scale is 1/sqrt(d_k) = 1/2":
             _weight_on_first(0.5, 0.0),
-        f"{_weight_on_first(s2, s1):.3f} is the weight on the second key (the all-zero one)": _weight_on_first(s2, s1),
+        f"{_weight_on_first(S2, S1):.3f} is the weight on the second key (the all-zero one)": _weight_on_first(S2, S1),
         "1.0 normalises the scores themselves (1 / (1 + 0)); the weights are exp(score) / sum of exp(scores)": 1.0,
-        "0.5 treats the two keys alike, but their scores q . k differ": 0.5,
-    }, rel=2e-3)
-
-
-# q_output_shape: query (8, 3, 5, 16), key (8, 3, 7, 16), value (8, 3, 7, 32).
-@SUITE.check("test_q_output_shape", parts=["q_output_shape"])
-def q_output_shape(t: Trial) -> None:
-    """The output shape of attention for query (8, 3, 5, 16), key (8, 3, 7, 16), value (8, 3, 7, 32)."""
-    expect_tuple(t.value("q_output_shape"), (8, 3, 5, 32), "q_output_shape", {
+        "0.5 treats the two keys alike, but their scores q . k differ": 0.5}, rel=2e-3),
+    "q_output_shape": listed((8, 3, 5, 32), "The output shape of attention for query (8, 3, 5, 16), key (8, 3, 7, 16), "
+                             "value (8, 3, 7, 32).", {
         "(8, 3, 5, 16) has the width d_k of the queries and keys; the output mixes value rows, so its width "
         "is d_v = 32": (8, 3, 5, 16),
         "(8, 3, 7, 32) has one row per key; the output has one row per query (n = 5)": (8, 3, 7, 32),
         "(8, 3, 5, 7) is the shape of the weights (one weight per query and key), not of the output": (8, 3, 5, 7),
-        "(5, 32) drops the leading (batch, head) dimensions; they are kept": (5, 32),
-    })
+        "(5, 32) drops the leading (batch, head) dimensions; they are kept": (5, 32)}),
+})

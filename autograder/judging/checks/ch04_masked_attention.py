@@ -1,37 +1,13 @@
-"""Graded checks for exercise 04_masked_attention: ``causal_mask``, ``padding_mask``, ``masked_attention``
-and five conceptual questions.
+"""Graded checks for exercise 04_masked_attention: ``causal_mask``, ``padding_mask``, ``masked_attention`` and five
+conceptual questions; the requirements the exercise states are ``STATED_REQUIREMENTS`` (``python -m
+autograder.judging.checks --requirements 04``). Not stated, not graded: the dtype, and the device of
+padding_mask's result.
 
-The notebook's read-only setup gives ``MultiHeadAttention`` and ``SelfAttention``,
-whose heads call the student's ``masked_attention``; the last two checks run
-masked attention through them (weights drawn here), and verify causality by
-perturbing future inputs and by gradients, with the student's own causal mask.
-
-Stated requirements (the exercise's text and docstrings), each with the check that exercises it; a
-reviewer compares this list with the notebook, ``tests/test_ch04_grading.py`` breaks each one alone:
-
-causal_mask(n, device=None)
-  - a torch.bool tensor (n, n) ............................................ test_causal_mask
-  - True on and below the diagonal (query i sees keys 0..i) ............... test_causal_mask
-  - on ``device``: the device argument is honoured ........................ test_causal_mask
-padding_mask(lengths, max_len)
-  - a bool (B, 1, max_len) tensor: the singleton axis broadcasts over the
-    queries, so causal_mask(n) & padding_mask(lengths, n) is (B, n, n) .... test_padding_mask
-  - True at the first lengths[b] positions (the real tokens), a length 0
-    included ............................................................... test_padding_mask
-masked_attention(query, key, value, mask)
-  - (softmax(S) V, softmax(S)) with S = Q K^T / sqrt(d_k) ................. test_masked_attention
-  - True = may attend; the masked scores become -inf *before* the softmax . test_masked_attention
-  - mask[..., i, j] is query i (row), key j (column) ...................... test_masked_attention
-  - n != m, d_v != d_k, masks (n, m), causal (n, n), padding (B, 1, m) .... test_masked_attention
-  - any leading dimensions: the given MultiHeadAttention calls it with
-    (B, H, n, Dh) inputs and a (B, 1, n, m) mask .......................... test_masked_mha
-  - a query whose keys are all masked: zero weights and a zero output row,
-    never NaN (and not equal weights) ..................................... test_masked_attention_fully_masked,
-                                                                           test_masked_mha
-End to end (the given SelfAttention with your causal_mask and masked_attention)
-  - changing a later input does not change an earlier output; the gradient
-    of output i with respect to input j > i is zero ....................... test_causality
-Not stated, not graded: the dtype, and the device of padding_mask's result.
+The notebook's read-only setup gives ``MultiHeadAttention`` and ``SelfAttention``, whose heads call the student's
+``masked_attention``; the last two checks run masked attention through them (weights drawn here), and verify
+causality by perturbing future inputs and by gradients, with the student's own causal mask. test_masked_attention
+tests the formula; the others compare at the student's own scale (``common.scaled_reference``) or with the
+student's own rows, so an unscaled attention costs test_masked_attention alone.
 """
 
 from __future__ import annotations
@@ -46,48 +22,36 @@ from attnkit import causal_mask as ref_causal
 from attnkit import padding_mask as ref_padding
 from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
-from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, expect_choice, expect_close, expect_number,
-                               expect_pair, expect_tensor, expect_tuple, mistakes, requirement)
-from autograder.judging.checks.common import (ATTENTION_MISTAKES, UNIFORM_ROWS, head_mistakes, random_weights, reference_module)
-from autograder.judging.checks.questions import row_set
+from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, choice, expect_close, expect_pair,
+                                       expect_tensor, fail_if_named, listed, mistakes, number, requirement, row_set)
+from autograder.judging.checks.common import (ATTENTION_MISTAKES, UNIFORM_ROWS, head_mistakes, random_weights,
+                                              scaled_reference)
 
 SUITE = Suite("04_masked_attention")
-# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words
-# of the exercise text that state it); tests/test_stated_requirements.py and test_chNN_grading.py read it
-STATED_REQUIREMENTS = {
-    'causal: bool': requirement('test_causal_mask', 'bool',
-                '(n, n) bool mask',
-                also=('test_causality',)),
+STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
+    'causal: bool': requirement('test_causal_mask', 'bool', '(n, n) bool mask', also=('test_causality',)),
     'causal: on and below the diagonal': requirement('test_causal_mask', 'diagonal is hidden',
-                'the mask is true on and below the diagonal',
-                also=('test_causality',)),
+        'the mask is true on and below the diagonal', also=('test_causality',)),
     'causal: device honoured': requirement('test_causal_mask', 'device argument is ignored',
-                'return a torch.bool tensor on device'),
+        'return a torch.bool tensor on device'),
     'padding: (B, 1, max_len)': requirement('test_padding_mask', '(B, 1, max_len)',
-                'return a bool (b, 1, max_len) mask'),
+        'return a bool (b, 1, max_len) mask'),
     'padding: True at the real tokens': requirement('test_padding_mask', 'off by one',
-                'example b has real tokens at positions 0..lengths[b]-1'),
-    'attention: scaled scores': requirement('test_masked_attention', 'not scaled',
-                's = q k^t / sqrt(d_k)',
-                also=('test_masked_attention_fully_masked', 'test_masked_mha', 'test_causality')),
+        'example b has real tokens at positions 0..lengths[b]-1'),
+    'attention: scaled scores': requirement('test_masked_attention', 'not scaled', 's = q k^t / sqrt(d_k)'),
     'attention: -inf before the softmax, True = may attend': requirement('test_masked_attention', 'after the softmax',
-                'replaced by -inf before the softmax',
-                also=('test_masked_mha', 'test_causality')),
+        'replaced by -inf before the softmax', also=('test_masked_mha', 'test_causality')),
     'attention: rows are queries': requirement('test_masked_attention', 'transposed',
-                '(output (..., n, d_v), weights (..., n, m))',
-                also=('test_masked_attention_fully_masked', 'test_masked_mha', 'test_causality')),
+        '(output (..., n, d_v), weights (..., n, m))',
+        also=('test_masked_attention_fully_masked', 'test_masked_mha', 'test_causality')),
     'attention: n != m, d_v != d_k, broadcast masks': requirement('test_masked_attention', 'must broadcast',
-                'mask bool broadcastable to (..., n, m)',
-                also=('test_masked_mha',)),
+        'mask bool broadcastable to (..., n, m)', also=('test_masked_mha',)),
     'attention: any leading dimensions': requirement('test_masked_mha', 'leading dimensions',
-                'any number of leading dimensions',
-                also=('test_causality',)),
+        'any number of leading dimensions', also=('test_causality',)),
     'attention: fully masked row gives zeros': requirement('test_masked_attention_fully_masked', 'NaN',
-                'the contract asks for zero weights and a zero output row',
-                also=('test_masked_mha',)),
+        'the contract asks for zero weights and a zero output row', also=('test_masked_mha',)),
     'causality end to end': requirement('test_causality', 'future',
-                'changing a later input must not change an earlier output',
-                also=('test_causal_mask',)),
+        'changing a later input must not change an earlier output', also=('test_causal_mask',)),
 }
 CAUSAL, PADDING, MASKED = "causal_mask", "padding_mask", "masked_attention"
 
@@ -115,9 +79,7 @@ def expect_bool_mask(value, shape: tuple[int, ...], what: str) -> Tensor:
 def expect_equal_mask(actual: Tensor, expected: Tensor, what: str, known: dict[str, Tensor]) -> None:
     if torch.equal(actual, expected):
         return
-    for message, wrong in known.items():
-        if wrong.shape == actual.shape and torch.equal(actual, wrong):
-            raise CheckFailed(f"mistake in {what}: {message}")
+    fail_if_named(actual, known, what, lambda a, b: a.shape == b.shape and torch.equal(a, b))
     bad = (actual != expected).nonzero()[0].tolist()
     raise CheckFailed(f"mistake in {what} at index {tuple(bad)}: got {bool(actual[tuple(bad)])}, "
                       f"expected {bool(expected[tuple(bad)])}")
@@ -263,15 +225,20 @@ def masked_attention_check(t: Trial) -> None:
 
 @SUITE.check("test_masked_attention_fully_masked", parts=[MASKED])
 def fully_masked_check(t: Trial) -> None:
-    """A query row with every key masked gives zero weights and a zero output row, never NaN."""
+    """A query row with every key masked gives zero weights and a zero output row, never NaN; the other rows are unchanged."""
     q, k, v = t.randn(2, 4, 3), t.randn(2, 5, 3), t.randn(2, 5, 2)
     mask = torch.ones(2, 4, 5, dtype=torch.bool)
     mask[0, 1] = False  # one fully masked row
     mask[1] = False  # a whole example masked (a sequence of length 0)
-    out, w, exp_out, exp_w = _against_reference(t, q, k, v, mask, "attention with fully masked rows")
-    wrong = _mistakes(q, k, v, mask)
-    expect_close(w, exp_w, "the weights with fully masked rows (they should be all zero)", mistakes.weights(wrong))
-    expect_close(out, exp_out, "the output with fully masked rows (they should be all zero)", mistakes.outputs(wrong))
+    out, w, _, _ = _against_reference(t, q, k, v, mask, "attention with fully masked rows")
+    empty = ~mask.any(-1)  # (B, n)
+    expect_close(w[empty], torch.zeros(int(empty.sum()), 5), "the weights of the fully masked rows (they should be "
+                 "all zero)", {UNIFORM_ROWS: torch.full((int(empty.sum()), 5), 0.2)})
+    expect_close(out[empty], torch.zeros(int(empty.sum()), 2), "the output of the fully masked rows (they should be all zero)")
+    rest = torch.tensor([0, 2, 3])
+    out2, w2, _, _ = _against_reference(t, q[:1, rest], k[:1], v[:1], mask[:1, rest], "attention on the other rows")
+    expect_close(w[:1, rest], w2, "the weights of the other rows (a fully masked row must not change them)")
+    expect_close(out[:1, rest], out2, "the output of the other rows (a fully masked row must not change them)")
 
 
 @SUITE.check("test_masked_mha", parts=[MASKED])
@@ -284,10 +251,8 @@ def masked_mha_check(t: Trial) -> None:
         raise CheckFailed(f"the given MultiHeadAttention could not be created (was the setup cell changed?): {err}") from None
     p = random_weights(t, e)
     obj.load(p)
-    ref = reference_module(p, h)
     x = t.randn(b, n, e)
-    lengths = torch.tensor([5, 2, 0])
-    mask = ref_causal(n) & ref_padding(lengths, n)  # (B, n, n)
+    mask = ref_causal(n) & ref_padding(torch.tensor([5, 2, 0]), n)  # (B, n, n)
     try:
         out, w = expect_pair(obj(x, x, x, mask), "MultiHeadAttention")
     except StudentError as err:
@@ -298,8 +263,8 @@ def masked_mha_check(t: Trial) -> None:
                           "dimensions (use transpose(-2, -1) and @, not bmm or transpose(1, 2))") from None
     mistakes.expect_no_nan({"weights": w, "output": out}, " of MultiHeadAttention with a causal & padding mask",
                            f" (the example of length 0 has no key to attend to): {NAN_ROWS}")
-    with torch.no_grad():
-        exp_out, exp_w = ref(x.double(), x.double(), x.double(), mask)
+    w = expect_tensor(w, (b, h, n, n), "the per-head weights of MultiHeadAttention with a causal & padding mask")
+    exp_out, exp_w = scaled_reference(p, x, x, x, h, mask, w)
     wrong = _mask_mistakes(p, x, h, mask)
     expect_close(w, exp_w, "the per-head weights of MultiHeadAttention with a causal & padding mask",
                  mistakes.weights(wrong))
@@ -321,7 +286,7 @@ def causality_check(t: Trial) -> None:
     p = random_weights(t, e)
     obj.load({f"attn.{k}": v for k, v in p.items()})
     x = t.randn(1, n, e)
-    out, _ = expect_pair(obj(x, mask), "SelfAttention")
+    out, w = expect_pair(obj(x, mask), "SelfAttention")
     expect_tensor(out, (1, n, e), "the output of SelfAttention with your causal mask")
     for i in (0, 2, 4):
         x2 = x.clone()
@@ -346,34 +311,14 @@ def causality_check(t: Trial) -> None:
         if bool((g[0, i + 1:].abs() > 1e-7).any()):
             raise CheckFailed(f"the gradient of output {i} with respect to a later input is not zero: output {i} "
                               "depends on the future")
-    ref = reference_module(p, h)
-    with torch.no_grad():
-        exp_out, _ = ref(x.double(), x.double(), x.double(), ref_causal(n))
+    exp_out, _ = scaled_reference(p, x, x, x, h, ref_causal(n), expect_tensor(w, (1, h, n, n), "the weights"))
     wrong = mistakes.outputs(_mask_mistakes(p, x, h, ref_causal(n)))
-    with torch.no_grad():
-        wrong[STRICT] = ref(x.double(), x.double(), x.double(), ref_causal(n).tril(-1))[0]
+    wrong[STRICT] = scaled_reference(p, x, x, x, h, ref_causal(n).tril(-1), w)[0]
     expect_close(out, exp_out, "the output of causal self-attention", wrong)
 
 
 # -- conceptual questions (the inputs are in the question; the answer is a value) ----------------------
-
-
-@SUITE.check("test_q_keys_seen", parts=["q_keys_seen"])
-def q_keys_seen(t: Trial) -> None:
-    """How many keys each query sees under causal_mask(6) & padding_mask([4], 6)."""
-    n, length = 6, 4
-    seen = ref_causal(n) & ref_padding(torch.tensor([length]), n)  # (1, n, n)
-    expect_tuple(t.value("q_keys_seen"), tuple(int(c) for c in seen[0].sum(-1)), "q_keys_seen", {
-        "(1, 2, 3, 4, 5, 6) ignores the padding mask: keys 4 and 5 are padding, hidden from every query":
-            tuple(range(1, n + 1)),
-        "(4, 4, 4, 4, 4, 4) ignores the causal mask: query i may not see the keys after i": (length,) * n,
-        "(1, 2, 3, 4, 0, 0) hides the padding *queries*; the padding mask (B, 1, max_len) hides keys (columns), "
-        "so a padding query still sees the real keys up to its position": (1, 2, 3, 4, 0, 0),
-        "(0, 1, 2, 3, 3, 3) hides the diagonal: under the causal mask a query sees its own position too":
-            (0, 1, 2, 3, 3, 3),
-    })
-
-
+SEEN = (ref_causal(6) & ref_padding(torch.tensor([4]), 6))[0].sum(-1)  # q_keys_seen: causal_mask(6) & padding([4], 6)
 # q_mask_pattern: the four patterns of the question (rows = queries, columns = keys, 1 = may attend)
 PATTERNS = {
     "a": ["1000", "1100", "1110", "1111"],
@@ -381,35 +326,8 @@ PATTERNS = {
     "c": ["1000", "1100", "1110", "0000"],
     "d": ["1110", "1110", "1110", "1110"],
 }
-
-
-@SUITE.check("test_q_mask_pattern", parts=["q_mask_pattern"])
-def q_mask_pattern(t: Trial) -> None:
-    """Which of four drawn patterns causal_mask(4) & padding_mask(tensor([3]), 4) produces."""
-    mask = (ref_causal(4) & ref_padding(torch.tensor([3]), 4))[0]
-    right = next(k for k, rows in PATTERNS.items() if ["".join(str(int(b)) for b in r) for r in mask] == rows)
-    expect_choice(t.value("q_mask_pattern"), right, "q_mask_pattern", PATTERNS, {
-        "a": "pattern a is the causal mask alone: the padding mask also hides key 3 (the padding) from every query",
-        "c": "pattern c hides query 3 (a row); the padding mask has shape (B, 1, max_len), so it hides the padding "
-             "key (a column) from every query",
-        "d": "pattern d is the padding mask alone: the causal mask also hides the keys after each query",
-    })
-
-
-@SUITE.check("test_q_finite_fill_weight", parts=["q_finite_fill_weight"])
-def q_finite_fill_weight(t: Trial) -> None:
-    """The weight of each of 4 keys in a row where all are masked with a finite fill (-1e9) instead of -inf."""
-    value = t.value("q_finite_fill_weight")
-    if isinstance(value, float) and math.isnan(value):
-        raise CheckFailed("q_finite_fill_weight is wrong: NaN is what a fill of -inf gives (0/0); -1e9 is a finite "
-                          "number, and the softmax of equal finite scores is well defined")
-    expect_number(value, 1 / 4, "q_finite_fill_weight", {
-        "0 is what the contract asks for, but a finite fill does not give it: the softmax only sees four equal "
-        "scores, so it cannot tell that every key is hidden": 0.0,
-        "1 would put all the weight on one key; the four scores are equal": 1.0,
-    })
-
-
+PATTERN = next(k for k, rows in PATTERNS.items()  # the one causal_mask(4) & padding_mask(tensor([3]), 4) draws
+               if ["".join(str(int(b)) for b in r) for r in (ref_causal(4) & ref_padding(torch.tensor([3]), 4))[0]] == rows)
 # q_nan_step: the steps of a plain softmax, e = exp(s); w = e / e.sum(); out = w @ V, on a row of three -inf
 NAN_STEPS = {
     "a": "e = exp(s), the exponentials of the -inf scores",
@@ -417,25 +335,41 @@ NAN_STEPS = {
     "c": "w @ V, multiplying the weights by the values",
 }
 
-
-@SUITE.check("test_q_nan_step", parts=["q_nan_step"])
-def q_nan_step(t: Trial) -> None:
-    """Which step of a plain softmax first produces NaN on a fully masked row (all scores -inf)."""
-    expect_choice(t.value("q_nan_step"), "b", "q_nan_step", NAN_STEPS, {
+SUITE.questions({
+    "q_keys_seen": listed(tuple(int(c) for c in SEEN), "How many keys each query sees under causal_mask(6) & "
+                          "padding_mask([4], 6).", {
+        "(1, 2, 3, 4, 5, 6) ignores the padding mask: keys 4 and 5 are padding, hidden from every query":
+            (1, 2, 3, 4, 5, 6),
+        "(4, 4, 4, 4, 4, 4) ignores the causal mask: query i may not see the keys after i": (4,) * 6,
+        "(1, 2, 3, 4, 0, 0) hides the padding *queries*; the padding mask (B, 1, max_len) hides keys (columns), "
+        "so a padding query still sees the real keys up to its position": (1, 2, 3, 4, 0, 0),
+        "(0, 1, 2, 3, 3, 3) hides the diagonal: under the causal mask a query sees its own position too":
+            (0, 1, 2, 3, 3, 3)}),
+    "q_mask_pattern": choice(PATTERN, "Which of four drawn patterns causal_mask(4) & padding_mask(tensor([3]), 4) "
+                             "produces.", PATTERNS, {
+        "a": "pattern a is the causal mask alone: the padding mask also hides key 3 (the padding) from every query",
+        "c": "pattern c hides query 3 (a row); the padding mask has shape (B, 1, max_len), so it hides the padding "
+             "key (a column) from every query",
+        "d": "pattern d is the padding mask alone: the causal mask also hides the keys after each query"}),
+    "q_finite_fill_weight": number(1 / 4, "The weight of each of 4 keys in a row where all are masked with a finite "
+                                   "fill (-1e9) instead of -inf.", {
+        "NaN is what a fill of -inf gives (0/0); -1e9 is a finite number, and the softmax of equal finite scores "
+        "is well defined": math.nan,
+        "0 is what the contract asks for, but a finite fill does not give it: the softmax only sees four equal "
+        "scores, so it cannot tell that every key is hidden": 0.0,
+        "1 would put all the weight on one key; the four scores are equal": 1.0}),
+    "q_nan_step": choice("b", "Which step of a plain softmax first produces NaN on a fully masked row (all scores "
+                         "-inf).", NAN_STEPS, {
         "a": "exp(-inf) is exactly 0.0, a valid number: nothing is wrong yet after the exponential",
-        "c": "the NaN is already in the weights before they meet V; the product only spreads it to the output",
-    })
-
-
-@SUITE.check("test_q_causal_swap", parts=["q_causal_swap"])
-def q_causal_swap(t: Trial) -> None:
-    """Which rows of causal self-attention's output are new values after positions 2 and 3 of the input swap."""
-    expect_tuple(row_set(t.value("q_causal_swap")), (2, 3), "q_causal_swap", {
+        "c": "the NaN is already in the weights before they meet V; the product only spreads it to the output"}),
+    "q_causal_swap": listed((2, 3), "Which rows of causal self-attention's output are new values after positions 2 "
+                            "and 3 of the input swap.", {
         "() is the answer without a mask (the outputs are only reordered): the causal mask breaks that "
         "symmetry, because output i sees only positions 0..i": (),
         "(0, 1, 2, 3) says every row changes, but outputs 0 and 1 see only positions 0 and 1, which did not "
         "move": (0, 1, 2, 3),
         "(0, 1) lists the rows that stay the same: they see only positions 0 and 1": (0, 1),
         "(3,) is incomplete: check every row whose query, or whose visible prefix of the input, changed": (3,),
-        "(2,) is incomplete: check every row whose query, or whose visible prefix of the input, changed": (2,),
-    })
+        "(2,) is incomplete: check every row whose query, or whose visible prefix of the input, changed": (2,)},
+        prepare=row_set),
+})

@@ -1,28 +1,9 @@
-"""Graded checks for exercise 05_cross_attention: ``CrossAttention`` built on a given ``MultiHeadAttention``,
-a source padding mask from per-example lengths, the decoder's cross-attention sublayer, four conceptual questions.
-
-Stated requirements (exercise text and docstrings) and the check that exercises each:
-
-==========================================================================  =====================================
-requirement                                                                 check
-==========================================================================  =====================================
-CrossAttention keeps one ``MultiHeadAttention(E, H)`` as ``self.attn``      every CrossAttention check (_module)
-output ``(B, n, E)``, weights ``(B, H, n, m)``, ``n`` and ``m`` unrelated   test_cross_attention_shapes
-queries from ``x``, keys and values from ``context``                        test_cross_attention_values
-``context_mask`` ``(B, m)``, True = real token, hides keys (not queries)    test_cross_attention_mask
-a fully padded context (mask all False) gives zero weights, never NaN       test_cross_attention_mask
-the context is a set (order-free); output row i depends on x row i only    test_cross_attention_properties
-source_padding_mask: bool ``(B, m)``, True at the first ``lengths[b]``      test_source_padding_mask
-source_padding_mask: a length of 0 gives an all-False row                   test_source_padding_mask
-source_padding_mask: ValueError for a length < 0 or > m                     test_source_padding_mask_errors
-source_padding_mask: created on ``lengths.device``                          visible test on a GPU only (the
-                                                                            judge runs the code on CPU)
-DecoderCrossAttention: attributes ``norm`` (LayerNorm), ``cross``           test_decoder_cross_attention
-DecoderCrossAttention: ``x + cross(norm(x), memory)``; memory not normed    test_decoder_cross_attention
-DecoderCrossAttention: ``memory_lengths`` hide padded source positions      test_decoder_cross_attention_padding
-DecoderCrossAttention: an empty source (length 0): zero weights, no NaN     test_decoder_cross_attention_padding
-the four questions                                                          test_q_*
-==========================================================================  =====================================
+"""Graded checks for exercise 05_cross_attention: ``CrossAttention`` built on a given ``MultiHeadAttention``, a
+source padding mask from per-example lengths, the decoder's cross-attention sublayer, four conceptual questions;
+the requirements the exercise states are ``STATED_REQUIREMENTS`` (``python -m autograder.judging.checks
+--requirements 05``). Not graded: source_padding_mask's device (the judge runs the code on the CPU; the visible
+test checks it on a GPU). The mask checks compare with the student's own unmasked weights renormalised
+(``common.expect_masked``), so a wrong source of keys or a missing residual costs the value checks alone.
 """
 
 from __future__ import annotations
@@ -33,67 +14,56 @@ import torch
 from torch import Tensor, nn
 
 from attnkit import CrossAttention as RefCrossAttention
-from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, expect_choice, expect_close,
-                               expect_number, expect_pair, expect_tensor, expect_tuple, expect_value_error,
-                               requirement)
+from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, choice, expect_close, expect_pair,
+                                       expect_tensor, expect_value_error, listed, number, requirement, twin)
+from autograder.judging.checks.common import expect_masked, hidden_keys_changed
 
 SUITE = Suite("05_cross_attention")
-# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words
-# of the exercise text that state it); tests/test_stated_requirements.py and test_chNN_grading.py read it
-STATED_REQUIREMENTS = {
+STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
     'CrossAttention holds self.attn': requirement('test_cross_attention_shapes', 'self.attn',
-                'an nn.module with one attribute attn, a multiheadattention(embed_dim, num_heads)',
-                also=('test_cross_attention_values', 'test_cross_attention_mask', 'test_cross_attention_properties')),
+        'an nn.module with one attribute attn, a multiheadattention(embed_dim, num_heads)',
+        also=('test_cross_attention_values', 'test_cross_attention_mask', 'test_cross_attention_properties')),
     'n and m unrelated': requirement('test_cross_attention_mask', 'different lengths',
-                'nothing in your code should assume that x and context have the same length'),
+        'nothing in your code should assume that x and context have the same length'),
     'keys and values from the context': requirement('test_cross_attention_values', 'keys are taken from x',
-                'the keys and values from a second sequence context (b, m, e)',
-                also=('test_cross_attention_shapes', 'test_cross_attention_mask', 'test_cross_attention_properties')),
+        'the keys and values from a second sequence context (b, m, e)',
+        also=('test_cross_attention_shapes', 'test_cross_attention_mask', 'test_cross_attention_properties')),
     'context_mask on the keys axis': requirement('test_cross_attention_mask', 'wrong axis',
-                'the padding lies along the keys axis (the last one)'),
+        'the padding lies along the keys axis (the last one)'),
     'context_mask True = real token': requirement('test_cross_attention_mask', 'polarity',
-                'true marks the real context tokens'),
+        'true marks the real context tokens'),
     'fully padded context: zero weights, no NaN': requirement('test_cross_attention_mask', 'all padding',
-                "if an example's mask is all false, its weights must be zeros, not nan"),
+        "if an example's mask is all false, its weights must be zeros, not nan"),
     'source mask: True at the first lengths[b]': requirement('test_source_padding_mask', 'j <= length',
-                'row b is true at positions 0 .. lengths[b] - 1 (the real tokens)',
-                also=('test_source_padding_mask_errors',)),
+        'row b is true at positions 0 .. lengths[b] - 1 (the real tokens)', also=('test_source_padding_mask_errors',)),
     'source mask: True marks real tokens': requirement('test_source_padding_mask', 'true marks padding',
-                '(the real tokens) and false after (the padding)',
-                also=('test_source_padding_mask_errors',)),
+        '(the real tokens) and false after (the padding)', also=('test_source_padding_mask_errors',)),
     'source mask: length 0 is all False': requirement('test_source_padding_mask', 'length 0',
-                'a length of 0 (an empty source) gives a row of false',
-                also=('test_source_padding_mask_errors',)),
+        'a length of 0 (an empty source) gives a row of false', also=('test_source_padding_mask_errors',)),
     'source mask: shape (B, m)': requirement('test_source_padding_mask', '(B, m)',
-                'returns the bool (b, m) mask that crossattention takes',
-                also=('test_source_padding_mask_errors',)),
-    'source mask: bool dtype': requirement('test_source_padding_mask', 'bool',
-                'returns the bool (b, m) mask'),
-    'source mask: ValueError for bad lengths': requirement('test_source_padding_mask_errors', 'should raise a ValueError',
-                'a length below 0 or above m cannot describe a source of m positions'),
+        'returns the bool (b, m) mask that crossattention takes', also=('test_source_padding_mask_errors',)),
+    'source mask: bool dtype': requirement('test_source_padding_mask', 'bool', 'returns the bool (b, m) mask'),
+    'source mask: ValueError for bad lengths': requirement('test_source_padding_mask_errors',
+        'should raise a ValueError', 'a length below 0 or above m cannot describe a source of m positions'),
     'source mask: ValueError, not another exception': requirement('test_source_padding_mask_errors', 'IndexError',
-                'cannot describe a source of m positions: raise a valueerror that says so'),
+        'cannot describe a source of m positions: raise a valueerror that says so'),
     'sublayer: norm and cross attributes': requirement('test_decoder_cross_attention', 'self.norm',
-                'holds self.norm = nn.layernorm(embed_dim) and self.cross = crossattention(embed_dim, num_heads)',
-                also=('test_decoder_cross_attention_padding',)),
+        'holds self.norm = nn.layernorm(embed_dim) and self.cross = crossattention(embed_dim, num_heads)',
+        also=('test_decoder_cross_attention_padding',)),
     'sublayer: the residual': requirement('test_decoder_cross_attention', 'residual is missing',
-                'and adds the result back (the residual connection)',
-                also=('test_decoder_cross_attention_padding',)),
+        'and adds the result back (the residual connection)'),
     'sublayer: only x is normalised': requirement('test_decoder_cross_attention', 'memory is normalised',
-                'only x is normalised here: memory comes from the encoder',
-                also=('test_decoder_cross_attention_padding',)),
+        'only x is normalised here: memory comes from the encoder'),
     'sublayer: pre-norm': requirement('test_decoder_cross_attention', 'post-norm',
-                'in a pre-norm decoder block (chapter 07) the cross-attention sublayer normalises its input',
-                also=('test_decoder_cross_attention_padding',)),
-    'sublayer: memory_lengths hide padding': requirement('test_decoder_cross_attention_padding', 'memory_lengths is ignored',
-                'says how many of the m memory positions are real source tokens'),
+        'in a pre-norm decoder block (chapter 07) the cross-attention sublayer normalises its input'),
+    'sublayer: memory_lengths hide padding': requirement('test_decoder_cross_attention_padding',
+        'memory_lengths is ignored', 'says how many of the m memory positions are real source tokens'),
     'sublayer: empty source, no NaN': requirement('test_decoder_cross_attention_padding', 'all padding',
-                'an example with an empty source gets zero weights and no nan'),
+        'an example with an empty source gets zero weights and no nan'),
 }
 CROSS = "CrossAttention"
 SOURCE_MASK = "source_padding_mask"
 DECODER = "DecoderCrossAttention"
-PARAM_NAMES = {f"attn.{p}.{t}" for p in ("q_proj", "k_proj", "v_proj", "out_proj") for t in ("weight", "bias")}
 N_EQUALS_M = ("something uses x's length n where the context length m belongs (a reshape, an expand or a mask "
               "built with x.shape[1]); the two sequences may have different lengths")
 WRONG_AXIS = ("the context mask lies on the wrong axis: padding hides keys, so a (B, m) mask becomes (B, 1, m) "
@@ -102,19 +72,9 @@ WRONG_AXIS = ("the context mask lies on the wrong axis: padding hides keys, so a
 
 def _module(t: Trial, e: int, h: int) -> tuple[Obj, RefCrossAttention]:
     """The student's module and the reference holding the same weights."""
-    try:
-        obj = t.new(CROSS, e, h)
-    except StudentError as err:
-        raise CheckFailed(f"CrossAttention({e}, {h}) could not be created: {err}") from None
-    params = obj.params()
-    if set(params) != PARAM_NAMES:
-        raise CheckFailed("CrossAttention should hold exactly one MultiHeadAttention(embed_dim, num_heads) as self.attn "
-                          f"(parameters attn.q_proj.weight, ...); its parameters are: {', '.join(params) or 'none'}")
-    fresh = {k: t.randn(*v.shape, scale=0.5) for k, v in params.items()}
-    obj.load(fresh)
     ref = RefCrossAttention(e, h)
-    ref.load_state_dict(fresh)
-    return obj, ref
+    return twin(t, CROSS, e, h, reference=ref, exact=True, hint=": CrossAttention should hold exactly one "
+                "MultiHeadAttention(embed_dim, num_heads) as self.attn (parameters attn.q_proj.weight, ...)")[0], ref
 
 
 def _mistakes(ref: RefCrossAttention, x: Tensor, ctx: Tensor, keep: Tensor | None) -> dict[str, tuple[Tensor, Tensor]]:
@@ -210,35 +170,43 @@ FULLY_PADDED = ("an example whose context is all padding (context_mask all False
                 "a softmax over a row of -inf is 0/0; replace those NaN by zeros (torch.nan_to_num, or where)")
 
 
-def _expect_fully_padded(out, w, b: int, n: int, m: int, e: int, h: int, what: str) -> tuple[Tensor, Tensor]:
-    """The example of ``w`` whose mask is all False (example 0) has zero weights; nothing is NaN."""
-    for value, name in ((out, "output"), (w, "weights")):
+def _expect_mask_property(call, x: Tensor, ctx: Tensor, keep: Tensor, h: int, what: str,
+                          name: str = "the context mask") -> None:
+    """``call(x, ctx, keep)`` hides the keys ``keep`` (B, m) marks False: its weights are its own unmasked weights
+    renormalised on the real tokens, no NaN, and a padded token's content never reaches the output."""
+    (b, n, e), m = x.shape, ctx.shape[1]
+    _, w0 = call(x, ctx, None)
+    _expect_shapes(*call(x, ctx, None), b, n, m, e, h, what + " without the mask")
+    out, w = call(x, ctx, keep)
+    for value, part in ((out, "output"), (w, "weights")):
         if isinstance(value, Tensor) and value.is_floating_point() and not torch.isfinite(value).all():
-            raise CheckFailed(f"the {name}{what} contain NaN: {FULLY_PADDED}")
+            raise CheckFailed(f"the {part}{what} contain NaN: {FULLY_PADDED}")
     _expect_shapes(out, w, b, n, m, e, h, what)
-    if not torch.all(w[0] == 0):
-        raise CheckFailed(f"the weights{what} are not zero for the fully padded example: {FULLY_PADDED}")
-    return out, w
+    full = keep[:, None, None, :].expand_as(w)
+    wrong = {WRONG_AXIS: keep[:, None, :, None].expand_as(w)} if n == m else {}
+    expect_masked(w, w0, full, f"the weights{what}", wrong, name)
+    if (changed := hidden_keys_changed(ctx, full)) is not None:
+        expect_close(call(x, changed, keep)[0], out, f"the output{what} when only padded context tokens change (a "
+                     "padded token must not reach the output)")
 
 
 @SUITE.check("test_cross_attention_mask", parts=[CROSS])
 def cross_attention_mask(t: Trial) -> None:
     """A (B, m) context mask hides padded context tokens from every query (n == m and n != m); a fully padded
     example gives zero weights and no NaN."""
-    obj, ref = _module(t, 8, 2)
-    x, ctx = t.randn(3, 5, 8), t.randn(3, 5, 8)
-    _compare(t, obj, ref, x, ctx, _keep(t, 3, 5))
-    for b, n, m in [(2, 3, 6), (3, 7, 4)]:
+    obj, _ = _module(t, 8, 2)
+
+    def call(x, ctx, keep):
+        return expect_pair(obj(x, ctx) if keep is None else obj(x, ctx, keep), CROSS)
+
+    for b, n, m in [(3, 5, 5), (2, 3, 6), (3, 7, 4), (2, 3, 4)]:
         x, ctx, keep = t.randn(b, n, 8), t.randn(b, m, 8), _keep(t, b, m)
-        _with_unequal_lengths(t, lambda: _compare(t, obj, ref, x, ctx, keep), WRONG_AXIS + "; or " + N_EQUALS_M)
-    x, ctx, keep = t.randn(2, 3, 8), t.randn(2, 4, 8), _keep(t, 2, 4)
-    keep[0] = False  # example 0: nothing but padding
-    what = " for x (2, 3, 8) and context (2, 4, 8) whose example 0 is all padding"
-    out, w = _expect_fully_padded(*expect_pair(obj(x, ctx, keep), CROSS), 2, 3, 4, 8, 2, what)
-    with torch.no_grad():
-        exp_out, exp_w = ref(x, ctx, keep)
-    expect_close(w, exp_w, f"the weights{what}")
-    expect_close(out, exp_out, f"the output{what}")
+        if (b, n, m) == (2, 3, 4):
+            keep[0] = False  # example 0: nothing but padding
+        what = f" for x {(b, n, 8)} and context {(b, m, 8)}" + (" whose example 0 is all padding" if not keep[0].any()
+                                                                else " with a context mask")
+        _with_unequal_lengths(t, lambda: _expect_mask_property(call, x, ctx, keep, 2, what),
+                              WRONG_AXIS + "; or " + N_EQUALS_M)
 
 
 @SUITE.check("test_cross_attention_properties", parts=[CROSS])
@@ -320,7 +288,6 @@ def source_padding_mask_errors(t: Trial) -> None:
 # -- DecoderCrossAttention: the decoder block's cross-attention sublayer ---------------------------------
 
 
-DEC_NAMES = {"norm.weight", "norm.bias"} | {f"cross.{p}" for p in PARAM_NAMES}
 
 
 class _RefDecoderCross(nn.Module):
@@ -338,19 +305,13 @@ class _RefDecoderCross(nn.Module):
 
 
 def _decoder(t: Trial, e: int, h: int) -> tuple[Obj, _RefDecoderCross]:
-    try:
-        obj = t.new(DECODER, e, h)
-    except StudentError as err:
-        raise CheckFailed(f"DecoderCrossAttention({e}, {h}) could not be created: {err}") from None
-    params = obj.params()
-    if set(params) != DEC_NAMES:
-        raise CheckFailed("DecoderCrossAttention should hold self.norm = nn.LayerNorm(embed_dim) and self.cross = "
-                          f"CrossAttention(embed_dim, num_heads); its parameters are: {', '.join(params) or 'none'}")
-    fresh = {k: t.randn(*v.shape, scale=0.5) + (1.0 if k == "norm.weight" else 0.0) for k, v in params.items()}
-    obj.load(fresh)
     ref = _RefDecoderCross(e, h)
-    ref.load_state_dict(fresh)
-    return obj, ref
+
+    def draw(t: Trial, shapes: dict) -> dict:
+        return {k: t.randn(*s, scale=0.5) + (1.0 if k == "norm.weight" else 0.0) for k, s in shapes.items()}
+
+    return twin(t, DECODER, e, h, reference=ref, exact=True, draw=draw, hint=": DecoderCrossAttention should hold "
+                "self.norm = nn.LayerNorm(embed_dim) and self.cross = CrossAttention(embed_dim, num_heads)")[0], ref
 
 
 def _decoder_mistakes(ref: _RefDecoderCross, x: Tensor, mem: Tensor, lengths: Tensor | None) -> dict:
@@ -404,57 +365,46 @@ def decoder_cross_attention(t: Trial) -> None:
 def decoder_cross_attention_padding(t: Trial) -> None:
     """memory_lengths hide each example's padded source positions; an empty source (length 0) gives zero weights
     and no NaN (its queries read nothing)."""
-    obj, ref = _decoder(t, 8, 2)
+    obj, _ = _decoder(t, 8, 2)
+
+    def call(x, mem, lengths):
+        return expect_pair(obj(x, mem) if lengths is None else obj(x, mem, lengths), DECODER)
+
     for lengths, n, m in [([4, 2, 1], 3, 4), ([0, 5], 2, 5)]:
         lt = torch.tensor(lengths)
         x, mem = t.randn(len(lengths), n, 8), t.randn(len(lengths), m, 8)
         what = f" for memory_lengths={lengths}, x {(len(lengths), n, 8)} and memory {(len(lengths), m, 8)}"
-        _compare_decoder(obj, ref, x, mem, lt, what)
+        keep = _ref_source_mask(lt, m)
+        _expect_mask_property(lambda x, c, k: call(x, c, None if k is None else lt), x, mem, keep, 2, what,
+                              "memory_lengths")
 
 
 # -- conceptual questions ------------------------------------------------------------------------------
+E2, E3 = math.exp(2), math.exp(3)  # q_padded_weight: scores (2, 0, 3), token 2 is padding
 
-
-@SUITE.check("test_q_cross_weights_shape", parts=["q_cross_weights_shape"])
-def q_cross_weights_shape(t: Trial) -> None:
-    """Shape of the cross-attention weights for B=2, H=4, a target of n=5 and a source of m=7 tokens."""
-    expect_tuple(t.value("q_cross_weights_shape"), (2, 4, 5, 7), "q_cross_weights_shape", {
+SUITE.questions({
+    "q_cross_weights_shape": listed((2, 4, 5, 7), "Shape of the cross-attention weights for B=2, H=4, a target of n=5 "
+                                    "and a source of m=7 tokens.", {
         "rows and columns are swapped: one row per query (a target position), one column per key (a source token)":
             (2, 4, 7, 5),
         "that is the self-attention shape of the decoder: in cross-attention the keys come from the source (m)":
             (2, 4, 5, 5),
         "the heads are missing: each of the H heads has its own weights, (B, H, n, m)": (2, 5, 7),
-        "that is the encoder's self-attention shape (source attending to source)": (2, 4, 7, 7),
-    })
-
-
-@SUITE.check("test_q_keys_from", parts=["q_keys_from"])
-def q_keys_from(t: Trial) -> None:
-    """Which side supplies the keys (and values) of the decoder's cross-attention."""
-    expect_choice(t.value("q_keys_from"), "encoder", "q_keys_from", ["encoder", "decoder"], {
+        "that is the encoder's self-attention shape (source attending to source)": (2, 4, 7, 7)}),
+    "q_keys_from": choice("encoder", "Which side supplies the keys (and values) of the decoder's cross-attention.",
+                          ["encoder", "decoder"], {
         "decoder": "the decoder supplies the queries (what it is looking for); the keys and values come from the "
-                   "encoder's output, the sentence being read",
-    })
-
-
-@SUITE.check("test_q_output_shape", parts=["q_output_shape"])
-def q_output_shape(t: Trial) -> None:
-    """Shape of the cross-attention output for B=2, n=5 target tokens, m=7 source tokens, E=16."""
-    expect_tuple(t.value("q_output_shape"), (2, 5, 16), "q_output_shape", {
+                   "encoder's output, the sentence being read"}),
+    "q_output_shape": listed((2, 5, 16), "Shape of the cross-attention output for B=2, n=5 target tokens, m=7 source "
+                             "tokens, E=16.", {
         "one row per source token: the output has one row per query, that is per target position (n)": (2, 7, 16),
         "that is the weights' shape without heads: the output is a weighted sum of E-wide values": (2, 5, 7),
-        "the heads are not merged: the output projection returns (B, n, E)": (2, 4, 5, 4),
-    })
-
-
-@SUITE.check("test_q_padded_weight", parts=["q_padded_weight"])
-def q_padded_weight(t: Trial) -> None:
-    """The weight of source token 0 for scores (2, 0, 3) when token 2 is padding."""
-    e2, e3 = math.exp(2), math.exp(3)
-    expect_number(t.value("q_padded_weight"), e2 / (e2 + 1), "q_padded_weight", {
+        "the heads are not merged: the output projection returns (B, n, E)": (2, 4, 5, 4)}),
+    "q_padded_weight": number(E2 / (E2 + 1), "The weight of source token 0 for scores (2, 0, 3) when token 2 is "
+                              "padding.", {
         "that is the weight with the padded token attended to: padding gets score -inf, so it drops out of the "
-        "softmax's sum": e2 / (e2 + 1 + e3),
+        "softmax's sum": E2 / (E2 + 1 + E3),
         "the mask's polarity is inverted: token 0 is real, so it keeps its weight": 0.0,
-        "the masked score was set to 0 instead of -inf: exp(0) = 1 still counts in the sum": e2 / (e2 + 2),
-        "the scores were normalised without the exponential (2 / (2 + 0))": 1.0,
-    })
+        "the masked score was set to 0 instead of -inf: exp(0) = 1 still counts in the sum": E2 / (E2 + 2),
+        "the scores were normalised without the exponential (2 / (2 + 0))": 1.0}),
+})

@@ -1,37 +1,14 @@
 """Graded checks for exercise 07_transformer_block: ``FeedForward``, the encoder and decoder blocks, dropout in
-training and evaluation, three conceptual questions.
-
-Stated requirements (exercise text and docstrings) and the check that exercises each:
-
-==========================================================================  ==================================
-requirement                                                                 check
-==========================================================================  ==================================
-FeedForward(embed_dim, ff_dim, dropout): linear1 E -> ff_dim, linear2 back  test_feed_forward
-FeedForward: linear2(relu(linear1(x))), any leading dimensions              test_feed_forward
-FeedForward: dropout after the ReLU, active in training only                test_feed_forward_dropout
-encoder: attributes self_attn, feed_forward, norm1, norm2                   test_encoder_block_* (_build)
-encoder: returns (output (B, n, E), weights (B, H, n, n))                   test_encoder_block_post_norm
-encoder: post-norm by default, pre-norm with norm_first=True                test_encoder_block_post/pre_norm
-encoder: the mask reaches the self-attention                                test_encoder_block_mask
-encoder: an all-padding example (fully masked rows): zero weights, no NaN   test_encoder_block_mask
-decoder: attributes cross_attn, norm3 as well; (output, self_w, cross_w)    test_decoder_block_post_norm
-decoder: cross-attention queries from the self-attention sublayer,          test_decoder_block_post/pre_norm
-         keys and values from memory; n != m
-decoder: self_mask to the self-attention, memory_mask to the cross-attn     test_decoder_block_masks
-decoder: an empty memory (memory_mask all False): zero weights, no NaN      test_decoder_block_masks
-blocks: dropout on each sublayer's output before the residual, in           test_blocks_dropout
-        training only (eval gives the dropout-free block)
-the three questions                                                         test_q_*
-==========================================================================  ==================================
-
-Dropout is checked deterministically with ``dropout=1.0``, which zeroes whatever it is applied to in training:
-the feed-forward must then return ``linear2``'s bias, a post-norm block ``norm2(norm1(x))`` and a pre-norm
-block ``x`` itself.
+training and evaluation, three conceptual questions; the requirements the exercise states are
+``STATED_REQUIREMENTS`` (``python -m autograder.judging.checks --requirements 07``).
 
 The expected values come from :mod:`attnkit.transformer` with the student's module's parameter names and fresh
-random weights (layer norms included, so a norm in the wrong place shows); ``tests/test_transformer.py`` proves
-attnkit equal to ``torch.nn.TransformerEncoderLayer`` / ``TransformerDecoderLayer`` in both norm orders. Each
-classic mistake is recomputed here from the same weights, so a wrong answer is named, not only rejected.
+random weights (layer norms included, so a norm in the wrong place shows): the copied-weights twin;
+``tests/test_transformer.py`` proves attnkit equal to torch's layers in both norm orders. The mask checks test the
+masks alone (the block's own unmasked weights renormalised, hidden positions never reaching the output), and
+the dropout check the dropout alone (``dropout=1.0`` zeroes what it is applied to in training: a block returns
+the norms of x, or x itself, in either norm order; in eval mode it equals the same block built without dropout),
+so a norm in the wrong place costs the norm checks alone.
 """
 
 from __future__ import annotations
@@ -46,49 +23,45 @@ from attnkit import FeedForward as RefFeedForward
 from attnkit import TransformerDecoderBlock as RefDecoder
 from attnkit import TransformerEncoderBlock as RefEncoder
 from attnkit import causal_mask
-from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, close, expect_choice, expect_close,
-                               expect_number, expect_tensor, requirement)
+from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, build, choice, close, expect_close,
+                                       expect_tensor, number, requirement, twin)
+from autograder.judging.checks.common import expect_masked, hidden_keys_changed
 
 SUITE = Suite("07_transformer_block")
-# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words
-# of the exercise text that state it); tests/test_stated_requirements.py and test_chNN_grading.py read it
-STATED_REQUIREMENTS = {
+STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
     'ff: linear2(relu(linear1(x)))': requirement('test_feed_forward', 'linear',
-                'linear1 widens from embed_dim to ff_dim, a relu, then linear2 narrows back',
-                also=('test_feed_forward_dropout',)),
+        'linear1 widens from embed_dim to ff_dim, a relu, then linear2 narrows back',
+        also=('test_feed_forward_dropout',)),
     'ff: dropout after the ReLU, not on the output': requirement('test_feed_forward_dropout', "linear2's output",
-                'apply the dropout after the relu, on the hidden units'),
+        'apply the dropout after the relu, on the hidden units'),
     'ff: dropout after the ReLU, not on the input': requirement('test_feed_forward_dropout', 'input x',
-                'apply the dropout after the relu, on the hidden units'),
+        'apply the dropout after the relu, on the hidden units'),
     'ff: dropout applied in training': requirement('test_feed_forward_dropout', 'never applied',
-                'use nn.dropout: it drops in training'),
+        'use nn.dropout: it drops in training'),
     'ff: no dropout in eval mode': requirement('test_feed_forward_dropout', 'eval mode too',
-                'it drops in training and is the identity after .eval()'),
+        'it drops in training and is the identity after .eval()'),
     'encoder: post-norm by default': requirement('test_encoder_block_post_norm', 'wrong place',
-                'post-norm (norm_first=false, the original paper): x = norm(x + sublayer(x))',
-                also=('test_encoder_block_mask', 'test_blocks_dropout')),
+        'post-norm (norm_first=false, the original paper): x = norm(x + sublayer(x))'),
     'encoder: pre-norm with norm_first': requirement('test_encoder_block_pre_norm', 'wrong place',
-                'pre-norm (norm_first=true): x = x + sublayer(norm(x))',
-                also=('test_encoder_block_mask', 'test_blocks_dropout')),
+        'pre-norm (norm_first=true): x = x + sublayer(norm(x))'),
     'encoder: mask reaches the self-attention': requirement('test_encoder_block_mask', 'mask is ignored',
-                'forward(x, mask=none) returns (output, weights): output (b, n, e), self-attention weights'),
+        'forward(x, mask=none) returns (output, weights): output (b, n, e), self-attention weights'),
     'encoder: all-padding example gives no NaN': requirement('test_encoder_block_mask', 'NaN',
-                'a query row with no allowed key (an example that is all padding) gets zero weights, never nan'),
+        'a query row with no allowed key (an example that is all padding) gets zero weights, never nan'),
     'encoder: dropout on the sublayer output before the residual': requirement('test_blocks_dropout', 'without dropout',
-                "apply dropout to each sublayer's output before adding the residual"),
+        "apply dropout to each sublayer's output before adding the residual"),
     'decoder: cross-attention keys from memory': requirement('test_decoder_block_post_norm', 'keys come from x',
-                'whose keys and values come from memory',
-                also=('test_decoder_block_masks', 'test_blocks_dropout')),
+        'whose keys and values come from memory', also=('test_decoder_block_masks', 'test_blocks_dropout')),
     'decoder: memory_mask to the cross-attention': requirement('test_decoder_block_masks', 'memory_mask is ignored',
-                'keys and values come from memory (with memory_mask)'),
+        'keys and values come from memory (with memory_mask)'),
     'decoder: self_mask to the self-attention': requirement('test_decoder_block_masks', 'self_mask is ignored',
-                'masked self-attention over x (with self_mask)'),
+        'masked self-attention over x (with self_mask)'),
     'decoder: empty memory gives no NaN': requirement('test_decoder_block_masks', 'NaN',
-                'a query row with no allowed key (an example that is all padding) gets zero weights, never nan'),
+        'a query row with no allowed key (an example that is all padding) gets zero weights, never nan'),
     'decoder: dropout on the sublayer output before the residual': requirement('test_blocks_dropout', 'without dropout',
-                "apply dropout to each sublayer's output before adding the residual"),
+        "apply dropout to each sublayer's output before adding the residual"),
     'blocks: no dropout in eval mode': requirement('test_blocks_dropout', 'eval mode',
-                'dropout acts in training only: after model.eval() the blocks are deterministic'),
+        'dropout acts in training only: after model.eval() the blocks are deterministic'),
 }
 FF, ENC, DEC = "FeedForward", "TransformerEncoderBlock", "TransformerDecoderBlock"
 
@@ -143,7 +116,7 @@ def _encoder(ref: RefEncoder, x: Tensor, mask: Tensor | None, pre: bool, residua
     norms = {"norms swapped": [ref.norm2, ref.norm1], "norm1 twice": [ref.norm1, ref.norm1],
              "norm2 twice": [ref.norm2, ref.norm2]}.get(bug, [ref.norm1, ref.norm2])
     ffn = _feed_forward(ref.feed_forward, ff, act)
-    subs = [lambda h, _: ref.self_attn.attn(h, h, h, None if bug == "mask ignored" else mask)[0], lambda h, _: ffn(h)]
+    subs = [lambda h, _: ref.self_attn.attn(h, h, h, mask)[0], lambda h, _: ffn(h)]
     return _stack(x, subs, norms, pre, residual, bug)
 
 
@@ -154,10 +127,7 @@ def _decoder(ref: RefDecoder, x: Tensor, memory: Tensor, self_mask: Tensor | Non
     norms = {"norm1 everywhere": [n1, n1, n1], "norm1 twice": [n1, n1, n3], "norm2 twice": [n1, n2, n2]}.get(
         bug, [n1, n2, n3])
     ffn = _feed_forward(ref.feed_forward, ff, act)
-    sm = None if bug == "self mask ignored" else self_mask
-    mm = None if bug == "memory mask ignored" else memory_mask
-    if bug == "masks swapped":
-        sm, mm = memory_mask, self_mask
+    sm, mm = self_mask, memory_mask
 
     def cross(h: Tensor, x_in: Tensor) -> Tensor:
         if bug == "cross attends to itself":
@@ -206,8 +176,6 @@ def _encoder_mistakes(ref: RefEncoder, x: Tensor, mask: Tensor | None, pre: bool
     else:
         out["the norm is applied to the sublayer's output before the residual (x + norm(sublayer(x))); "
             "post-norm normalises the sum: norm(x + sublayer(x))"] = e(bug="norm on the sublayer output")
-    if mask is not None:
-        out["the mask is ignored: pass it to the self-attention"] = e(bug="mask ignored")
     return out
 
 
@@ -237,9 +205,6 @@ def _decoder_mistakes(ref: RefDecoder, x: Tensor, memory: Tensor, sm: Tensor | N
         out["the cross-attention's queries come from memory and its keys and values from x: the queries come from "
             "x, the keys and values from memory, cross_attn(x, memory, memory, memory_mask)"] = d(
             bug="cross queries from memory")
-        if sm is not None and mm is not None:
-            out["self_mask and memory_mask are swapped: self_mask (causal) goes to the self-attention, memory_mask "
-                "(padding of memory) to the cross-attention"] = d(bug="masks swapped")
     own = OWN_NORM.format(names="norm1 for the self-attention, norm2 for the cross-attention, norm3 for the feed-forward")
     out["norm1 is used twice (for the self- and the cross-attention): " + own] = d(bug="norm1 twice")
     out["norm2 is used twice (for the cross-attention and the feed-forward): " + own] = d(bug="norm2 twice")
@@ -252,54 +217,33 @@ def _decoder_mistakes(ref: RefDecoder, x: Tensor, memory: Tensor, sm: Tensor | N
     else:
         out["the norm is applied to the sublayer's output before the residual; post-norm normalises the sum: "
             "norm(x + sublayer(x))"] = d(bug="norm on the sublayer output")
-    if sm is not None:
-        out["self_mask is ignored: pass it to the self-attention (the decoder must not see later positions)"] = d(
-            bug="self mask ignored")
-    if mm is not None:
-        out["memory_mask is ignored: pass it to the cross-attention (padded memory positions must get no weight)"] = d(
-            bug="memory mask ignored")
     return out
 
 
 # -- building the student's module with fresh weights ----------------------------------------------
 
 
-def _fresh(t: Trial, params: dict[str, Tensor]) -> dict[str, Tensor]:
+def _fresh(t: Trial, shapes: dict) -> dict[str, Tensor]:
     """Random weights for every parameter; layer norms far from the identity so their place matters."""
     out = {}
-    for k, v in params.items():
+    for k, shape in shapes.items():
         if k.startswith("norm") and k.endswith("weight"):
-            out[k] = 1.0 + 0.4 * t.randn(*v.shape)
+            out[k] = 1.0 + 0.4 * t.randn(*shape)
         elif k.startswith("norm"):
-            out[k] = 0.4 * t.randn(*v.shape)
+            out[k] = 0.4 * t.randn(*shape)
         else:
-            out[k] = t.randn(*v.shape, scale=0.5 / max(1, v.shape[-1]) ** 0.5 if v.dim() > 1 else 0.2)
+            out[k] = t.randn(*shape, scale=0.5 / max(1, shape[-1]) ** 0.5 if len(shape) > 1 else 0.2)
     return out
 
 
 def _build(t: Trial, name: str, ref_cls, *args, **kwargs) -> tuple[Obj, torch.nn.Module]:
-    label = f"{name}({', '.join(map(str, args))}{''.join(f', {k}={v}' for k, v in kwargs.items())})"
-    try:
-        obj = t.new(name, *args, **kwargs)
-    except StudentError as err:
-        raise CheckFailed(f"{label} could not be created: {err}") from None
+    """The copied-weights twin. attnkit builds its blocks from SelfAttention / CrossAttention
+    (self_attn.attn.q_proj); the exercise's blocks hold a MultiHeadAttention directly (self_attn.q_proj)."""
     ref = ref_cls(*args, **kwargs)
-    # attnkit builds its blocks from SelfAttention / CrossAttention (self_attn.attn.q_proj); the exercise's blocks
-    # hold a MultiHeadAttention directly (self_attn.q_proj): the parameters are the same, one level up
-    names = {k.replace("_attn.attn.", "_attn."): k for k in ref.state_dict()}
-    expected = {k: ref.state_dict()[names[k]] for k in names}
-    got = obj.params()
-    missing = sorted(set(expected) - set(got))
-    if missing:
-        raise CheckFailed(f"{label} is missing the parameters {', '.join(missing[:6])}: use the attribute names of the "
-                          f"exercise (self_attn, cross_attn, feed_forward.linear1/linear2, norm1, norm2, norm3); "
-                          f"yours are: {', '.join(sorted(got)) or 'none'}")
-    for k, v in expected.items():
-        if tuple(got[k].shape) != tuple(v.shape):
-            raise CheckFailed(f"{label}: parameter {k} has shape {tuple(got[k].shape)}, expected {tuple(v.shape)}")
-    fresh = _fresh(t, {k: v for k, v in expected.items()})
-    obj.load(fresh)
-    ref.load_state_dict({names[k]: v for k, v in fresh.items()})
+    obj, fresh = twin(t, name, *args, **kwargs, reference=ref, names=lambda k: k.replace("_attn.attn.", "_attn."),
+                      draw=_fresh, hint=": use the attribute names of the exercise (self_attn, cross_attn, "
+                      "feed_forward.linear1/linear2, norm1, norm2, norm3)")
+    obj.weights = fresh
     return obj, ref.eval()
 
 
@@ -350,29 +294,18 @@ def feed_forward(t: Trial) -> None:
 # -- encoder block --------------------------------------------------------------------------------
 
 
-def _check_encoder(t: Trial, pre: bool, masked: bool) -> None:
+def _check_encoder(t: Trial, pre: bool) -> None:
     kw = {"norm_first": True} if pre else {}
-    for b, n, e, h, f in ([(2, 5, 8, 2, 16), (1, 3, 12, 3, 8)] if not masked else [(3, 6, 8, 2, 16)]):
+    for b, n, e, h, f in [(2, 5, 8, 2, 16), (1, 3, 12, 3, 8)]:
         obj, ref = _build(t, ENC, RefEncoder, e, h, f, **kw)
         x = t.randn(b, n, e)
-        mask = None
-        if masked:
-            lengths = torch.randint(1, n + 1, (b,), generator=t.gen)
-            lengths[0] = n - 2
-            lengths[-1] = 0  # an example that is all padding: every query row is fully masked
-            mask = (torch.arange(n) < lengths[:, None])[:, None, :]  # (B, 1, n) True = real token
-        what = f"the output of {ENC}({e}, {h}, {f}{', norm_first=True' if pre else ''})" + (
-            " with a padding mask" if masked else "")
-        out, w = _tuple(obj(x) if mask is None else obj(x, mask), 2, ENC)
-        if masked:
-            _no_nan(out, w, f"{ENC} with an example that is all padding (mask all False)")
+        out, w = _tuple(obj(x), 2, ENC)
         ff = _students_feed_forward(obj)
         with torch.no_grad():
-            _, exp_w = ref(x, mask)
-            exp_out = _encoder(ref, x, mask, pre, ff=ff)
-            wrong = _encoder_mistakes(ref, x, mask, pre, ff)
+            _, exp_w = ref(x)
+            exp_out, wrong = _encoder(ref, x, None, pre, ff=ff), _encoder_mistakes(ref, x, None, pre, ff)
         expect_tensor(w, (b, h, n, n), f"the self-attention weights returned by {ENC}")
-        expect_close(out, exp_out, what, wrong)
+        expect_close(out, exp_out, f"the output of {ENC}({e}, {h}, {f}{', norm_first=True' if pre else ''})", wrong)
         expect_close(w, exp_w, f"the self-attention weights returned by {ENC}" +
                      (" (self_attn must see the normalised input norm1(x) in pre-norm)" if pre else ""))
 
@@ -380,52 +313,59 @@ def _check_encoder(t: Trial, pre: bool, masked: bool) -> None:
 @SUITE.check("test_encoder_block_post_norm", parts=[ENC])
 def encoder_post_norm(t: Trial) -> None:
     """Post-norm (default) equals torch.nn.TransformerEncoderLayer with the same weights; returns (output, weights)."""
-    _check_encoder(t, pre=False, masked=False)
+    _check_encoder(t, pre=False)
 
 
 @SUITE.check("test_encoder_block_pre_norm", parts=[ENC])
 def encoder_pre_norm(t: Trial) -> None:
     """norm_first=True equals torch.nn.TransformerEncoderLayer(norm_first=True) with the same weights."""
-    _check_encoder(t, pre=True, masked=False)
+    _check_encoder(t, pre=True)
+
+
+def _padding(t: Trial, b: int, n: int, keep: int) -> Tensor:
+    """A (B, 1, n) padding mask: example 0 keeps ``keep`` tokens, the last one none (every query row fully masked)."""
+    lengths = torch.randint(1, n + 1, (b,), generator=t.gen)
+    lengths[0], lengths[-1] = keep, 0
+    return (torch.arange(n) < lengths[:, None])[:, None, :]
 
 
 @SUITE.check("test_encoder_block_mask", parts=[ENC])
 def encoder_mask(t: Trial) -> None:
-    """A (B, 1, n) padding mask reaches the self-attention, in both norm orders."""
-    _check_encoder(t, pre=False, masked=True)
-    _check_encoder(t, pre=True, masked=True)
+    """A (B, 1, n) padding mask reaches the self-attention, in both norm orders: its own unmasked weights
+    renormalised, no NaN, and a padded token never reaching a real token's output."""
+    for pre in (False, True):
+        b, n, e, h, f = 3, 6, 8, 2, 16
+        obj, _ = _build(t, ENC, RefEncoder, e, h, f, **({"norm_first": True} if pre else {}))
+        x, mask = t.randn(b, n, e), _padding(t, b, n, n - 2)
+        what = f" of {ENC}({e}, {h}, {f}{', norm_first=True' if pre else ''}) with a padding mask"
+        w0 = expect_tensor(_tuple(obj(x), 2, ENC)[1], (b, h, n, n), f"the self-attention weights{what[:-21]}")
+        out, w = _tuple(obj(x, mask), 2, ENC)
+        _no_nan(out, w, f"{ENC} with an example that is all padding (mask all False)")
+        full = mask[:, None].expand(b, h, n, n)
+        expect_masked(expect_tensor(w, (b, h, n, n), f"the self-attention weights{what}"), w0, full,
+                      f"the self-attention weights{what}")
+        changed = hidden_keys_changed(x, full)
+        real = mask[:, 0, :]  # (B, n): the outputs of real tokens must not see the padding
+        expect_close(_tuple(obj(changed, mask), 2, ENC)[0][real], out[real], f"the output{what} at the real tokens "
+                     "when only padded tokens change (a padded token must not reach them)")
 
 
 # -- decoder block --------------------------------------------------------------------------------
 
 
-def _check_decoder(t: Trial, pre: bool, masked: bool) -> None:
+def _check_decoder(t: Trial, pre: bool) -> None:
     kw = {"norm_first": True} if pre else {}
-    cases = [(2, 4, 4, 8, 2, 16), (2, 3, 6, 8, 2, 16), (1, 5, 2, 12, 3, 8)] if not masked else [(3, 5, 5, 8, 2, 16),
-                                                                                                 (2, 4, 7, 8, 4, 16)]
-    for b, n, m, e, h, f in cases:
+    for b, n, m, e, h, f in [(2, 4, 4, 8, 2, 16), (2, 3, 6, 8, 2, 16), (1, 5, 2, 12, 3, 8)]:
         obj, ref = _build(t, DEC, RefDecoder, e, h, f, **kw)
         x, memory = t.randn(b, n, e), t.randn(b, m, e)
-        sm = mm = None
-        if masked:
-            sm = causal_mask(n)
-            lengths = torch.randint(1, m + 1, (b,), generator=t.gen)
-            lengths[0] = m - 1
-            lengths[-1] = 0  # an example whose memory is all padding: its cross-attention rows are fully masked
-            mm = (torch.arange(m) < lengths[:, None])[:, None, :]  # (B, 1, m)
-        what = f"the output of {DEC}({e}, {h}, {f}{', norm_first=True' if pre else ''}) for x {(b, n, e)}, memory {(b, m, e)}" \
-               + (" with a causal self_mask and a memory padding mask" if masked else "")
+        what = f"the output of {DEC}({e}, {h}, {f}{', norm_first=True' if pre else ''}) for x {(b, n, e)}, memory {(b, m, e)}"
         try:
-            result = obj(x, memory) if not masked else obj(x, memory, sm, mm)
+            out, ws, wc = _tuple(obj(x, memory), 3, DEC)
         except StudentError as err:
             if n != m and not str(err).startswith("not implemented"):
                 raise CheckFailed(f"{err}, with x of length {n} and memory of length {m}: the cross-attention's keys and "
-                                  f"values must come from memory (cross_attn(x, memory, memory, memory_mask)), and "
-                                  f"memory_mask belongs to the cross-attention, self_mask to the self-attention") from None
+                                  f"values must come from memory (cross_attn(x, memory, memory, memory_mask))") from None
             raise
-        out, ws, wc = _tuple(result, 3, DEC)
-        if masked:
-            _no_nan(out, wc, f"{DEC} with an example whose memory is all padding (memory_mask all False)")
         if n != m and isinstance(wc, Tensor) and tuple(wc.shape) == (b, h, n, n):
             raise CheckFailed(f"the cross-attention weights have shape {(b, h, n, n)}: the cross-attention attends to x "
                               f"itself; its keys and values must come from memory, giving {(b, h, n, m)}")
@@ -433,9 +373,9 @@ def _check_decoder(t: Trial, pre: bool, masked: bool) -> None:
         expect_tensor(wc, (b, h, n, m), f"the cross-attention weights returned by {DEC}")
         ff = _students_feed_forward(obj)
         with torch.no_grad():
-            _, exp_ws, exp_wc = ref(x, memory, sm, mm)
-            exp_out = _decoder(ref, x, memory, sm, mm, pre, ff=ff)
-            wrong = _decoder_mistakes(ref, x, memory, sm, mm, pre, ff)
+            _, exp_ws, exp_wc = ref(x, memory)
+            exp_out, wrong = _decoder(ref, x, memory, None, None, pre, ff=ff), \
+                _decoder_mistakes(ref, x, memory, None, None, pre, ff)
         expect_close(out, exp_out, what, wrong)
         expect_close(ws, exp_ws, f"the self-attention weights returned by {DEC}")
         expect_close(wc, exp_wc, f"the cross-attention weights returned by {DEC}")
@@ -444,20 +384,53 @@ def _check_decoder(t: Trial, pre: bool, masked: bool) -> None:
 @SUITE.check("test_decoder_block_post_norm", parts=[DEC])
 def decoder_post_norm(t: Trial) -> None:
     """Post-norm equals torch.nn.TransformerDecoderLayer with the same weights (n == m and n != m)."""
-    _check_decoder(t, pre=False, masked=False)
+    _check_decoder(t, pre=False)
 
 
 @SUITE.check("test_decoder_block_pre_norm", parts=[DEC])
 def decoder_pre_norm(t: Trial) -> None:
     """norm_first=True equals torch.nn.TransformerDecoderLayer(norm_first=True) with the same weights."""
-    _check_decoder(t, pre=True, masked=False)
+    _check_decoder(t, pre=True)
 
 
 @SUITE.check("test_decoder_block_masks", parts=[DEC])
 def decoder_masks(t: Trial) -> None:
-    """self_mask (causal) reaches the self-attention and memory_mask (padding) the cross-attention, both norm orders."""
-    _check_decoder(t, pre=False, masked=True)
-    _check_decoder(t, pre=True, masked=True)
+    """self_mask (causal) reaches the self-attention and memory_mask (padding) the cross-attention, both norm orders:
+    each against the block's own weights without that mask, renormalised; hidden positions never reach the output."""
+    for pre in (False, True):
+        for b, n, m, e, h, f in [(3, 5, 5, 8, 2, 16), (2, 4, 7, 8, 4, 16)]:
+            obj, _ = _build(t, DEC, RefDecoder, e, h, f, **({"norm_first": True} if pre else {}))
+            x, memory, sm, mm = t.randn(b, n, e), t.randn(b, m, e), causal_mask(n), _padding(t, b, m, m - 1)
+            what = f" of {DEC}({e}, {h}, {f}{', norm_first=True' if pre else ''}) for x {(b, n, e)}, memory {(b, m, e)}"
+
+            def run(x=x, memory=memory, sm=sm, mm=mm):
+                try:
+                    out, ws, wc = _tuple(obj(x, memory, sm, mm), 3, DEC)
+                except StudentError as err:
+                    if n != m and not str(err).startswith("not implemented"):
+                        raise CheckFailed(f"{err}, with x of length {n} and memory of length {m}: memory_mask belongs to "
+                                          "the cross-attention, self_mask to the self-attention") from None
+                    raise
+                if sm is not None and mm is not None:
+                    _no_nan(out, wc, f"{DEC} with an example whose memory is all padding (memory_mask all False)")
+                return out, expect_tensor(ws, (b, h, n, n), f"the self-attention weights{what}"), \
+                    expect_tensor(wc, (b, h, n, m), f"the cross-attention weights{what}")
+
+            out, ws, wc = run()
+            self_full, memory_full = sm.expand(b, h, n, n), mm[:, None].expand(b, h, n, m)
+            swapped = {"self_mask and memory_mask are swapped: self_mask (causal) goes to the self-attention, "
+                       "memory_mask (padding of memory) to the cross-attention": mm[:, None].expand(b, h, n, n)} \
+                if n == m else {}
+            expect_masked(ws, run(sm=None)[1], self_full, f"the self-attention weights{what} with a causal self_mask",
+                          swapped, "self_mask")
+            expect_masked(wc, run(mm=None)[2], memory_full, f"the cross-attention weights{what} with a memory "
+                          "padding mask", name="memory_mask")
+            expect_close(run(memory=hidden_keys_changed(memory, memory_full))[0], out, f"the output{what} when only "
+                         "padded memory positions change (they must not reach the output)")
+            future = x.clone()
+            future[:, -1] += 10.0
+            expect_close(run(x=future)[0][:, :-1], out[:, :-1], f"the output{what} at positions before the last when "
+                         "only the last position of x changes (the causal self_mask hides the future)")
 
 
 # -- dropout: in training only, where the exercise puts it ----------------------------------------------
@@ -493,43 +466,35 @@ def feed_forward_dropout(t: Trial) -> None:
 
 @SUITE.check("test_blocks_dropout", parts=[ENC, DEC])
 def blocks_dropout(t: Trial) -> None:
-    """With dropout=1.0 every sublayer's output is dropped in training (post-norm returns the norms of x, pre-norm
-    x itself); in eval mode the block equals the dropout-free block."""
+    """With dropout=1.0 every sublayer's output is dropped in training (a block returns the norms of x, or x itself);
+    in eval mode the block equals the same block built without dropout."""
     for pre in (False, True):
         kw = {"norm_first": True} if pre else {}
-        order = "pre-norm" if pre else "post-norm"
-        enc, ref_e = _build(t, ENC, RefEncoder, 8, 2, 16, 1.0, **kw)
-        dec, ref_d = _build(t, DEC, RefDecoder, 8, 2, 16, 1.0, **kw)
         x, memory = t.randn(2, 4, 8), t.randn(2, 5, 8)
-        with torch.no_grad():
-            exp_e = x if pre else ref_e.norm2(ref_e.norm1(x))
-            exp_d = x if pre else ref_d.norm3(ref_d.norm2(ref_d.norm1(x)))
-            clean_e, _ = ref_e(x)
-            clean_d, _, _ = ref_d(x, memory)
-        hint = (f"with dropout=1.0 in training every sublayer's output is zeroed before the residual, so a {order} "
-                f"block returns {'x itself' if pre else 'the norms applied to x'}")
-        _train(enc, True)
-        out = _tuple(enc(x), 2, ENC)[0]
-        if close(out, clean_e):
-            raise CheckFailed(f"{ENC}(8, 2, 16, dropout=1.0{', norm_first=True' if pre else ''}) ignores dropout in "
-                              "training: apply an nn.Dropout to each sublayer's output before adding the residual")
-        expect_close(out, exp_e, f"the output of {ENC}(8, 2, 16, dropout=1.0) ({order}) in training mode: {hint}; "
-                     "is a sublayer's output added without dropout, or the dropout applied after the residual?")
-        _train(dec, True)
-        out = _tuple(dec(x, memory), 3, DEC)[0]
-        if close(out, clean_d):
-            raise CheckFailed(f"{DEC}(8, 2, 16, dropout=1.0{', norm_first=True' if pre else ''}) ignores dropout in "
-                              "training: apply an nn.Dropout to each sublayer's output before adding the residual")
-        expect_close(out, exp_d, f"the output of {DEC}(8, 2, 16, dropout=1.0) ({order}) in training mode: {hint} "
-                     "(the cross-attention's output too); is a sublayer's output added without dropout?")
-        _train(enc, False)
-        _train(dec, False)
-        eval_msg = ("in eval mode (dropout must do nothing after model.eval(): use nn.Dropout, or F.dropout with "
-                    "training=self.training)")
-        expect_close(_tuple(enc(x), 2, ENC)[0], clean_e, f"the output of {ENC}(8, 2, 16, dropout=1.0) ({order}) "
-                     + eval_msg, {"dropout is applied in eval mode too: " + eval_msg: exp_e})
-        expect_close(_tuple(dec(x, memory), 3, DEC)[0], clean_d, f"the output of {DEC}(8, 2, 16, dropout=1.0) "
-                     f"({order}) " + eval_msg, {"dropout is applied in eval mode too: " + eval_msg: exp_d})
+        for name, ref_cls, size, args in [(ENC, RefEncoder, 2, (x,)), (DEC, RefDecoder, 3, (x, memory))]:
+            obj, ref = _build(t, name, ref_cls, 8, 2, 16, 1.0, **kw)
+            plain = build(t, name, 8, 2, 16, 0.0, **kw)
+            plain.load(obj.weights)
+            clean = _tuple(plain(*args), size, name)[0]
+            label = f"{name}(8, 2, 16, dropout=1.0{', norm_first=True' if pre else ''})"
+            with torch.no_grad():
+                norms = [ref.norm1, ref.norm2] + ([ref.norm3] if name == DEC else [])
+                dropped = [x, torch.nn.Sequential(*norms)(x)]  # pre-norm: x itself; post-norm: the norms of x
+            _train(obj, True)
+            out = expect_tensor(_tuple(obj(*args), size, name)[0], tuple(x.shape), f"the output of {label}")
+            if close(out, clean):
+                raise CheckFailed(f"{label} ignores dropout in training: apply an nn.Dropout to each sublayer's "
+                                  "output before adding the residual")
+            if not any(close(out, d) for d in dropped):
+                raise CheckFailed(f"the output of {label} in training mode is neither x nor the norms applied to x: "
+                                  "with dropout=1.0 every sublayer's output (the cross-attention's too) is zeroed before "
+                                  "the residual; is a sublayer's output added without dropout, or the dropout applied "
+                                  "after the residual?")
+            _train(obj, False)
+            eval_msg = ("in eval mode (dropout must do nothing after model.eval(): use nn.Dropout, or F.dropout with "
+                        "training=self.training)")
+            expect_close(_tuple(obj(*args), size, name)[0], clean, f"the output of {label} {eval_msg}",
+                         {"dropout is applied in eval mode too: " + eval_msg: d for d in dropped})
 
 
 # -- conceptual questions ------------------------------------------------------------------------------
@@ -538,12 +503,11 @@ E_Q, H_Q, F_Q = 512, 8, 2048
 ATTN_Q = 4 * (E_Q * E_Q + E_Q)  # q, k, v, out projections with biases
 FFN_Q = E_Q * F_Q + F_Q + F_Q * E_Q + E_Q
 NORMS_Q = 2 * 2 * E_Q  # two LayerNorms, weight and bias each
+TOTAL_Q = ATTN_Q + FFN_Q + NORMS_Q
 
-
-@SUITE.check("test_q_block_params", parts=["q_block_params"])
-def q_block_params(t: Trial) -> None:
-    """Parameters of an encoder block with E=512, H=8, ff_dim=2048 (biases and LayerNorms included)."""
-    expect_number(t.value("q_block_params"), ATTN_Q + FFN_Q + NORMS_Q, "q_block_params", {
+SUITE.questions({
+    "q_block_params": number(TOTAL_Q, "Parameters of an encoder block with E=512, H=8, ff_dim=2048 (biases and "
+                             "LayerNorms included).", {
         "the two LayerNorms are missing: each has a weight and a bias of E entries": ATTN_Q + FFN_Q,
         "the biases are missing (every nn.Linear has one, and each LayerNorm has a weight and a bias)":
             4 * E_Q * E_Q + 2 * E_Q * F_Q,
@@ -552,27 +516,16 @@ def q_block_params(t: Trial) -> None:
         "E/H of the columns": H_Q * ATTN_Q + FFN_Q + NORMS_Q,
         "the feed-forward network has two linear layers (E -> ff_dim and ff_dim -> E)": ATTN_Q + E_Q * F_Q + F_Q + NORMS_Q,
         "that counts three projections; multi-head attention has four (q, k, v and the output projection)":
-            3 * (E_Q * E_Q + E_Q) + FFN_Q + NORMS_Q,
-    }, rel=1e-6)
-
-
-@SUITE.check("test_q_prenorm_position", parts=["q_prenorm_position"])
-def q_prenorm_position(t: Trial) -> None:
-    """Where LayerNorm sits in a pre-norm block."""
-    expect_choice(t.value("q_prenorm_position"), "input", "q_prenorm_position", ["input", "sum", "output"], {
+            3 * (E_Q * E_Q + E_Q) + FFN_Q + NORMS_Q}, rel=1e-6),
+    "q_prenorm_position": choice("input", "Where LayerNorm sits in a pre-norm block.", ["input", "sum", "output"], {
         "sum": "normalising the sum, norm(x + sublayer(x)), is post-norm (the original paper); pre-norm normalises the "
                "sublayer's input and leaves the residual path untouched: x + sublayer(norm(x))",
         "output": "x + norm(sublayer(x)) normalises the branch's output; pre-norm normalises its input: "
-                  "x + sublayer(norm(x))",
-    })
-
-
-@SUITE.check("test_q_ff_share", parts=["q_ff_share"])
-def q_ff_share(t: Trial) -> None:
-    """The fraction of an encoder block's parameters in the feed-forward network (E=512, ff_dim=2048)."""
-    total = ATTN_Q + FFN_Q + NORMS_Q
-    expect_number(t.value("q_ff_share"), FFN_Q / total, "q_ff_share", {
-        "that is the attention's share: the question asks for the feed-forward network's": ATTN_Q / total,
+                  "x + sublayer(norm(x))"}),
+    "q_ff_share": number(FFN_Q / TOTAL_Q, "The fraction of an encoder block's parameters in the feed-forward network "
+                         "(E=512, ff_dim=2048).", {
+        "that is the attention's share: the question asks for the feed-forward network's": ATTN_Q / TOTAL_Q,
         "that is the ratio of feed-forward to attention parameters, not the share of the whole block": FFN_Q / ATTN_Q,
-        "that counts only one of the feed-forward's two linear layers": (E_Q * F_Q + F_Q) / (ATTN_Q + E_Q * F_Q + F_Q + NORMS_Q),
-    }, rel=2e-3)
+        "that counts only one of the feed-forward's two linear layers":
+            (E_Q * F_Q + F_Q) / (ATTN_Q + E_Q * F_Q + F_Q + NORMS_Q)}, rel=2e-3),
+})

@@ -1,51 +1,15 @@
 """Graded checks for exercise 08_efficient_attention: ``online_softmax_update``, ``tiled_attention``,
-``append_to_cache``, ``cached_attention``, ``grouped_query_attention``, four conceptual questions.
+``append_to_cache``, ``cached_attention``, ``grouped_query_attention``, four conceptual questions; the requirements
+the exercise states are ``STATED_REQUIREMENTS`` (``python -m autograder.judging.checks --requirements 08``).
+Calling the setup's ``attention`` (which refuses more than MAX_SCORES = 2^16 scores) is caught by a large case in
+each test_tiled_*; inlining the whole score matrix is left to the formgrader.
 
-Stated requirements (exercise text and docstrings) and the check that exercises each:
-
-=========================================================================  ======================================
-requirement                                                                check
-=========================================================================  ======================================
-update: returns (running_max, running_sum, acc), shapes (..., n, 1) x2,    every update check (_state)
-        (..., n, d_v)
-update: M' = max(M, block max); sum and acc rescaled by exp(M - M')        test_online_softmax_basic, _blocks
-update: keeps the inputs' dtype                                            test_online_softmax_blocks
-update: an all -inf row stays (-inf, 0, 0), no NaN                         test_online_softmax_masked
-tiled: equals attention, blocks that do not divide m, (..., n, d_v)        test_tiled_attention
-tiled: scores scaled by 1/sqrt(d_k); acc / running_sum at the end          test_tiled_attention
-tiled: keeps the inputs' dtype (float64 in, float64 out)                   test_tiled_attention
-tiled: causal, query i sees keys 0..i (itself included)                    test_tiled_attention_causal
-tiled: mask (True = may attend, broadcastable) hides keys                  test_tiled_attention_mask
-tiled: a query with no allowed key gives zeros, never NaN                  test_tiled_attention_mask
-tiled: does not call torch's attention or attnkit                          the authorship scan (every part)
-tiled: does not call the setup's ``attention`` (which refuses more than    a large case in each test_tiled_*
-       MAX_SCORES = 2^16 scores)                                           (n * m > MAX_SCORES); inlining the
-                                                                           whole score matrix is left to the
-                                                                           formgrader
-append: None starts a cache; new positions last on the time axis           test_append_to_cache
-cached: output (B, H, s, d_v); causal shifted by t; cache of t + s         test_cached_attention_step, _prompt
-gqa: output (B, H, n, d_v) equals torch's enable_gqa / attnkit; G == H     test_grouped_query_attention
-     is multi-head, G == 1 multi-query
-gqa: query head h uses key-value head h // (H / G) (grouped, not           test_grouped_query_attention, _mask
-     interleaved); every query head keeps its own query (not averaged)
-gqa: keeps the inputs' dtype                                               test_grouped_query_attention
-gqa: mask (True = may attend, broadcastable to (B, H, n, m)) hides keys;   test_grouped_query_attention_mask
-     a query with no allowed key gives zeros
-gqa: ValueError naming H and G when G does not divide H (G > H too);       test_grouped_query_attention_heads
-     no error for every G that divides H
-the four questions                                                         test_q_*
-=========================================================================  ======================================
-
-The online-softmax checks build a realistic state in the judge (the reference state after some
-blocks), ask the student's update to fold in one more block whose maximum is larger for some rows and
-smaller for others, and compare the three returned tensors; the classic mistakes (no rescaling of the
-sum or the accumulator, a stale or block-only maximum, the inverted factor, NaN for masked rows) are
-computed from the same inputs and named when the answer equals one. The cache checks compare with
-causal attention over the whole sequence computed here by :mod:`attnkit`. The grouped-query checks
-compare with torch's ``F.scaled_dot_product_attention(..., enable_gqa=True)`` where it exists (and
-attnkit on repeated key-value heads where it does not, or where a query is fully masked), and name the
-interleaved heads (``repeat`` for ``repeat_interleave``), averaged query heads, and divisibility checks
-that are reversed, missing or lenient.
+The online-softmax checks fold one more block into a realistic state built here and name the classic mistakes
+(no rescaling, a stale or block-only maximum, the inverted factor, NaN rows) computed from the same inputs. The
+cache checks compare with causal attention over the whole sequence. test_tiled_attention tests the formula; the
+causal and mask checks compare each row with the student's own tiled_attention over the keys that row may see,
+so a wrong scale or a missing division costs test_tiled_attention alone. The grouped-query checks compare with
+torch's ``enable_gqa`` (attnkit on repeated heads where it is missing or a query is fully masked).
 """
 
 from __future__ import annotations
@@ -60,75 +24,66 @@ from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit.efficient import append_to_cache as ref_append
 from attnkit.efficient import online_softmax_update as ref_update
 from attnkit.efficient import tiled_attention as ref_tiled
-from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, close, expect_number, expect_tensor,
-                               requirement)
+from autograder.judging.checks import (CheckFailed, Question, StudentError, Suite, Trial, close, expect_close,
+                                       expect_number, expect_tensor, fail_if_named, number, requirement)
 
 SUITE = Suite("08_efficient_attention")
-# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words
-# of the exercise text that state it); tests/test_stated_requirements.py and test_chNN_grading.py read it
-STATED_REQUIREMENTS = {
-    'update: rescale the sum and the accumulator': requirement(('test_online_softmax_basic', 'test_online_softmax_blocks'), 'accumulator is not rescaled',
-                "a' = e^{m - m'}\\, a",
-                also=('test_online_softmax_masked',)),
+STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
+    'update: rescale the sum and the accumulator': requirement(('test_online_softmax_basic', 'test_online_softmax_blocks'),
+        'accumulator is not rescaled', "a' = e^{m - m'}\\, a", also=('test_online_softmax_masked',)),
     'update: new maximum': requirement(('test_online_softmax_basic', 'test_online_softmax_blocks'), 'not updated',
-                "m' = \\max(m, \\max_j s_j)",
-                also=('test_online_softmax_masked',)),
+        "m' = \\max(m, \\max_j s_j)", also=('test_online_softmax_masked',)),
     'update: -inf rows stay (-inf, 0, 0)': requirement('test_online_softmax_masked', '-inf',
-                "the row's state must stay (-inf, 0, 0) with no nan"),
+        "the row's state must stay (-inf, 0, 0) with no nan"),
     "update: keeps the inputs' dtype": requirement('test_online_softmax_blocks', "keep the inputs' dtype",
-                'return the new (running_max, running_sum, acc), in the dtype of the inputs'),
-    'tiled: accumulator rescaled (through the update)': requirement('test_tiled_attention', 'accumulator is not rescaled',
-                'fold every block in with your online_softmax_update',
-                also=('test_tiled_attention_causal', 'test_tiled_attention_mask')),
+        'return the new (running_max, running_sum, acc), in the dtype of the inputs'),
+    'tiled: accumulator rescaled (through the update)': requirement('test_tiled_attention',
+        'accumulator is not rescaled', 'fold every block in with your online_softmax_update',
+        also=('test_tiled_attention_mask',)),
     'tiled: scaled by 1/sqrt(d_k)': requirement('test_tiled_attention', 'not scaled',
-                '\\mathrm{softmax}(qk^\\top/\\sqrt{d_k})',
-                also=('test_tiled_attention_causal', 'test_tiled_attention_mask')),
+        '\\mathrm{softmax}(qk^\\top/\\sqrt{d_k})'),
     'tiled: divide by the running sum': requirement('test_tiled_attention', 'accumulator itself',
-                'and return acc / running_sum, shape (..., n, d_v)',
-                also=('test_tiled_attention_causal', 'test_tiled_attention_mask')),
+        'and return acc / running_sum, shape (..., n, d_v)'),
     'tiled: every block, the last shorter one too': requirement('test_tiled_attention', 'last, shorter block',
-                'm need not be a multiple of block_k (the last block is shorter)',
-                also=('test_tiled_attention_causal', 'test_tiled_attention_mask')),
+        'm need not be a multiple of block_k (the last block is shorter)',
+        also=('test_tiled_attention_causal', 'test_tiled_attention_mask')),
     "tiled: keeps the inputs' dtype": requirement('test_tiled_attention', "keep the inputs' dtype",
-                "shape (..., n, d_v), in the inputs' dtype"),
+        "shape (..., n, d_v), in the inputs' dtype"),
     'tiled: causal includes the diagonal': requirement('test_tiled_attention_causal', 'itself included',
-                'query i may see keys 0 .. i, itself included'),
+        'query i may see keys 0 .. i, itself included'),
     'tiled: causal hides the next key': requirement('test_tiled_attention_causal', 'one step in its future',
-                'hidden from query i when j > i'),
+        'hidden from query i when j > i'),
     'tiled: causal uses positions in the sequence': requirement('test_tiled_attention_causal', 'whole sequence',
-                'key j of the sequence'),
+        'key j of the sequence'),
     'tiled: mask hides keys': requirement('test_tiled_attention_mask', 'mask is ignored',
-                'give the masked keys of each block the score -\\infty'),
-    'tiled: mask True = may attend': requirement('test_tiled_attention_mask', 'polarity',
-                'true = may attend'),
+        'give the masked keys of each block the score -\\infty'),
+    'tiled: mask True = may attend': requirement('test_tiled_attention_mask', 'polarity', 'true = may attend'),
     'tiled: no allowed key gives zeros, not NaN': requirement('test_tiled_attention_mask', '0 / 0',
-                'a query with no allowed key at all gets a row of zeros'),
-    "tiled: does not call the setup's attention (it refuses large inputs)": requirement(('test_tiled_attention', 'test_tiled_attention_causal', 'test_tiled_attention_mask'), "setup's attention",
-                'so do not call attention from it'),
+        'a query with no allowed key at all gets a row of zeros'),
+    "tiled: does not call the setup's attention (it refuses large inputs)": requirement(('test_tiled_attention', 'test_tiled_attention_causal', 'test_tiled_attention_mask'),
+        "setup's attention", 'so do not call attention from it'),
     'gqa: ValueError when G does not divide H': requirement('test_grouped_query_attention_heads', 'check is missing',
-                'when g does not divide h (for example h = 6, g = 4, or g > h)'),
+        'when g does not divide h (for example h = 6, g = 4, or g > h)'),
     'gqa: the ValueError names H and G': requirement('test_grouped_query_attention_heads', 'name both numbers',
-                'raise a valueerror whose message names both numbers'),
+        'raise a valueerror whose message names both numbers'),
     'gqa: every G that divides H works': requirement('test_grouped_query_attention_heads', 'reversed',
-                'every g that divides h works',
-                also=('test_grouped_query_attention', 'test_grouped_query_attention_mask')),
-    'gqa: query head h uses key-value head h // (H / G)': requirement(('test_grouped_query_attention', 'test_grouped_query_attention_mask'), 'interleaved instead of grouped',
-                'cut into g groups of r = h / g consecutive heads'),
+        'every g that divides h works', also=('test_grouped_query_attention', 'test_grouped_query_attention_mask')),
+    'gqa: query head h uses key-value head h // (H / G)': requirement(('test_grouped_query_attention', 'test_grouped_query_attention_mask'),
+        'interleaved instead of grouped', 'cut into g groups of r = h / g consecutive heads'),
     'gqa: every query head keeps its own query': requirement('test_grouped_query_attention', 'averaged',
-                'grouped-query attention keeps the h query heads',
-                also=('test_grouped_query_attention_mask',)),
+        'grouped-query attention keeps the h query heads', also=('test_grouped_query_attention_mask',)),
     'gqa: mask hides keys': requirement('test_grouped_query_attention_mask', 'mask is ignored',
-                'mask (optional): bool, broadcastable to (b, h, n, m)'),
+        'mask (optional): bool, broadcastable to (b, h, n, m)'),
     'gqa: mask True = may attend': requirement('test_grouped_query_attention_mask', 'polarity',
-                'broadcastable to (b, h, n, m), true = may attend'),
+        'broadcastable to (b, h, n, m), true = may attend'),
     'gqa: a query with no allowed key gives zeros': requirement('test_grouped_query_attention_mask', 'NaN',
-                'true = may attend; a query with no allowed key gets a row of zeros'),
+        'true = may attend; a query with no allowed key gets a row of zeros'),
     "gqa: keeps the inputs' dtype": requirement('test_grouped_query_attention', "keep the inputs' dtype",
-                "the output keeps the inputs' dtype"),
+        "the output keeps the inputs' dtype"),
     'cache: time axis': requirement('test_append_to_cache', 'wrong axis',
-                'appended along the time axis (after the old ones)'),
-    'cached: causal shifted by t': requirement(('test_cached_attention_prompt', 'test_cached_attention_step'), 'aligned to the start',
-                'the mask is a lower triangle shifted right by t'),
+        'appended along the time axis (after the old ones)'),
+    'cached: causal shifted by t': requirement(('test_cached_attention_prompt', 'test_cached_attention_step'),
+        'aligned to the start', 'the mask is a lower triangle shifted right by t'),
 }
 UPDATE, APPEND, CACHED, TILED = "online_softmax_update", "append_to_cache", "cached_attention", "tiled_attention"
 
@@ -217,9 +172,7 @@ def _states_close(a: State, b: State) -> bool:
 def _expect_state(got: State, expected: State, what: str, mistakes: list[tuple[str, State]]) -> None:
     if _states_close(got, expected):
         return
-    for message, wrong in mistakes:
-        if _states_close(got, wrong):
-            raise CheckFailed(f"mistake in {what}: {message}")
+    fail_if_named(got, mistakes, what, _states_close)
     for name, i in (("running_max", 0), ("running_sum", 1), ("acc", 2)):
         g, e = (_finite(got[i]), _finite(expected[i])) if i == 0 else (got[i], expected[i])
         if not close(g, e):
@@ -355,9 +308,7 @@ def _expect_output(got, expected: Tensor, what: str, mistakes: dict[str, Tensor]
     got = expect_tensor(got, tuple(expected.shape), what)
     if close(got, expected):
         return got
-    for message, wrong in mistakes.items():
-        if close(got, wrong):
-            raise CheckFailed(f"mistake in {what}: {message}")
+    fail_if_named(got, mistakes, what, close)
     err = (got.double() - expected).abs().max().item()
     raise CheckFailed(f"{what} differs from {against} (largest difference {err:.3g})")
 
@@ -504,6 +455,31 @@ def _tiled_mistakes(q, k, v, mask, causal, block) -> dict[str, Tensor]:
     return out
 
 
+MASK_MISTAKES = (STRICT, ONE_AHEAD, BLOCK_LOCAL, MASK_IGNORED, MASK_INVERTED)
+
+
+def _expect_own_rows(t: Trial, got: Tensor, q: Tensor, k: Tensor, v: Tensor, what: str, mask: Tensor | None,
+                     causal: bool, block: int) -> None:
+    """The causal or masked ``got``, row by row, equals the student's own tiled_attention without a mask over the keys
+    that row may see (zeros where it may see none): the masking alone, whatever the rest of the formula does. Rows
+    that see the same keys are asked together; at most six rows of each of the first three examples."""
+    lead, (n, m) = got.shape[:-2], (q.shape[-2], k.shape[-2])
+    allowed = torch.ones(n, m, dtype=torch.bool).tril() if causal else torch.ones(n, m, dtype=torch.bool)
+    allowed = (allowed & mask if mask is not None else allowed).expand(*lead, n, m).reshape(-1, n, m)
+    qs, ks, vs = (x.expand(*lead, *x.shape[-2:]).reshape(-1, *x.shape[-2:]) for x in (q, k, v))
+    for e in range(min(3, allowed.shape[0])):
+        rows = sorted({0, n - 1, *torch.randperm(n, generator=t.gen)[:4].tolist()})
+        for keys in {tuple(allowed[e, i].tolist()) for i in rows}:
+            same = [i for i in rows if tuple(allowed[e, i].tolist()) == keys]
+            seen = torch.tensor(keys)
+            own = torch.zeros(len(same), v.shape[-1]) if not seen.any() else expect_tensor(
+                t.call(TILED, qs[e, same][None], ks[e, seen][None], vs[e, seen][None], block_k=block)[0],
+                (len(same), v.shape[-1]), f"tiled_attention on the keys query {same[0]} may see")
+            expect_close(got.reshape(-1, n, v.shape[-1])[e, same], own, f"{what}, rows {same} (they should equal "
+                         "your own tiled_attention without a mask over only the keys they may see: "
+                         + ("query i sees keys 0..i of the whole sequence)" if causal else "the masked keys hidden)"))
+
+
 def _expect_tiled(t: Trial, q: Tensor, k: Tensor, v: Tensor, what: str, mask: Tensor | None = None,
                   causal: bool = False, block: int = 4) -> Tensor:
     kwargs: dict = {"block_k": block}
@@ -524,8 +500,12 @@ def _expect_tiled(t: Trial, q: Tensor, k: Tensor, v: Tensor, what: str, mask: Te
                           "later block's scores are much larger)")
     got = expect_tensor(got, shape, what)
     expected = ref_tiled(q.double(), k.double(), v.double(), mask, causal)  # attnkit: (query, key, value, mask, causal)
-    _expect_output(got, expected, what, _tiled_mistakes(q, k, v, mask, causal, block),
-                   "softmax attention" + (" with the causal mask" if causal else "") + (" with the mask" if mask is not None else ""))
+    wrong = _tiled_mistakes(q, k, v, mask, causal, block)
+    if mask is None and not causal:
+        _expect_output(got, expected, what, wrong, "softmax attention")
+    elif not close(got, expected):
+        fail_if_named(got, {m: w for m, w in wrong.items() if m in MASK_MISTAKES}, what, close)
+        _expect_own_rows(t, got, q, k, v, what, mask, causal, block)
     if got.dtype != q.dtype:
         raise CheckFailed(f"{what} has dtype {got.dtype} for {q.dtype} inputs: keep the inputs' dtype")
     return got
@@ -579,66 +559,6 @@ def tiled_mask(t: Trial) -> None:
     keep[1] = False
     _expect_tiled(t, q, k, v, "tiled_attention with a (B, 1, m) padding mask, query (2, 200, 4), key (2, 180, 4), "
                   "block_k=50 (more scores than the setup's attention accepts)", mask=keep, block=50)
-
-
-# -- conceptual questions ------------------------------------------------------------------------------
-
-KV_BYTES = 2 * 12 * 16 * 64 * 2 * 1000  # keys and values x layers x heads x head_dim x bytes x tokens
-
-
-@SUITE.check("test_q_kv_cache_bytes", parts=["q_kv_cache_bytes"])
-def q_kv_cache_bytes(t: Trial) -> None:
-    """Bytes of a float16 KV cache: 12 layers, 16 heads of 64, 1000 tokens, one sequence."""
-    expect_number(t.value("q_kv_cache_bytes"), KV_BYTES, "q_kv_cache_bytes", {
-        "that is half: the cache holds both keys and values (a factor 2), and each float16 number takes 2 bytes; "
-        "one of the two factors is missing": KV_BYTES // 2,
-        "that is float32 (4 bytes a number); the cache is float16, 2 bytes": KV_BYTES * 2,
-        "that is one layer's cache: every one of the 12 layers keeps its own keys and values": KV_BYTES // 12,
-        "that is one head's cache: every layer has 16 heads, each with its own keys and values": KV_BYTES // 16,
-        "that grows with the square of the tokens: the cache holds one key and one value per token, so it grows "
-        "linearly": KV_BYTES * 1000,
-    }, rel=1e-9)
-
-
-@SUITE.check("test_q_attention_flops", parts=["q_attention_flops"])
-def q_attention_flops(t: Trial) -> None:
-    """FLOPs of Q K^T and weights @ V for n = 1024, d = 64 (a multiply-add is 2)."""
-    n, d = 1024, 64
-    expect_number(t.value("q_attention_flops"), 4 * n * n * d, "q_attention_flops", {
-        "that is half: either one of the two products only, or a multiply-add counted as one operation; each "
-        "product takes n * n * d multiply-adds = 2 n^2 d operations": 2 * n * n * d,
-        "that is linear in n (n d^2 is the cost of a projection); the score matrix has n^2 entries, each a "
-        "d-long dot product": 4 * n * d * d,
-        "that is the number of entries of the score matrix, not the operations to compute them": n * n,
-        "that counts one multiply-add per product and entry (n^2 d) without the factor 2 for the two products and the "
-        "two operations": n * n * d,
-    }, rel=1e-9)
-
-
-@SUITE.check("test_q_online_state", parts=["q_online_state"])
-def q_online_state(t: Trial) -> None:
-    """Running max and sum after the blocks (1, 3) and (2, 5)."""
-    value = t.value("q_online_state")
-    if isinstance(value, Tensor) and value.numel() == 2:
-        value = tuple(value.flatten().tolist())
-    if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise CheckFailed(f"q_online_state should be a tuple of two numbers (running_max, running_sum), got "
-                          f"{type(value).__name__}")
-    expect_number(value[0], 5.0, "the running max of q_online_state", {
-        "that is the first block's maximum: the running max is the largest score over every block so far": 3.0,
-        "that is the second block's first score; the maximum of (1, 3, 2, 5) is 5": 2.0,
-    })
-    e = math.exp
-    expect_number(value[1], e(-4) + e(-2) + e(-3) + 1, "the running sum of q_online_state", {
-        "the old sum is not rescaled: e^(1-3) + e^(3-3) is relative to the old max 3; multiply it by e^(3-5)":
-            e(-2) + 1 + e(-3) + 1,
-        "the maximum is stale: every term must be relative to the new max 5, not 3": e(-2) + 1 + e(-1) + e(2),
-        "that is the sum of exp(scores) with no maximum subtracted; the running sum is relative to the running max":
-            e(1) + e(3) + e(2) + e(5),
-        "that is only the second block's sum: the first block's terms stay in, rescaled by e^(3-5)": e(-3) + 1,
-        "the rescaling factor is inverted: the old sum is multiplied by e^(M - M') = e^(3-5), not e^(5-3)":
-            (e(-2) + 1) * e(2) + e(-3) + 1,
-    })
 
 
 # -- grouped-query attention -----------------------------------------------------------------------------
@@ -701,9 +621,7 @@ def _expect_gqa(t: Trial, q: Tensor, k: Tensor, v: Tensor, what: str, mask: Tens
     expected = _reference_gqa(q, k, v, mask)
     mistakes = _gqa_mistakes(q, k, v, mask)
     if isinstance(got, Tensor) and tuple(got.shape) != tuple(expected.shape):
-        for message, wrong in mistakes.items():
-            if close(got, wrong):
-                raise CheckFailed(f"mistake in {what}: {message}")
+        fail_if_named(got, mistakes, what, close)
     _expect_output(got, expected, what, mistakes, "attention with each query head given its group's key-value head")
     if got.dtype != q.dtype:
         raise CheckFailed(f"{what} has dtype {got.dtype} for {q.dtype} inputs: keep the inputs' dtype")
@@ -766,18 +684,62 @@ def gqa_heads(t: Trial) -> None:
         raise CheckFailed(f"{what} returned {shape} instead of raising a ValueError: {SILENT.format(h=h, g=g)}")
 
 
+# -- conceptual questions ------------------------------------------------------------------------------
+KV_BYTES = 2 * 12 * 16 * 64 * 2 * 1000  # keys and values x layers x heads x head_dim x bytes x tokens
 GQA_BYTES = 2 * 32 * 8 * 128 * 2  # keys and values x layers x key-value heads x head_dim x bytes
+N_F, D_F = 1024, 64  # q_attention_flops
+e = math.exp
 
 
-@SUITE.check("test_q_gqa_cache_bytes", parts=["q_gqa_cache_bytes"])
-def q_gqa_cache_bytes(t: Trial) -> None:
-    """Bytes per token of a bfloat16 GQA cache: 32 layers, 32 query heads, 8 key-value heads of 128."""
-    expect_number(t.value("q_gqa_cache_bytes"), GQA_BYTES, "q_gqa_cache_bytes", {
+def _online_state(value, name: str) -> None:
+    """q_online_state: (running max, running sum) after the blocks (1, 3) and (2, 5)."""
+    if isinstance(value, Tensor) and value.numel() == 2:
+        value = tuple(value.flatten().tolist())
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise CheckFailed(f"{name} should be a tuple of two numbers (running_max, running_sum), got "
+                          f"{type(value).__name__}")
+    expect_number(value[0], 5.0, f"the running max of {name}", {
+        "that is the first block's maximum: the running max is the largest score over every block so far": 3.0,
+        "that is the second block's first score; the maximum of (1, 3, 2, 5) is 5": 2.0})
+    expect_number(value[1], e(-4) + e(-2) + e(-3) + 1, f"the running sum of {name}", {
+        "the old sum is not rescaled: e^(1-3) + e^(3-3) is relative to the old max 3; multiply it by e^(3-5)":
+            e(-2) + 1 + e(-3) + 1,
+        "the maximum is stale: every term must be relative to the new max 5, not 3": e(-2) + 1 + e(-1) + e(2),
+        "that is the sum of exp(scores) with no maximum subtracted; the running sum is relative to the running max":
+            e(1) + e(3) + e(2) + e(5),
+        "that is only the second block's sum: the first block's terms stay in, rescaled by e^(3-5)": e(-3) + 1,
+        "the rescaling factor is inverted: the old sum is multiplied by e^(M - M') = e^(3-5), not e^(5-3)":
+            (e(-2) + 1) * e(2) + e(-3) + 1})
+
+
+SUITE.questions({
+    "q_kv_cache_bytes": number(KV_BYTES, "Bytes of a float16 KV cache: 12 layers, 16 heads of 64, 1000 tokens, one "
+                               "sequence.", {
+        "that is half: the cache holds both keys and values (a factor 2), and each float16 number takes 2 bytes; "
+        "one of the two factors is missing": KV_BYTES // 2,
+        "that is float32 (4 bytes a number); the cache is float16, 2 bytes": KV_BYTES * 2,
+        "that is one layer's cache: every one of the 12 layers keeps its own keys and values": KV_BYTES // 12,
+        "that is one head's cache: every layer has 16 heads, each with its own keys and values": KV_BYTES // 16,
+        "that grows with the square of the tokens: the cache holds one key and one value per token, so it grows "
+        "linearly": KV_BYTES * 1000}, rel=1e-9),
+    "q_attention_flops": number(4 * N_F * N_F * D_F, "FLOPs of Q K^T and weights @ V for n = 1024, d = 64 (a "
+                                "multiply-add is 2).", {
+        "that is half: either one of the two products only, or a multiply-add counted as one operation; each "
+        "product takes n * n * d multiply-adds = 2 n^2 d operations": 2 * N_F * N_F * D_F,
+        "that is linear in n (n d^2 is the cost of a projection); the score matrix has n^2 entries, each a "
+        "d-long dot product": 4 * N_F * D_F * D_F,
+        "that is the number of entries of the score matrix, not the operations to compute them": N_F * N_F,
+        "that counts one multiply-add per product and entry (n^2 d) without the factor 2 for the two products and the "
+        "two operations": N_F * N_F * D_F}, rel=1e-9),
+    "q_online_state": Question(_online_state, "Running max and sum after the blocks (1, 3) and (2, 5)."),
+    "q_gqa_cache_bytes": number(GQA_BYTES, "Bytes per token of a bfloat16 GQA cache: 32 layers, 32 query heads, 8 "
+                                "key-value heads of 128.", {
         "that counts the 32 query heads: the cache stores keys and values, and there are only 8 key-value heads "
         "(the query heads are not cached)": GQA_BYTES * 4,
         "that is multi-query attention (one key-value head): this model has 8": GQA_BYTES // 8,
         "that is half: the cache holds both keys and values (a factor 2), and each bfloat16 number takes 2 bytes; "
         "one of the two factors is missing": GQA_BYTES // 2,
         "that is float32 (4 bytes a number); bfloat16 takes 2": GQA_BYTES * 2,
-        "that is one layer's cache: every one of the 32 layers keeps its own keys and values": GQA_BYTES // 32,
-    }, rel=1e-9)
+        "that is one layer's cache: every one of the 32 layers keeps its own keys and values": GQA_BYTES // 32},
+        rel=1e-9),
+})

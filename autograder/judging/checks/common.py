@@ -216,3 +216,62 @@ def expect_layer(out, w, p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mas
     wrong = mha_mistakes(p, q, k, v, h, mask) | (also or {})
     expect_close(out, exp_out, f"the output of {layer}", mistakes.outputs(wrong))
     expect_close(w, exp_w, f"the {weights_name} of {layer}", mistakes.weights(wrong))
+
+
+# -- the mask, as a property of the student's own weights -------------------------------------------
+
+
+def renormalised(w0: Tensor, full: Tensor) -> Tensor:
+    """What masking the scores with ``full`` (True = may attend) before the softmax does to weights ``w0`` computed
+    without the mask, whatever made the scores (their scale, the projections): the allowed keys' weights scaled
+    back to sum 1; a row with no allowed key all zero."""
+    kept = w0.double() * full
+    total = kept.sum(-1, keepdim=True)
+    return torch.where(total > 0, kept / total.clamp_min(1e-300), 0.0)
+
+
+def expect_masked(w: Tensor, w0: Tensor, full: Tensor, what: str, wrong_masks: dict[str, Tensor] | None = None,
+                  name: str = "the mask") -> None:
+    """Weights ``w`` under the mask ``full`` (broadcast to their shape) must be the student's own unmasked weights
+    ``w0`` renormalised on the allowed keys (:func:`renormalised`): the mask's property alone, so a wrong scale or
+    projection costs the checks of the values, not this one. Names the mask's classic mistakes, and
+    ``wrong_masks`` (message -> the mask a mistake applies instead); ``name``: the mask's name in the messages."""
+    right = renormalised(w0, full)
+    expect_close(w, right, what, {
+        **{message: renormalised(w0, wrong) for message, wrong in (wrong_masks or {}).items()},
+        ATTENTION_MISTAKES[mistakes.MASK_INVERTED]: renormalised(w0, ~full),
+        ATTENTION_MISTAKES[mistakes.MASK_AFTER]: w0.double() * full,
+        f"{name} is ignored: the keys where it is False must get weight 0 (True = may attend)": w0.double(),
+        UNIFORM_ROWS: torch.where(full.any(-1, keepdim=True), right, 1.0 / w.shape[-1])})
+
+
+def hidden_keys_changed(value: Tensor, full: Tensor) -> Tensor | None:
+    """``value`` (B, m, ...) with the rows of the keys that ``full`` (B, ..., n, m) hides from every query changed,
+    or None when it hides none: the output must not change (a hidden key must not reach it)."""
+    hidden = ~full.flatten(1, -2).any(1)  # (B, m)
+    return value + 10.0 * hidden.reshape(*hidden.shape, *[1] * (value.dim() - 2)) if bool(hidden.any()) else None
+
+
+def fitted_scale(scores: Tensor, w: Tensor, allowed: Tensor | None = None) -> float | None:
+    """The student's own scale: ``c`` with ``w = softmax(c * scores)`` on the ``allowed`` keys, fitted by least
+    squares on the log-weights, row by row. A check of another property than the scale compares with the
+    reference at this scale, so a wrong scale costs the check of the values alone. None when the weights do not
+    follow the scores (c <= 0.01: uniform weights, say), and the right scale applies."""
+    s = scores.double().expand(w.shape)
+    keep = (w.double() > 1e-12) & (True if allowed is None else allowed.expand(w.shape))
+    n = keep.sum(-1, keepdim=True).clamp_min(1)
+    lw = torch.where(keep, w.double().clamp_min(1e-300).log(), 0.0)
+    x = torch.where(keep, s - (s * keep).sum(-1, keepdim=True) / n, 0.0)
+    y = torch.where(keep, lw - lw.sum(-1, keepdim=True) / n, 0.0)
+    c = float((x * y).sum() / (x * x).sum().clamp_min(1e-300))
+    return c if math.isfinite(c) and c > 0.01 else None
+
+
+def scaled_reference(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None,
+                     w: Tensor) -> tuple[Tensor, Tensor]:
+    """MultiHeadAttention's ``(output, weights)`` with weights ``p`` at the scale the student's per-head weights ``w``
+    show (:func:`fitted_scale`): the reference for a check of the mask or of causality, not of the scale."""
+    Q, K, V = _lin(p, "q_proj", q), _lin(p, "k_proj", k), _lin(p, "v_proj", v)
+    full = None if mask is None else _full(mask, q.shape[0], h, q.shape[1], k.shape[1])
+    c = fitted_scale(ref_split(Q, h) @ ref_split(K, h).transpose(-2, -1), w, full)
+    return _heads(p, Q, K, V, h, mask, scale=None if c is None else 1.0 / c ** 2)

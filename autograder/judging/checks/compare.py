@@ -5,7 +5,7 @@ the error a bad input must raise (:func:`expect_value_error`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -14,13 +14,17 @@ from torch import Tensor
 from autograder.judging.checks.verdicts import CheckFailed, StudentError
 
 
-def named_mistake(actual: Any, mistakes: Mapping[str, Any] | None, same: Callable[[Any, Any], bool]) -> str | None:
-    """The message of the first of ``mistakes`` (message -> the wrong answer, tried in order) that ``actual``
-    is the ``same`` as, or None. Every check names mistakes this way."""
-    return next((message for message, wrong in (mistakes or {}).items() if same(actual, wrong)), None)
+def named_mistake(actual: Any, mistakes: Mapping[str, Any] | Iterable[tuple[str, Any]] | None,
+                  same: Callable[[Any, Any], bool]) -> str | None:
+    """The message of the first of ``mistakes`` (message -> the wrong answer, or (message, wrong answer) pairs when
+    two wrong answers share a message; tried in order) that ``actual`` is the ``same`` as, or None. Every check
+    names mistakes this way."""
+    pairs = (mistakes or {}).items() if isinstance(mistakes, Mapping) or mistakes is None else mistakes
+    return next((message for message, wrong in pairs if same(actual, wrong)), None)
 
 
-def fail_if_named(actual: Any, mistakes: Mapping[str, Any] | None, what: str, same: Callable[[Any, Any], bool]) -> None:
+def fail_if_named(actual: Any, mistakes: Mapping[str, Any] | Iterable[tuple[str, Any]] | None, what: str,
+                  same: Callable[[Any, Any], bool]) -> None:
     """:class:`CheckFailed` "mistake in {what}: {message}" when ``actual`` is one of ``mistakes``."""
     message = named_mistake(actual, mistakes, same)
     if message is not None:
