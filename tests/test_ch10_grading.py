@@ -85,13 +85,67 @@ def flash_attention_forward(q, k, v, causal=False, block_m=64, block_n=64):
 ''' + QUESTIONS
 
 
+# Without tl.dot: the scores and the weighted values as broadcast products summed over an axis (slower on a GPU,
+# exact everywhere), the state kept in natural-log units after converting once, a wrapper that builds its
+# outputs with new_empty and checks the sizes with bit_count.
+BROADCAST = SETUP + '''
+@triton.jit
+def flash_forward_kernel(Q, K, V, O, LSE, n, m, qk_scale, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + pid_h * n * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
+                mask=offs_m[:, None] < n, other=0.0)
+    running_max = tl.full([BLOCK_M], -float("inf"), tl.float32)
+    running_sum = tl.full([BLOCK_M], 0.0, tl.float32)
+    out = tl.full([BLOCK_M, HEAD_DIM], 0.0, tl.float32)
+    hi = m
+    if CAUSAL:
+        hi = tl.minimum(m, (pid_m + 1) * BLOCK_M)
+    for lo in range(0, hi, BLOCK_N):
+        offs_n = lo + tl.arange(0, BLOCK_N)
+        base = pid_h * m * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+        k = tl.load(K + base, mask=offs_n[:, None] < m, other=0.0)  # (BLOCK_N, HEAD_DIM)
+        v = tl.load(V + base, mask=offs_n[:, None] < m, other=0.0)
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * qk_scale
+        allowed = offs_n[None, :] < m
+        if CAUSAL:
+            allowed = allowed & (offs_n[None, :] <= offs_m[:, None])
+        s = tl.where(allowed, s, -float("inf"))
+        new_max = tl.maximum(running_max, tl.max(s, 1))
+        p = tl.exp2(s - new_max[:, None])
+        scale_old = tl.exp2(running_max - new_max)
+        running_sum = running_sum * scale_old + tl.sum(p, 1)
+        out = out * scale_old[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        running_max = new_max
+    tl.store(O + pid_h * n * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
+             out / running_sum[:, None], mask=offs_m[:, None] < n)
+    natural = running_max * 0.6931471805599453 + tl.log(running_sum)
+    tl.store(LSE + pid_h * n + offs_m, natural, mask=offs_m < n)
+
+
+def flash_attention_forward(q, k, v, causal=False, block_m=64, block_n=64):
+    d = q.shape[-1]
+    if any(x < 16 or x.bit_count() != 1 for x in (block_m, block_n, d)):
+        raise ValueError("block_m, block_n and d must be powers of two, at least 16")
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    o = q.new_empty(q.shape)
+    lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+    flash_forward_kernel[(triton.cdiv(q.shape[2], block_m), q.shape[0] * q.shape[1])](
+        q, k, v, o, lse, q.shape[2], k.shape[2], LOG2_E * d ** -0.5, causal, block_m, block_n, d)
+    return o, lse
+''' + QUESTIONS
+
 def test_reference_gets_full_marks():
     results = run_suite(A, REF)
     assert results == {gid: "" for gid in results}, results
 
 
-def test_a_kernel_written_another_way_gets_full_marks():
-    results = run_suite(A, TWO_STAGE)
+@pytest.mark.parametrize("code", [TWO_STAGE, BROADCAST], ids=["two-stage-causal-loop", "broadcast-products"])
+def test_kernels_written_another_way_get_full_marks(code):
+    results = run_suite(A, code)
     assert results == {gid: "" for gid in results}, results
 
 
