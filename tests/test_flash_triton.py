@@ -72,6 +72,32 @@ def test_scale_and_no_queries():
     assert empty.shape == (1, 1, 0, 16) and lse.shape == (1, 1, 0)
 
 
+@pytest.mark.parametrize("B, H, n, m, d, causal", [
+    (1, 2, 128, 128, 32, False),  # two key tiles, two query tiles: dQ added by two programs
+    (1, 1, 100, 100, 16, True),  # ragged, causal: a key tile starts its loop at the diagonal
+    (2, 1, 70, 90, 16, False),  # n != m
+])
+def test_backward_matches_autograd(B, H, n, m, d, causal):
+    q, k, v = (x.requires_grad_() for x in _inputs(B, H, n, m, d, device=_device()))
+    grad_out = torch.randn(B, H, n, d, generator=torch.Generator().manual_seed(1)).to(q.device)
+    grads = torch.autograd.grad(ft.flash_attention(q, k, v, causal), (q, k, v), grad_out)
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ref = F.scaled_dot_product_attention(q64, k64, v64, is_causal=causal)
+    want = torch.autograd.grad(ref, (q64, k64, v64), grad_out.double())
+    for name, got, expected in zip("qkv", grads, want):
+        assert got.dtype == torch.float32 and got.shape == expected.shape, name
+        assert (got.double() - expected).abs().max().item() < 1e-5, name
+
+
+def test_no_graph_without_gradients():
+    q, k, v = _inputs(1, 1, 64, 64, 16, device=_device())
+    assert ft.flash_attention(q, k, v).grad_fn is None
+    q.requires_grad_()
+    with torch.no_grad():
+        assert ft.flash_attention(q, k, v).grad_fn is None
+    assert ft.flash_attention(q, k, v).grad_fn is not None
+
+
 def _raises(exc, words, *args, **kwargs):
     with pytest.raises(exc) as info:
         ft.flash_attention_forward(*args, **kwargs)

@@ -61,8 +61,9 @@ but those of the modules marked "not imported here".
     ``python -m attnkit.bench``: the fast path timed against torch's modules.
 ``flash_triton`` (chapter 10; not imported here: it needs Triton, and picks Triton's
     interpreter when there is no GPU, before importing Triton)
-    ``flash_forward_kernel`` (the ``@triton.jit`` forward), ``flash_attention``,
-    ``flash_attention_forward`` (with the log-sum-exp), ``INTERPRETED``;
+    ``flash_forward_kernel`` (the ``@triton.jit`` forward), ``flash_backward_kernel``,
+    ``flash_attention`` (differentiable), ``flash_attention_forward`` (with the
+    log-sum-exp), ``INTERPRETED``;
     ``python -m attnkit.flash_triton --bench`` times it against torch's attention on a GPU.
 
 Every attention function has the signature ``(query, key, value, mask=None) ->

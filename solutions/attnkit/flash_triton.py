@@ -47,8 +47,8 @@ except ImportError as e:  # pragma: no cover - exercised where Triton is missing
     raise ImportError("attnkit.flash_triton needs Triton: pip install 'triton>=3.9,<3.10' (Linux, Python >= 3.10); "
                       "every other part of attnkit works without it") from e
 
-__all__ = ["INTERPRETED", "flash_forward_kernel", "flash_attention", "flash_attention_forward", "bench", "BenchRow",
-           "GPU_CONFIGS"]
+__all__ = ["INTERPRETED", "flash_forward_kernel", "flash_backward_kernel", "flash_attention", "flash_attention_forward",
+           "bench", "BenchRow", "GPU_CONFIGS"]
 
 LOG2_E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e))
 LN_2 = 0.6931471805599453  # ln(2): converts a base-2 log back to a natural one
@@ -192,9 +192,88 @@ def flash_attention_forward(
     return out, lse
 
 
+# -- the backward pass (a stretch of chapter 10): gradients from the saved log-sum-exp ------------------------------
+
+
+@triton.jit
+def flash_backward_kernel(
+    Q, K, V, DO,  # q, do (B·H, n, d); k, v (B·H, m, d)
+    LSE, DELTA,  # the forward's log-sum-exp, rowsum(dO * O): (B·H, n) float32
+    DQ, DK, DV,  # dq float32 (B·H, n, d), added into; dk, dv (B·H, m, d)
+    n, m, qk_scale, sm_scale,  # qk_scale = sm_scale * log2(e)
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    """One program: a tile of BLOCK_N keys of one (batch, head) against every query that
+    sees them. P is recomputed from the log-sum-exp; dK and dV stay in registers; each
+    query tile's share of dQ is added to DQ atomically (several programs write it)."""
+    start_n = tl.program_id(0) * BLOCK_N
+    bh = tl.program_id(1)
+    keys = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    dims = tl.arange(0, HEAD_DIM)  # (HEAD_DIM,)
+    kv_offsets = (bh * m + keys[:, None]) * HEAD_DIM + dims[None, :]
+    k = tl.load(K + kv_offsets, mask=keys[:, None] < m, other=0.0)  # (BLOCK_N, D)
+    v = tl.load(V + kv_offsets, mask=keys[:, None] < m, other=0.0)  # (BLOCK_N, D)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    # causal: queries before this key tile's first key never see it
+    begin = (start_n // BLOCK_M) * BLOCK_M if CAUSAL else 0
+    for start_m in range(begin, n, BLOCK_M):
+        rows = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+        q_offsets = (bh * n + rows[:, None]) * HEAD_DIM + dims[None, :]
+        q = tl.load(Q + q_offsets, mask=rows[:, None] < n, other=0.0)  # (BLOCK_M, D)
+        do = tl.load(DO + q_offsets, mask=rows[:, None] < n, other=0.0)
+        lse = tl.load(LSE + bh * n + rows, mask=rows < n, other=0.0)  # (BLOCK_M,)
+        delta = tl.load(DELTA + bh * n + rows, mask=rows < n, other=0.0)  # (BLOCK_M,)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # (BM, BN)
+        p = tl.exp2(s - lse[:, None] * 1.4426950408889634)  # the forward's weights
+        valid = (rows[:, None] < n) & (keys[None, :] < m)
+        if CAUSAL:
+            valid = valid & (keys[None, :] <= rows[:, None])
+        p = tl.where(valid, p, 0.0)
+        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision="ieee")
+        dp = tl.dot(do, tl.trans(v), input_precision="ieee")  # (BLOCK_M, BLOCK_N)
+        ds = p * (dp - delta[:, None])  # the softmax's backward
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision="ieee")
+        dq = tl.dot(ds.to(k.dtype), k, input_precision="ieee") * sm_scale
+        tl.atomic_add(DQ + q_offsets, dq, mask=rows[:, None] < n)
+    dk = dk * sm_scale
+    tl.store(DK + kv_offsets, dk.to(DK.dtype.element_ty), mask=keys[:, None] < m)
+    tl.store(DV + kv_offsets, dv.to(DV.dtype.element_ty), mask=keys[:, None] < m)
+
+
+class _FlashAttention(torch.autograd.Function):
+    """The forward kernel, with :func:`flash_backward_kernel` as its backward."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None) -> Tensor:
+        out, lse = flash_attention_forward(q, k, v, causal, scale=scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.scale = causal, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        q, k, v, out, lse = ctx.saved_tensors
+        (B, H, n, d), m = q.shape, k.shape[2]
+        q, k, v, grad_out = q.contiguous(), k.contiguous(), v.contiguous(), grad_out.contiguous()
+        sm_scale = 1.0 / math.sqrt(d) if ctx.scale is None else float(ctx.scale)
+        delta = (grad_out.float() * out.float()).sum(-1).contiguous()  # (B, H, n): rowsum(dO * O)
+        dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)  # atomics add into it
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        block_m, block_n = DEFAULT_BLOCKS
+        grid = (triton.cdiv(m, block_n), B * H)
+        flash_backward_kernel[grid](q, k, v, grad_out, lse, delta, dq, dk, dv, n, m, sm_scale * LOG2_E, sm_scale,
+                                    CAUSAL=bool(ctx.causal), BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d)
+        return dq.to(q.dtype), dk, dv, None, None
+
+
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
     """``softmax(q k^T / sqrt(d)) v`` (with ``causal``: query ``i`` sees keys ``j <= i``) on (B, H, n, d)
-    tensors, by the Triton kernel: the output of :func:`flash_attention_forward`."""
+    tensors, by the Triton kernel: the output of :func:`flash_attention_forward`, differentiable (the
+    backward is :func:`flash_backward_kernel`, recomputing the weights from the saved log-sum-exp)."""
+    if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in (q, k, v)):
+        return _FlashAttention.apply(q, k, v, causal, None)
     return flash_attention_forward(q, k, v, causal)[0]
 
 
