@@ -40,8 +40,9 @@ EXTRAS = {"10_flash_triton": "triton"}
 def requirement(module: str) -> str:
     """The requirements.txt line that installs ``module`` (``triton>=3.9,<3.10``)."""
     for line in (ROOT / "requirements.txt").read_text().splitlines():
-        if line.split("#")[0].strip().startswith(module):
-            return line.split("#")[0].strip()
+        spec = line.split("#")[0].split(";")[0].strip()  # without a comment or a platform marker
+        if spec.startswith(module):
+            return spec
     raise KeyError(f"requirements.txt has no line for {module}")
 
 
