@@ -231,15 +231,16 @@ class _TorchGPT(nn.Module):
 
 
 def gpt_train_step_row(device: str = "cpu", batch: int = 16, n: int = 128, embed_dim: int = 128, num_heads: int = 4,
-                       num_layers: int = 4, vocab_size: int = 96, repeats: int = 7) -> Row:
+                       num_layers: int = 4, vocab_size: int = 96, repeats: int = 7,
+                       dtype: torch.dtype = torch.float32) -> Row:
     """One training step (forward, next-token loss, backward) of ``attnkit.gpt.GPT`` against the same model
-    from torch's layers with copied weights; ``ratio`` = median(ours) / median(torch)."""
+    from torch's layers with copied weights, both in ``dtype``; ``ratio`` = median(ours) / median(torch)."""
     from attnkit.gpt import GPT, language_model_loss
 
     dev = torch.device(device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        ours = GPT(vocab_size, embed_dim, num_heads, num_layers, max_len=n).to(dev)
+        ours = GPT(vocab_size, embed_dim, num_heads, num_layers, max_len=n).to(dev, dtype)
     theirs = _TorchGPT(ours)
     tokens = torch.randint(0, vocab_size, (batch, n), generator=torch.Generator().manual_seed(0)).to(dev)
 
@@ -254,7 +255,7 @@ def gpt_train_step_row(device: str = "cpu", batch: int = 16, n: int = 128, embed
         return once
 
     a, t = time_pair(step(ours, lambda x: ours(x)[0]), step(theirs, theirs), repeats)
-    return Row(device, "gpt", "train", batch, n, embed_dim, num_heads, "float32",
+    return Row(device, "gpt", "train", batch, n, embed_dim, num_heads, str(dtype).replace("torch.", ""),
                ours_ms=1e3 * statistics.median(a), torch_ms=1e3 * statistics.median(t),
                ratio=statistics.median(a) / statistics.median(t),
                ratio_paired=statistics.median(x / y for x, y in zip(a, t)), repeats=repeats,
@@ -302,7 +303,8 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--gpt-step", action="store_true",
-                        help="add a row: one GPT training step, attnkit.gpt.GPT against torch's encoder layers (ch. 09)")
+                        help="add a row: one GPT training step in --dtype, attnkit.gpt.GPT against torch's encoder "
+                             "layers (ch. 09)")
     parser.add_argument("--with-explicit", action="store_true",
                         help="add rows for the explicit textbook path (scaled_dot_product_attention) for contrast")
     args = parser.parse_args(argv)
@@ -330,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
                args.batch, dtype, args.with_explicit)
     if args.gpt_step:  # GPT training step (chapter 09), on each device
         for dev in devices:
-            rows.append(gpt_train_step_row(dev, repeats=args.repeats))
+            rows.append(gpt_train_step_row(dev, repeats=args.repeats, dtype=dtype))
             print(format_row(rows[-1]) + "   <- gpt: attnkit.gpt.GPT vs nn.TransformerEncoderLayer(norm_first=True)")
     fast = [r for r in rows if r.variant == "fast"]
     if fast:

@@ -58,8 +58,11 @@ def fused_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | No
     training mode, since there are no weights to drop (use ``dropout=0.0``, or ``eval()``).
 
     Small calls are where Python's own cost shows (on a GPU most calls are small next to the
-    launch cost), so the checks here are the cheap ones; broadcasting, the costly check, is left
-    to torch's kernel, which refuses what it cannot broadcast. Only then does
+    launch cost). Without a mask, torch's own input checks refuse what the contract refuses
+    (fewer than two dimensions, integer or mixed dtypes, mixed devices, shapes that do not fit
+    or broadcast) but for keys and values of different lengths, so once those agree the call
+    goes straight to the kernel, and ours run only when it has refused. With a mask, the checks here are the cheap ones; broadcasting, the costly check, is
+    left to torch's kernel, which refuses what it cannot broadcast. Only then does
     :func:`attnkit.validation.check_inputs` run: it replaces torch's message by ours, and where the
     inputs do fit the contract (a broadcast that the explicit path handles and the kernel does
     not) the explicit path answers. Two inputs torch would take but read differently are checked
@@ -71,6 +74,15 @@ def fused_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | No
     allowed key. Such rows are let see every key, which keeps the kernel and its gradients
     finite, and their output is then set to zero, as the contract asks.
     """
+    if mask is None:  # the common call: torch's own checks refuse what the contract refuses
+        try:
+            m = key.shape[-2]  # no keys: torch skips its checks; a value of other length it may take
+            if m and value.shape[-2] == m:
+                return F.scaled_dot_product_attention(query, key, value), None  # (..., n, d_v)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception:  # refused (or not tensors at all): our checks below name what is wrong
+            pass
     check_tensors(query, key, value)
     if mask is not None and (not isinstance(mask, Tensor) or mask.dtype != torch.bool):
         check_inputs(query, key, value, mask)  # raises: the mask must be bool

@@ -19,10 +19,12 @@ slopes bound. No flag changes what ``forward`` returns.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypedDict
+from typing import Any, TypedDict
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
 from attnkit.attention import scaled_dot_product_attention
 from attnkit.validation import ShapeError, check_embeddings
@@ -71,6 +73,54 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(-3, -2).flatten(-2)  # (..., n, H, Dh) -> (..., n, H * Dh)
 
 
+class _PackedProjections:
+    """``q_proj``, ``k_proj`` and ``v_proj``'s weights (and biases) as consecutive rows of one
+    tensor, queries then keys then values, like torch's ``in_proj_weight`` (chapter 08).
+
+    The three layers keep their own ``nn.Parameter``s, now slices of that tensor, so training,
+    ``state_dict`` and weight copies see nothing new. When the three are applied to one input
+    (self-attention) the packed rows project it in one matrix product, and one kernel on a GPU,
+    instead of three; keys and values of one context (cross-attention) in one. That is only
+    right while the parameters still lie where they were packed and calling the layers would do
+    nothing more: :meth:`holds` checks their addresses, shapes and strides, and that no hook or
+    replaced ``forward`` would be skipped, so weights or layers changed by hand are used as they are.
+    """
+
+    def __init__(self, q_proj: nn.Linear, k_proj: nn.Linear, v_proj: nn.Linear) -> None:
+        layers = (q_proj, k_proj, v_proj)
+        rows = [layer.out_features for layer in layers]  # E, G Dh, G Dh
+        self.weight: Tensor | None = None  # (E + 2 G Dh, E); None: not packed
+        self.bias: Tensor | None = None  # (E + 2 G Dh,)
+        with_bias = [layer.bias is not None for layer in layers]
+        with torch.no_grad():
+            for name in ("weight", "bias") if all(with_bias) else ("weight",) if not any(with_bias) else ():
+                params = [getattr(layer, name) for layer in layers]
+                packed = torch.cat(params)  # rows: q, then k, then v
+                for p, part in zip(params, packed.split(rows)):
+                    p.data = part  # the same Parameter, its values now a slice of `packed`
+                setattr(self, name, packed)
+        self.kv_weight = None if self.weight is None else self.weight[rows[0]:]  # (2 G Dh, E)
+        self.kv_bias = None if self.bias is None else self.bias[rows[0]:]  # (2 G Dh,)
+        self.layout = self.layout_of(layers)
+
+    @staticmethod
+    def layout_of(layers: tuple[nn.Module, ...]) -> list[tuple]:
+        return [(p.data_ptr(), p.shape, p.stride()) for layer in layers
+                for p in layer._parameters.values() if p is not None]  # dict access: cheap
+
+    def holds(self, layers: tuple[nn.Module, ...]) -> bool:
+        """Whether one product over the packed rows computes what calling ``layers`` would: they
+        are plain ``nn.Linear``s, no forward hook or replaced ``forward`` would be skipped, and
+        their parameters lie where they were packed."""
+        if self.weight is None or _global_forward_hooks or _global_forward_pre_hooks:
+            return False
+        for layer in layers:
+            if type(layer) is not nn.Linear or layer._forward_hooks or layer._forward_pre_hooks \
+                    or "forward" in layer.__dict__:
+                return False
+        return self.layout_of(layers) == self.layout
+
+
 class MultiHeadAttention(nn.Module):
     """``num_heads`` attention heads in parallel, concatenated, projected (chapter 02).
 
@@ -95,6 +145,11 @@ class MultiHeadAttention(nn.Module):
             that forms no weights (``fused_attention``) has none to drop: with
             ``dropout > 0`` in training mode ``forward`` raises ``ValueError``.
         attention: the function that attends, ``(q, k, v, mask) -> (out, weights)``.
+
+    Where no gradient is recorded (``torch.no_grad()``, inference) and the key is the value,
+    the projections that share an input run as one matrix product over their packed weights
+    (:class:`_PackedProjections`, what torch's ``nn.MultiheadAttention`` does): the same
+    numbers, fewer kernel launches (chapter 08, ``attnkit.bench``).
     """
 
     def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, *,
@@ -119,14 +174,33 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(embed_dim, G * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(embed_dim, G * self.head_dim, bias=bias)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self._packed = _PackedProjections(self.q_proj, self.k_proj, self.v_proj)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> MultiHeadAttention:
+        super()._apply(fn, recurse)  # .to(), .half(): each parameter gets a tensor of its own
+        inputs = (self.q_proj, self.k_proj, self.v_proj)
+        if not self._packed.holds(inputs):
+            self._packed = _PackedProjections(*inputs)  # so pack them again
+        return self
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor,
                 mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         check_embeddings(query, key, value, self.q_proj.weight)
         H, G = self.num_heads, self.num_kv_heads
-        q = split_heads(self.q_proj(query), H)  # (B, H, n, Dh)
-        k = split_heads(self.k_proj(key), G)  # (B, G, m, Dh)
-        v = split_heads(self.v_proj(value), G)  # (B, G, m, Dh)
+        packed, layers = self._packed, self._modules  # no gradient: one product per input
+        if key is value and not torch.is_grad_enabled() and packed.holds(
+                (layers["q_proj"], layers["k_proj"], layers["v_proj"])):
+            if query is key:  # self-attention: H + 2G heads from one product, then cut
+                qkv = F.linear(query, packed.weight, packed.bias)  # (B, n, E + 2 G Dh)
+                q, k, v = split_heads(qkv, H + 2 * G).split_with_sizes((H, G, G), -3)  # (B, H|G, n, Dh)
+            else:  # cross-attention: the context's keys and values from one product
+                q = split_heads(self.q_proj(query), H)  # (B, H, n, Dh)
+                kv = F.linear(key, packed.kv_weight, packed.kv_bias)  # (B, m, 2 G Dh)
+                k, v = split_heads(kv, 2 * G).split_with_sizes((G, G), -3)  # (B, G, m, Dh)
+        else:
+            q = split_heads(self.q_proj(query), H)  # (B, H, n, Dh)
+            k = split_heads(self.k_proj(key), G)  # (B, G, m, Dh)
+            v = split_heads(self.v_proj(value), G)  # (B, G, m, Dh)
         if G != H:  # each key-value head serves H // G consecutive query heads
             k = k.repeat_interleave(H // G, dim=-3)  # (B, H, m, Dh)
             v = v.repeat_interleave(H // G, dim=-3)  # (B, H, m, Dh)

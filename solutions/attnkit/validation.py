@@ -93,6 +93,6 @@ def check_embeddings(query: Tensor, key: Tensor, value: Tensor, weight: Tensor) 
         if t.device != weight.device:
             raise ValueError(f"{name} is on {t.device} but the module's weights are on {weight.device}: "
                              f"call .to({str(t.device)!r}) on the module")
-    if key.shape[:2] != value.shape[:2]:
+    if key is not value and key.shape[:2] != value.shape[:2]:
         raise ShapeError(f"key and value must have the same (B, m): key {tuple(key.shape)}, "
                          f"value {tuple(value.shape)}")
