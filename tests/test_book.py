@@ -87,7 +87,7 @@ def test_chapter_first_cell_installs_attnkit(docname):
     first = next(c for c in nb.cells if c.cell_type == "code").source
     assert re.search(r"try:\s*\n\s*import attnkit", first), f"{docname}: first code cell should `try: import attnkit`"
     assert "except ImportError" in first and "%pip install" in first, f"{docname}: no install on ImportError"
-    assert first == install_cell_source(CONFIG), (
+    assert first == install_cell_source(CONFIG, Path(docname).name), (
         f"{docname}: the install cell differs from _config.yml's repository and release: "
         "run `.venv/bin/python -m tools.install_cell`")
 

@@ -7,7 +7,9 @@ The repository URL and the release tag live in one place, _config.yml
     .venv/bin/python -m tools.install_cell --check  # exit 1 if a chapter is stale
 
 The install pins the release tag, not the moving branch, so a reader on Colab gets
-the package the book was built against. tests/test_book.py checks the cells.
+the package the book was built against. A chapter that needs a package beyond attnkit's
+(``EXTRAS``: chapter 10 needs Triton) installs it in the same cell when it is missing, with
+the requirement written in requirements.txt. tests/test_book.py checks the cells.
 """
 
 from __future__ import annotations
@@ -30,9 +32,24 @@ def install_spec(config: dict | None = None) -> str:
     return f"git+{url}@{release}"
 
 
-def install_cell_source(config: dict | None = None) -> str:
-    """The source of the first code cell of every chapter."""
-    return (
+# chapter -> the module it needs beyond attnkit, looked up (never imported: importing Triton here would
+# come before attnkit.flash_triton picks the interpreter on a machine without a GPU)
+EXTRAS = {"10_flash_triton": "triton"}
+
+
+def requirement(module: str) -> str:
+    """The requirements.txt line that installs ``module`` (``triton>=3.9,<3.10``)."""
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        spec = line.split("#")[0].split(";")[0].strip()  # without a comment or a platform marker
+        if spec.startswith(module):
+            return spec
+    raise KeyError(f"requirements.txt has no line for {module}")
+
+
+def install_cell_source(config: dict | None = None, chapter: str | None = None) -> str:
+    """The source of the first code cell of ``chapter`` (``01_single_head``); without one, of every
+    chapter that needs nothing beyond attnkit."""
+    source = (
         "# Install the course package if it is missing (Colab, Binder); a no-op locally.\n"
         "# Written by tools/install_cell.py from _config.yml: edit the URL and tag there.\n"
         "try:\n"
@@ -42,6 +59,16 @@ def install_cell_source(config: dict | None = None) -> str:
         '    %pip install -q "attnkit @ {release}#subdirectory=solutions"\n'
         "    import attnkit"
     )
+    if chapter in EXTRAS:
+        module = EXTRAS[chapter]
+        source += (
+            f"\n\n# This chapter also needs {module} (Linux wheels; Colab's GPU runtime has it): found, not\n"
+            "# imported, so that attnkit can pick Triton's interpreter first where there is no GPU.\n"
+            "import importlib.util\n\n"
+            f'if importlib.util.find_spec("{module}") is None:\n'
+            f'    %pip install -q "{requirement(module)}"'
+        )
+    return source
 
 
 def chapters() -> list[Path]:
@@ -52,8 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="report stale chapters, write nothing")
     args = parser.parse_args(argv)
-    want, stale = install_cell_source(), []
+    stale = []
     for path in chapters():
+        want = install_cell_source(chapter=path.stem)
         nb = nbformat.read(path, as_version=4)
         cell = next(c for c in nb.cells if c.cell_type == "code")
         if cell.source != want:

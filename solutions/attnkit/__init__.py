@@ -2,7 +2,8 @@
 
 One module per concept, in the order the book teaches them. A module may import
 only modules listed above it (and torch); nothing in the package imports
-``torch_twins``, ``plotting`` or ``bench``. Every name below is exported here.
+``torch_twins``, ``plotting``, ``bench`` or ``flash_triton``. Every name below is exported here,
+but those of the modules marked "not imported here".
 
 ``validation`` (all chapters)
     Input checks, one exception type for bad shapes; imports nothing of ours.
@@ -65,6 +66,12 @@ only modules listed above it (and torch); nothing in the package imports
     ``plot_attention``, ``plot_heads``.
 ``bench`` (chapter 08; not imported here)
     ``python -m attnkit.bench``: the fast path timed against torch's modules.
+``flash_triton`` (chapter 10; not imported here: it needs Triton, and picks Triton's
+    interpreter when there is no GPU, before importing Triton)
+    ``flash_forward_kernel`` (the ``@triton.jit`` forward), ``flash_backward_kernel``,
+    ``flash_attention`` (differentiable), ``flash_attention_forward`` (with the
+    log-sum-exp), ``INTERPRETED``;
+    ``python -m attnkit.flash_triton --bench`` times it against torch's attention on a GPU.
 
 Every attention function has the signature ``(query, key, value, mask=None) ->
 (output, weights)``; ``MultiHeadAttention``, ``SelfAttention``, ``CrossAttention``
