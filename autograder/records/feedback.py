@@ -21,7 +21,6 @@ Imports: :mod:`autograder.course`, :mod:`autograder.notebook`, :mod:`autograder.
 from __future__ import annotations
 
 import datetime
-import html
 import io
 import secrets
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any
 
 from autograder import course
 from autograder.notebook import nbgrader_meta
-from autograder.records.results import Result, atomic_write, total
+from autograder.records.results import Result, atomic_write, escape_markdown, total
 from autograder.records.written import clean_markdown, is_manual
 
 TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S.%f %Z"  # nbgrader's timestamp.txt
@@ -80,7 +79,9 @@ def autograded_notebook(result: Result, notebook: int) -> str:
     score, max_score = total(nb.tests)
     summary = [f"**Autograded**: {score:g} / {max_score:g} points."]
     if result.reason:
-        summary.append(f"\n\n**Note**: {html.escape(result.reason)}")  # student text: never markup
+        # The reason quotes student-controlled text (file names): literal in the markdown, so formgrader (which
+        # renders this cell) shows it as text, never as a link or HTML.
+        summary.append(f"\n\n**Note**: {escape_markdown(result.reason)}")
     book.cells.insert(0, nbformat.v4.new_markdown_cell("".join(summary)))
     buf = io.StringIO()
     nbformat.write(book, buf)
