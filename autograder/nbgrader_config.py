@@ -33,8 +33,16 @@ c.CourseDirectory.submitted_directory = "grading/submitted"
 c.CourseDirectory.autograded_directory = "grading/autograded"
 c.CourseDirectory.feedback_directory = "grading/feedback"
 c.CourseDirectory.db_url = f"sqlite:///{ROOT / 'grading' / 'gradebook.db'}"
-(ROOT / "grading" / "exchange").mkdir(parents=True, exist_ok=True)  # the gradebook's and the exchange's folders
-c.Exchange.root = str(ROOT / "grading" / "exchange")  # an exchange for release_feedback; no JupyterHub needed
+(ROOT / "grading").mkdir(mode=0o700, exist_ok=True)  # the grader's records: the instructor's alone
+# nbgrader's exchange, where students' `nbgrader submit` puts their work, `nbgrader collect` fetches it and
+# `nbgrader release_feedback` returns the feedback. Without JupyterHub, the course's own folder (no student
+# reaches it: LMS-collected work goes back through `python -m autograder lms-feedback`). On a JupyterHub, the
+# hub's shared exchange, the one every student's server is configured with (nbgrader's usual location):
+#     c.Exchange.root = "/srv/nbgrader/exchange"
+# The grader reads submission times from there too (when the exchange received each folder).
+c.Exchange.root = str(ROOT / "grading" / "exchange")
+if c.Exchange.root == str(ROOT / "grading" / "exchange"):
+    (ROOT / "grading" / "exchange").mkdir(exist_ok=True)
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", ".*"]
 # Feedback and formgrader pages render students' text: nbconvert's sanitiser on, and the course's feedback
 # template (autograder/records/templates/feedback: "awaiting a hand grade", "unanswered", a strict HTML allow-list,
@@ -73,8 +81,13 @@ c.SubmissionTime.policy = "collector"
 c.ZipCollectApp.collector_plugin = "autograder.records.plugins.LmsFileNameCollector"
 c.ZipCollectApp.downloaded_directory = "grading/downloaded"
 c.LmsFileNameCollector.lms = ["canvas", "moodle"]
+# The LMS server's time zone: zip entries carry local times without a zone, and every late penalty is computed
+# from them. Canvas and Moodle write them in the server's zone (for instance "America/Chicago").
 c.LmsFileNameCollector.zip_timezone = "UTC"
 
 # `nbgrader export --exporter autograder.records.plugins.CanvasExportPlugin --to canvas.csv`; map assignments to
 # existing Canvas columns with c.CanvasExportPlugin.assignment_columns = {"01_single_head": "Attention 1 (4321)"}.
 c.CanvasExportPlugin.section = ""
+# `nbgrader export --to FILE` (nbgrader's plain CSV) through the course's exporter: it refuses late penalties that
+# a hand grade has made stale (as the Canvas one does) and neutralises cells a spreadsheet would run as formulas.
+c.ExportApp.plugin_class = "autograder.records.plugins.CheckedCsvExportPlugin"
