@@ -1,6 +1,7 @@
 """Grading throughput: plain serial ``nbgrader autograde`` against ``python -m autograder grade``, same submissions.
 
     .venv/bin/python benchmarks/grading_throughput.py [--submissions 40] [--workers N] [--json FILE]
+    .venv/bin/python benchmarks/grading_throughput.py --scaling 200 2000 [--workers N] [--dask-workers 2]
 
 Builds N submissions to exercise 01 (half the reference answers, half with
 classic mistakes), grades them once with nbgrader's own autograde, one after the
@@ -11,6 +12,12 @@ so a faster but different answer would show. It also prints where the course
 grader's wall-clock time went (gradebook set-up, grading in the workers and
 their sandboxes, rendering the feedback), so a change in the ratio can be
 traced to its phase.
+
+With ``--scaling SMALL LARGE`` it grades two generated classes (right, wrong and blank submissions in turn)
+with the course grader alone, and prints the time per submission of each and their ratio: a grader whose
+cost per submission grows with the class (reading the whole gradebook per student did) shows a ratio
+above 1; the goal is at most 1.2. ``--dask-workers N`` grades them through a local Dask cluster of N
+worker processes, as ``--scheduler`` does over machines.
 """
 
 from __future__ import annotations
@@ -35,14 +42,41 @@ from checking import answered_release, mutate, reference_answers  # noqa: E402
 A, NB = "01_single_head", "single_head.ipynb"
 
 
-def build(subs: Path, n: int) -> None:
+def build(subs: Path, n: int, blank: bool = False) -> None:
+    """``n`` submissions: half right, half with a classic mistake; with ``blank``, a third each right, wrong and
+    the release handed in untouched."""
     ref = reference_answers(course.SOURCE / A / NB)
     wrong = dict(ref, scaled_dot_product_attention=mutate(ref["scaled_dot_product_attention"],
                                                           "/ math.sqrt(d_k)", ""))
+    texts = [json.dumps(answered_release(A, NB, ref)), json.dumps(answered_release(A, NB, wrong))]
+    if blank:
+        texts.append((course.RELEASE / A / NB).read_text())
     for i in range(n):
-        folder = subs / f"student{i:03d}" / A
+        folder = subs / f"student{i:05d}" / A
         folder.mkdir(parents=True)
-        (folder / NB).write_text(json.dumps(answered_release(A, NB, ref if i % 2 == 0 else wrong)))
+        (folder / NB).write_text(texts[i % len(texts)])
+
+
+def scaling(sizes: list[int], workers: int, scheduler: str | None) -> dict:
+    """Grade classes of each size (right, wrong and blank in turn) with the course grader alone and print the
+    time per submission of each and the ratio of the largest to the smallest: 1.0 is linear in the class."""
+    rows = {}
+    for n in sizes:
+        tmp = Path(tempfile.mkdtemp(prefix="attn-scaling-"))
+        try:
+            build(tmp / "submitted", n, blank=True)
+            start = time.perf_counter()
+            run(tmp / "submitted", A, tmp / "grades.csv", tmp / "grading", workers=workers, log=lambda s: None,
+                scheduler=scheduler)
+            seconds = time.perf_counter() - start
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        rows[n] = {"seconds": round(seconds, 2), "per_submission": round(seconds / n, 4)}
+        print(f"{n:>6} submissions: {seconds:8.1f} s, {seconds / n:.3f} s each", flush=True)
+    small, large = min(sizes), max(sizes)
+    ratio = rows[large]["per_submission"] / rows[small]["per_submission"]
+    print(f"time per submission, {large} against {small}: ratio {ratio:.2f} (goal: at most 1.2)")
+    return {"sizes": rows, "ratio": round(ratio, 3), "workers": workers, "scheduler": scheduler or "local processes"}
 
 
 def plain_nbgrader(subs: Path, work: Path) -> tuple[float, dict[str, float]]:
@@ -104,7 +138,26 @@ def main() -> int:
     parser.add_argument("--submissions", type=int, default=40)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--scaling", type=int, nargs=2, metavar=("SMALL", "LARGE"),
+                        help="instead: grade SMALL and LARGE generated submissions with the course grader and print "
+                             "the time per submission of each and their ratio (e.g. --scaling 200 2000)")
+    parser.add_argument("--dask-workers", type=int, default=0,
+                        help="with --scaling: grade through a local Dask cluster of this many worker processes "
+                             "(what --scheduler spreads over machines)")
     args = parser.parse_args()
+    if args.scaling:
+        if args.dask_workers:
+            from distributed import LocalCluster
+
+            with LocalCluster(n_workers=args.dask_workers, threads_per_worker=1, processes=True,
+                              dashboard_address=None) as cluster:
+                rows = scaling(args.scaling, args.workers, cluster.scheduler_address)
+                rows["dask_workers"] = args.dask_workers
+        else:
+            rows = scaling(args.scaling, args.workers, None)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
+        return 0
     tmp = Path(tempfile.mkdtemp(prefix="attn-throughput-"))
     try:
         subs = tmp / "submitted"
