@@ -400,10 +400,7 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
     """
     workdir = (workdir or course.grading_dir()).resolve()  # the course's one gradebook by default
     check_names(assignment, submissions, workdir)
-    try:
-        demand_isolation(limits)
-    except IsolationUnavailable as e:
-        raise SystemExit(f"--require-isolation: nothing was graded. {e}") from None
+    demand_isolation(limits)  # raises IsolationUnavailable (the command exits 3) before anything is recorded
     p = plan(submissions, assignment, out, workdir, limits, force, regrade, students, log)
     if p is None:
         return {}

@@ -399,10 +399,12 @@ def slipped(guides):
     # 2. extension for a typo of a student
     out["extension_typo"] = autograder(term, "extension", "--assignment", A, "--student", "carrol", "--days", "1")
     out["after_extension_typo"] = gradebook_students(root)
+    out["before_typos"] = snapshot(grading)
     # 3. feedback with a typo of an assignment, and with an assignment nobody graded
     out["feedback_typo"] = autograder(term, "feedback", "--assignment", "01_single_haed")
     out["feedback_ungraded"] = autograder(term, "feedback", "--assignment", B)
     out["after_feedback_typos"] = snapshot(grading)
+    out["before_nobody"] = snapshot(grading)
     # 8. grading an assignment nobody submitted
     out["nobody"] = autograder(term, "grade", "grading/submitted", "--assignment", B)
     out["after_nobody"] = snapshot(grading)
@@ -457,13 +459,13 @@ def test_slip_typos_name_what_exists_and_change_nothing(slipped):
     typo = slipped["feedback_typo"]
     assert typo.returncode == 2 and "unknown assignment '01_single_haed'" in typo.stderr and A in typo.stderr
     assert slipped["feedback_ungraded"].returncode == 2 and "no graded submission" in slipped["feedback_ungraded"].stderr
-    assert slipped["after_feedback_typos"] == slipped["before"]  # no grades file emptied or rewritten
+    assert slipped["after_feedback_typos"] == slipped["before_typos"]  # no grades file emptied or rewritten
 
 
 def test_slip_nobody_submitted_records_nothing(slipped):
     nobody = slipped["nobody"]
     assert nobody.returncode == 1 and "0 submissions found" in nobody.stderr and "nothing was graded" in nobody.stderr
-    assert slipped["after_nobody"] == slipped["before"]
+    assert slipped["after_nobody"] == slipped["before_nobody"]
     assert not (slipped["term"]["grading"] / f"grades-{B}.csv").exists()
     canvas = list(csv.reader(open(slipped["term"]["grading"] / "canvas-fresh.csv", newline="")))
     assert B not in canvas[0]  # no zero column for it in the export
@@ -480,7 +482,7 @@ def test_slip_export_between_a_hand_grade_and_feedback_refuses_then_agrees(slipp
     assert slipped["feedback"].returncode == 0, slipped["feedback"].stderr[-3000:]
     old, new = slipped["old_csv"]["bob"]["score"], slipped["new_csv"]["bob"]["score"]
     assert old != new
-    assert f"{A}/bob: {old} -> {new}" in slipped["feedback"].stderr  # the change, as the CSVs showed it
+    assert f"bob/{A}: {old} -> {new}" in slipped["feedback"].stderr  # the change, as the CSVs showed it
     assert slipped["fresh_canvas"].returncode == 0
     canvas = {r[3]: r for r in csv.reader(open(grading / "canvas-fresh.csv", newline=""))}
     assert float(canvas["bob"][5]) == pytest.approx(float(new))
