@@ -1,17 +1,21 @@
 """Grade a whole class: discover the submissions, fingerprint them, schedule the grading.
 
-``SUBMISSIONS/<student>/<assignment>/*.ipynb`` is nbgrader's layout. For every
-student :func:`run`
+``SUBMISSIONS/<student>/<assignment>/*.ipynb`` is nbgrader's layout. :func:`run` is five named steps (as
+nbgrader's ``Autograde`` lists its preprocessors), each reading its inputs once per run:
 
-1. fingerprints the submission (its notebooks and ``timestamp.txt``); a result
-   with the same fingerprint is reused, so an interrupted batch resumes where
-   it stopped and a re-run changes nothing, while a re-submission is graded again;
-2. grades it with :func:`grade_job` (student code in a sandbox, verdicts here),
-   in worker processes or as Dask tasks;
-3. in this process only: saves the :class:`~autograder.records.results.Result`, records
-   it in the gradebook and writes the autograded notebooks and the feedback
-   (:mod:`autograder.records.gradebook`, :mod:`autograder.records.feedback`);
-4. rewrites the CSV from the gradebook.
+1. :func:`plan`: the roster students' folders (any other folder listed and skipped; none submitted: stop,
+   nothing recorded), the release notebooks, the grader's version, and each submission's fingerprint
+   (its notebooks and ``timestamp.txt``): a result with the same fingerprint is reused, so an interrupted
+   batch resumes where it stopped and a re-run changes nothing, while a re-submission is graded again;
+2. grading: :func:`grade_job` per submission (student code in a sandbox, verdicts here, the notebook parsed
+   once for the judge and the written answers), in worker processes or as Dask tasks (:func:`_schedule`);
+3. :func:`record`, in this process only: saves the :class:`~autograder.records.results.Result`, records it
+   in the gradebook (one student's rows: the cost per student does not grow with the class) and writes the
+   autograded notebooks;
+4. :func:`publish`: the feedback of every student whose gradebook entries changed, in one nbgrader run;
+5. :func:`write_grades`: the assignment's CSV and the term's, from the gradebook, with every changed score.
+
+Isolation is demanded in one place, :func:`demand_isolation` (before step 1, and on the machine that grades).
 
 Grades are stable: the grader's version (:func:`grader_version`) is pinned per
 assignment when it is first graded. After a change to the grader, its checks or
@@ -190,10 +194,10 @@ def grade_job(job: Job, ctx: Context) -> Result:
             notes: list[str] = []
         else:
             chosen, notes = pick_notebooks(job, ctx)
-            results = [grade_notebook(chosen[src.name], src, ctx.assignment, files=ctx.release, hide=ctx.hide,
-                                      limits=ctx.limits, secret=ctx.secret) for src in ctx.sources]
-            reason = ""
-            for src in ctx.sources:
+            results, reason = [], ""
+            for src in ctx.sources:  # the judge, then the written answers, from one parse of each notebook
+                results.append(grade_notebook(chosen[src.name], src, ctx.assignment, files=ctx.release,
+                                              hide=ctx.hide, limits=ctx.limits, secret=ctx.secret))
                 try:
                     cells[src.name] = student_cells(chosen[src.name], ctx.released[src.name])
                 except BadNotebook:

@@ -334,5 +334,32 @@ def main(argv: list[str] | None = None) -> int:
         import signal
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while shutting down prints nothing more
+        _end_children()
         print(f"\n{INTERRUPTED}", file=sys.stderr, flush=True)
         return 130
+
+
+def _end_children() -> None:
+    """End this process's own children (the sandbox's zygote, which runs in a session of its own and so never
+    sees the terminal's Ctrl-C, and the worker pool's server) before saying anything, so that none of them prints
+    a traceback after the one line. Sandboxed processes follow their zygote (parent-death signals)."""
+    import glob
+    import signal
+
+    pids: set[int] = set()
+    for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
+        try:
+            with open(path) as f:
+                pids |= {int(p) for p in f.read().split()}
+        except (OSError, ValueError):
+            continue
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for pid in pids:
+        try:
+            os.waitpid(pid, 0)
+        except OSError:
+            pass

@@ -52,10 +52,13 @@ import nbgrader  # noqa: E402
 c.HTMLExporter.sanitize_html = True
 # The same exporter without nbconvert's second parse of every finished page (see the class).
 c.GenerateFeedback.exporter_class = "autograder.records.plugins.FeedbackHTMLExporter"
+# Formgrader's submission page is the course's too (autograder/records/templates/formgrade: nbgrader's, with the
+# course's MathJax embedded, as the feedback page has it: the shared templates/attn).
 c.HTMLExporter.extra_template_basedirs = [
     str(ROOT / "autograder" / "records" / "templates"),
     str(Path(nbgrader.__file__).parent / "server_extensions" / "formgrader" / "templates")]
-c.HTMLExporter.filters = {"clean_html": "autograder.records.written.clean_html"}
+c.HTMLExporter.filters = {"clean_html": "autograder.records.written.clean_html",
+                          "attn_mathjax_data": "autograder.records.plugins.mathjax_data"}
 c.GenerateFeedback.preprocessors = ["autograder.records.plugins.FeedbackGrades",
                                     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor"]
 c.ExecutePreprocessor.timeout = 120

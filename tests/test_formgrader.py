@@ -259,3 +259,32 @@ def test_math_is_typeset_in_the_feedback_page_offline(course_root, browser):
     context.close()
     assert typeset >= 3 and raw == [], (typeset, raw[:3])
     assert not errors, errors
+
+
+def test_math_is_typeset_in_formgrader_offline(course_root, formgrader, browser):
+    """Formgrader's submission page carries the course's MathJax (autograder/records/templates/formgrade): with
+    every request off the loopback server refused, formulas are typeset, formgrade.js's MathJax start-up call is
+    answered (no "MathJax is not defined"), and no raw $...$ is left."""
+    if not (course.ROOT / "_vendor" / "mathjax" / "tex-svg.js").exists():
+        pytest.skip("no _vendor/mathjax (make install vendors it)")
+    with gradebook(course_root["work"]) as gb:
+        notebook_id = gb.find_submission_notebook("single_head", A, "alice").id
+    context = browser.new_context()
+    context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(formgrader["base"])
+                  else route.abort())
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{formgrader['base']}/formgrader/submissions/{notebook_id}/?token={formgrader['token']}")
+    page.wait_for_selector(f"#{WRITTEN}", timeout=30000)
+    page.wait_for_function("() => window.attnMathJaxTypeset === true", timeout=60000)
+    typeset = page.evaluate("() => document.querySelectorAll('mjx-container').length")
+    raw = page.evaluate("""() => Array.from(document.querySelectorAll('.rendered_html'))
+        .map(e => e.innerText).filter(t => /\\$[^$\\n]+\\$/.test(t))""")
+    loaded = page.evaluate("() => window.MathJax.loaded")
+    labelled = "before the late penalty" in page.inner_text("body")  # its totals differ from the CSV's: said so
+    context.close()
+    assert labelled
+    assert typeset >= 3 and raw == [], (typeset, raw[:3])
+    assert loaded is True  # formgrade.js's start-up callback ran
+    assert not errors, errors

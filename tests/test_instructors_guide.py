@@ -424,11 +424,21 @@ def slipped(guides):
     # Ctrl-C in the middle of a run: one line, a non-zero exit, and the same command resumes
     proc = subprocess.Popen(term["who"].cmd(".venv/bin/python", "-m", "autograder", "grade", "grading/submitted",
                                             "--assignment", A, "--force"), cwd=root, env=term["env"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    time.sleep(8)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            # a terminal's Ctrl-C must reach it: a background test run ignores SIGINT, and an
+                            # ignored signal stays ignored across exec
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 120  # interrupt it while it grades (after it says how many it will grade)
+    seen = ""
+    while time.monotonic() < deadline and "to grade" not in seen:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen += line
+    time.sleep(1)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends the whole foreground group
     stdout, stderr = proc.communicate(timeout=300)
-    out["interrupted"] = (proc.returncode, stdout, stderr)
+    out["interrupted"] = (proc.returncode, stdout, seen + stderr)
     out["resumed"] = autograder(term, "grade", "grading/submitted", "--assignment", A)
     # 7. removing a student: one command, no row anywhere
     out["remove"] = autograder(term, "remove-student", "carol")

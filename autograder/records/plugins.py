@@ -278,6 +278,12 @@ def embedded_mathjax() -> str:
         return ""
 
 
+def mathjax_data(_: object = "") -> str:
+    """The template filter ``attn_mathjax_data``: :func:`embedded_mathjax`, for pages rendered without the
+    feedback's preprocessor (formgrader's submission page)."""
+    return embedded_mathjax()
+
+
 class FeedbackGrades(GetGrades):
     """nbgrader's ``GetGrades`` for the feedback page, plus: a grade neither the judge nor an instructor has
     given is marked ``awaiting`` (the page says "awaiting a hand grade", not "Score: 0"), the notebook's
@@ -324,4 +330,4 @@ _IMG_WITHOUT_ALT = re.compile(r"<img(?![^>]*\balt=)")
 
 
 __all__ = ["CanvasExportPlugin", "CheckedCsvExportPlugin", "FeedbackGrades", "FeedbackHTMLExporter", "LmsFileNameCollector", "PercentPerDayLatePenalty",
-           "embedded_mathjax"]
+           "embedded_mathjax", "mathjax_data"]
