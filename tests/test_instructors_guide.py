@@ -440,6 +440,7 @@ def slipped(guides):
     stdout, stderr = proc.communicate(timeout=300)
     out["interrupted"] = (proc.returncode, stdout, seen + stderr)
     out["resumed"] = autograder(term, "grade", "grading/submitted", "--assignment", A)
+    out["resumed_rows"] = rows(grading / GRADES, "student")
     # 7. removing a student: one command, no row anywhere
     out["remove"] = autograder(term, "remove-student", "carol")
     out["removed_export"] = sh(term, ".venv/bin/nbgrader", "export", "--exporter",
@@ -507,7 +508,8 @@ def test_slip_ctrl_c_says_one_line_and_the_same_command_resumes(slipped):
     assert stderr.count("interrupted:") == 1
     resumed = slipped["resumed"]
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert sorted(rows(slipped["term"]["grading"] / GRADES, "student")) == ["alice", "bob", "carol"]
+    assert sorted(slipped["resumed_rows"]) == ["alice", "bob", "carol"]
+    assert slipped["resumed_rows"] == slipped["new_csv"]  # the same grades as before the interrupted --force
 
 
 def test_slip_a_removed_student_leaves_no_row_anywhere(slipped):
