@@ -31,6 +31,8 @@ def _release(args: argparse.Namespace) -> int:
     if not names:
         print("name an assignment or pass --all", file=sys.stderr)
         return 2
+    if not all(_known(name) for name in names):
+        return 2
     for name in names:
         target = course.generate_release(name, Path(args.out))
         print(f"released {name} -> {target.relative_to(Path.cwd()) if target.is_relative_to(Path.cwd()) else target}")
@@ -216,10 +218,13 @@ def _remove_student(args: argparse.Namespace) -> int:
             records = Records(workdir, assignment)
             batch.write_grades(records, batch.default_out(workdir, assignment), None,
                                lambda line: print(line, file=sys.stderr))
+    folder = workdir / "submitted" / args.student
+    later = ("the next `grade` skips them: not in the roster" if any_records.roster_imported() else
+             "no roster is imported, so the next `grade` would take that folder again: delete it, or import the "
+             "roster")
     print(f"removed {args.student}: " + ", ".join(removed) + "; grades files rewritten without them" +
-          (f". Their submissions stay in {workdir / 'submitted' / args.student} (the next `grade` skips them: not in "
-           "the roster); delete them by hand if they must go" if (workdir / "submitted" / args.student).exists()
-           else ""))
+          (f". Their submissions stay in {folder} ({later}); delete them by hand if they must go"
+           if folder.exists() else ""))
     return 0
 
 
