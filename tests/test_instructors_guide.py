@@ -331,12 +331,23 @@ def test_one_gradebook_and_one_score_everywhere(term):
         assert float(row[1]) == pytest.approx(float(ours[row[0]]["score"]))
 
 
+def test_grading_records_are_the_instructors_alone(term):
+    grading = term["grading"]
+    assert grading.stat().st_mode & 0o077 == 0  # grading/: 0700
+    for path in [grading / "gradebook.db", grading / GRADES, grading / "grades-term.csv", grading / "canvas.csv",
+                 grading / "secret", grading / "lms-feedback" / f"{A}.zip", *(grading / "results" / A).glob("*.json")]:
+        assert path.stat().st_mode & 0o077 == 0, (path, oct(path.stat().st_mode))
+    assert all(p.stat().st_mode & 0o777 == 0o644 for p in (grading / "feedback").rglob("*.html"))  # released
+
+
 def test_times_come_from_the_collectors(term):
     ours = rows(term["grading"] / GRADES, "student")
     assert ours["alice"]["time_source"] == "nbgrader exchange" and ours["alice"]["time_review"] == ""
     assert ours["bob"]["time_source"] == "Canvas download"
     assert ours["bob"]["submitted_at"].startswith(f"{BOB_TIME:%Y-%m-%d %H:%M:%S}")
-    assert "marks it late" in ours["bob"]["time_review"]
+    # Canvas's _LATE_ marker agrees with the recorded time (past his extended due date): the penalty applies as
+    # intended, so it is not one more thing to review
+    assert "marks it late" not in ours["bob"]["time_review"] and float(ours["bob"]["late_penalty"]) > 0
     assert (term["grading"] / "autograded" / "bob" / A / "timestamp.txt").read_text().startswith(f"{BOB_TIME:%Y-%m-%d %H:%M}")
 
 

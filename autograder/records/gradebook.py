@@ -21,6 +21,7 @@ import csv
 import functools
 import io
 import json
+import os
 import secrets
 import tempfile
 import warnings
@@ -52,6 +53,11 @@ class Records:
         self.assignment = assignment
         self.results = self.workdir / "results" / assignment
         self.results.mkdir(parents=True, exist_ok=True)
+        try:  # the grader's records (roster, grades, secret, students' work): the instructor's alone
+            if self.workdir.stat().st_uid == os.geteuid():
+                self.workdir.chmod(0o700)
+        except OSError:
+            pass
         self.db = self.workdir / "gradebook.db"
         self.config = course.nbgrader_config(
             submitted_directory=str(self.workdir / "submitted"),
@@ -69,6 +75,7 @@ class Records:
         self.config.Exchange.root = str(configured)
         self._times: dict[tuple[str, str, str], SubmissionTime] = {}
         self._exchange_times: dict[str, Collected] | None = None
+        self._due: tuple[Any, dict[str, Any]] | None = None
 
     # -- files ---------------------------------------------------------------------------------------
 
@@ -123,8 +130,34 @@ class Records:
                                                       self.assignment)
             collected = collected_record(self.workdir, self.assignment, result.student) or \
                 self._exchange_times.get(result.student)
-            self._times[key] = decide(result.timestamp, collected, self.time_policy, result.first_seen)
+            decided = decide(result.timestamp, collected, self.time_policy, result.first_seen)
+            due = self.due(result.student)
+            if collected and collected.late_marker and decided.when and due and decided.when > due:
+                # the LMS's late marker and the recorded time agree: the penalty applies as intended, nothing
+                # to review (a marker on a time recorded as on time, say a wrong zip_timezone, stays flagged)
+                decided.flags = [f for f in decided.flags if not f.endswith("marks it late")]
+            self._times[key] = decided
         return self._times[key]
+
+    def due(self, student: str) -> Any:
+        """The student's due date (naive UTC, the extension included), or None; read once per run."""
+        from nbgrader.api import Gradebook, MissingEntry
+
+        if self._due is None:
+            self._due = (None, {})
+            if self.db.exists():
+                with Gradebook(f"sqlite:///{self.db}") as gb:
+                    try:
+                        assignment = gb.find_assignment(self.assignment)
+                    except MissingEntry:
+                        assignment = None
+                    if assignment is not None and assignment.duedate is not None:
+                        self._due = (assignment.duedate, {sub.student_id: sub.extension
+                                                          for sub in assignment.submissions if sub.extension})
+        base, extensions = self._due
+        if base is None:
+            return None
+        return base + extensions[student] if student in extensions else base
 
     # -- the gradebook --------------------------------------------------------------------------------
 
