@@ -201,7 +201,9 @@ def _remove_student(args: argparse.Namespace) -> int:
         if (workdir / folder / args.student).is_dir():
             shutil.rmtree(workdir / folder / args.student)
             removed.append(f"{folder}/{args.student}/")
-    for assignment in sorted(p.name for p in (workdir / "results").iterdir()) if (workdir / "results").is_dir() else []:
+    assignments = {p.name for top in ("results", "collected") if (workdir / top).is_dir()
+                   for p in (workdir / top).iterdir() if p.is_dir()}
+    for assignment in sorted(assignments):
         base = workdir / "results" / assignment
         for path in (base / f"{args.student}.json", base / "candidates" / f"{args.student}.json",
                      base / "feedback_state" / f"{args.student}.txt",

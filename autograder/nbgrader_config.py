@@ -7,7 +7,8 @@ formgrader find it from the course root (``nbgrader formgrader``,
 the course layout: sources in ``solutions/assignments``, releases in
 ``exercises``; grading state (submissions, autograded copies, feedback and the
 gradebook) lives under ``grading/``, which git ignores, where
-``python -m autograder grade grading/submitted --out grading/grades.csv`` writes it.
+``python -m autograder grade grading/submitted --assignment NN_topic`` writes it (with
+``grading/grades-NN_topic.csv`` and the term's ``grading/grades-term.csv``).
 """
 
 import sys

@@ -1,6 +1,6 @@
-"""nbgrader plugins of the course: late penalties, LMS bulk downloads and the Canvas export.
+"""nbgrader plugins of the course: late penalties, LMS bulk downloads, the exports and the feedback.
 
-All three are configured in ``autograder/nbgrader_config.py`` and used by
+All are configured in ``autograder/nbgrader_config.py`` and used by
 nbgrader's own machinery:
 
 * :class:`PercentPerDayLatePenalty` through ``AssignLatePenalties.plugin_class``
@@ -8,13 +8,16 @@ nbgrader's own machinery:
 * :class:`LmsFileNameCollector` through ``ZipCollectApp.collector_plugin``
   (``nbgrader zip_collect``), for Canvas's and Moodle's bulk-download names;
 * :class:`CanvasExportPlugin` through ``nbgrader export --exporter
-  autograder.records.plugins.CanvasExportPlugin --to canvas.csv``;
+  autograder.records.plugins.CanvasExportPlugin --to canvas.csv``, and
+  :class:`CheckedCsvExportPlugin` through ``ExportApp.plugin_class`` (plain ``nbgrader export``): both refuse
+  stale late penalties and neutralise formula-shaped cells;
 * :class:`FeedbackGrades` through ``GenerateFeedback.preprocessors`` (``nbgrader
   generate_feedback`` and ``python -m autograder feedback``): the grades as nbgrader's
   ``GetGrades`` reads them, plus which ones still await a hand grade, and the course's
-  MathJax for the page.
+  MathJax for the page (:func:`mathjax_data` gives formgrader's page the same).
 
-Imports: nbgrader only.
+Imports: nbgrader, :mod:`autograder.records.results` (``csv_cell``), and, when an export runs,
+:mod:`autograder.records.gradebook` (``stale_penalties``).
 """
 
 from __future__ import annotations
