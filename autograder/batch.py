@@ -321,12 +321,14 @@ def plan(submissions: Path, assignment: str, out: Path, workdir: Path, limits: L
         jobs = [j for j in jobs if j.student in set(students)]
     for why in skipped:
         log(f"skipped folder {why}")
-    if not roster:
-        log("no roster in the gradebook: every student folder is graded and added as a student. Import the roster "
-            "first (nbgrader db student import roster.csv) so that only its students are.")
+    no_roster = "" if roster else ("no roster in the gradebook: every student folder is graded and added as a "
+                                   "student. Import the roster first (nbgrader db student import roster.csv) so "
+                                   "that only its students are.")
     if not any(j.folder.is_dir() and not j.folder.is_symlink() for j in jobs):
         log(f"{assignment}: 0 submissions found under {submissions} (no <student>/{assignment}/ folder of "
             f"{'a roster student' if roster else 'a student'}): nothing was graded or recorded")
+        if no_roster:
+            log(no_roster)
         return None
     records.prepare_gradebook()
     release = course.RELEASE / assignment
@@ -356,6 +358,8 @@ def plan(submissions: Path, assignment: str, out: Path, workdir: Path, limits: L
             previous[job.student] = old
         todo.append(job)
     log(f"{assignment}: {len(jobs)} students, {len(jobs) - len(todo)} already graded, {len(todo)} to grade")
+    if no_roster:
+        log(no_roster)
     if pinned != version and not (regrade or force):
         log(f"{assignment}: the grader changed since this assignment was first graded; recorded grades are kept "
             "(pass --regrade to apply the new grader)")
