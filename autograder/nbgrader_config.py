@@ -34,7 +34,10 @@ c.CourseDirectory.submitted_directory = "grading/submitted"
 c.CourseDirectory.autograded_directory = "grading/autograded"
 c.CourseDirectory.feedback_directory = "grading/feedback"
 c.CourseDirectory.db_url = f"sqlite:///{ROOT / 'grading' / 'gradebook.db'}"
-(ROOT / "grading").mkdir(mode=0o700, exist_ok=True)  # the grader's records: the instructor's alone
+try:  # the grader's records: the instructor's alone (another user's command, say a --workdir of their own, goes on)
+    (ROOT / "grading").mkdir(mode=0o700, exist_ok=True)
+except OSError:
+    pass
 # nbgrader's exchange, where students' `nbgrader submit` puts their work, `nbgrader collect` fetches it and
 # `nbgrader release_feedback` returns the feedback. Without JupyterHub, the course's own folder (no student
 # reaches it: LMS-collected work goes back through `python -m autograder lms-feedback`). On a JupyterHub, the
@@ -43,7 +46,10 @@ c.CourseDirectory.db_url = f"sqlite:///{ROOT / 'grading' / 'gradebook.db'}"
 # The grader reads submission times from there too (when the exchange received each folder).
 c.Exchange.root = str(ROOT / "grading" / "exchange")
 if c.Exchange.root == str(ROOT / "grading" / "exchange"):
-    (ROOT / "grading" / "exchange").mkdir(exist_ok=True)
+    try:
+        (ROOT / "grading" / "exchange").mkdir(exist_ok=True)
+    except OSError:
+        pass
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", ".*"]
 # Feedback and formgrader pages render students' text: nbconvert's sanitiser on, and the course's feedback
 # template (autograder/records/templates/feedback: "awaiting a hand grade", "unanswered", a strict HTML allow-list,
