@@ -148,6 +148,10 @@ def _roster_student(records, student: str) -> bool:
     roster = records.roster()
     if student in roster:
         return True
+    if not roster:
+        print(f"nothing was done: {student!r} is not a student of the roster: the gradebook has no students yet. "
+              "Import the roster first (nbgrader db student import roster.csv).", file=sys.stderr)
+        return False
     close = difflib.get_close_matches(student, roster, n=3)
     print(f"nothing was done: {student!r} is not a student of the roster ({len(roster)} students"
           + (f"; did you mean {', '.join(close)}?" if close else f": {', '.join(roster[:30])}"
