@@ -1,17 +1,21 @@
 """Grade a whole class: discover the submissions, fingerprint them, schedule the grading.
 
-``SUBMISSIONS/<student>/<assignment>/*.ipynb`` is nbgrader's layout. For every
-student :func:`run`
+``SUBMISSIONS/<student>/<assignment>/*.ipynb`` is nbgrader's layout. :func:`run` is five named steps (as
+nbgrader's ``Autograde`` lists its preprocessors), each reading its inputs once per run:
 
-1. fingerprints the submission (its notebooks and ``timestamp.txt``); a result
-   with the same fingerprint is reused, so an interrupted batch resumes where
-   it stopped and a re-run changes nothing, while a re-submission is graded again;
-2. grades it with :func:`grade_job` (student code in a sandbox, verdicts here),
-   in worker processes or as Dask tasks;
-3. in this process only: saves the :class:`~autograder.records.results.Result`, records
-   it in the gradebook and writes the autograded notebooks and the feedback
-   (:mod:`autograder.records.gradebook`, :mod:`autograder.records.feedback`);
-4. rewrites the CSV from the gradebook.
+1. :func:`plan`: the roster students' folders (any other folder listed and skipped; none submitted: stop,
+   nothing recorded), the release notebooks, the grader's version, and each submission's fingerprint
+   (its notebooks and ``timestamp.txt``): a result with the same fingerprint is reused, so an interrupted
+   batch resumes where it stopped and a re-run changes nothing, while a re-submission is graded again;
+2. grading: :func:`grade_job` per submission (student code in a sandbox, verdicts here, the notebook parsed
+   once for the judge and the written answers), in worker processes or as Dask tasks (:func:`_schedule`);
+3. :func:`record`, in this process only: saves the :class:`~autograder.records.results.Result`, records it
+   in the gradebook (one student's rows: the cost per student does not grow with the class) and writes the
+   autograded notebooks;
+4. :func:`publish`: the feedback of every student whose gradebook entries changed, in one nbgrader run;
+5. :func:`write_grades`: the assignment's CSV and the term's, from the gradebook, with every changed score.
+
+Isolation is demanded in one place, :func:`demand_isolation` (before step 1, and on the machine that grades).
 
 Grades are stable: the grader's version (:func:`grader_version`) is pinned per
 assignment when it is first graded. After a change to the grader, its checks or
@@ -31,13 +35,14 @@ from __future__ import annotations
 import concurrent.futures as cf
 import datetime
 import hashlib
+import json
 import multiprocessing as mp
 import os
 import re
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from autograder import course
@@ -45,7 +50,7 @@ from autograder.isolation.sandbox import IsolationUnavailable, Limits, isolation
 from autograder.judging.judge import grade_notebook
 from autograder.notebook import MAX_NOTEBOOK_BYTES, BadNotebook, SourceNotebook
 from autograder.records.feedback import generate_feedback, write_autograded
-from autograder.records.gradebook import Records, write_csv
+from autograder.records.gradebook import Records, write_csv, write_term
 from autograder.records.results import (NotebookResult, Result, StudentCells, TestResult, clean_text, load_result,
                                         save_result)
 from autograder.records.written import student_cells
@@ -123,6 +128,7 @@ class Context:
     secret: str
     version: str
     workdir: Path
+    released: dict[str, dict] = field(default_factory=dict)  # notebook name -> the release notebook, read once
 
 
 def submission_files(folder: Path) -> list[Path]:
@@ -174,10 +180,7 @@ def pick_notebooks(job: Job, ctx: Context) -> tuple[dict[str, Path | None], list
 def grade_job(job: Job, ctx: Context) -> Result:
     """Grade one student (runs in a worker process or a Dask task); always returns a result, never raises but for
     :class:`IsolationUnavailable` (isolation required and a Dask worker cannot give it: nothing is recorded)."""
-    if ctx.limits.require_isolation:
-        require_isolation()
-    import json
-
+    demand_isolation(ctx.limits)  # again here: a Dask worker may be another machine
     started = time.monotonic()
     cells: dict[str, StudentCells] = {}
     stamp = ""
@@ -191,13 +194,12 @@ def grade_job(job: Job, ctx: Context) -> Result:
             notes: list[str] = []
         else:
             chosen, notes = pick_notebooks(job, ctx)
-            results = [grade_notebook(chosen[src.name], src, ctx.assignment, files=ctx.release, hide=ctx.hide,
-                                      limits=ctx.limits, secret=ctx.secret) for src in ctx.sources]
-            reason = ""
-            for src in ctx.sources:
+            results, reason = [], ""
+            for src in ctx.sources:  # the judge, then the written answers, from one parse of each notebook
+                results.append(grade_notebook(chosen[src.name], src, ctx.assignment, files=ctx.release,
+                                              hide=ctx.hide, limits=ctx.limits, secret=ctx.secret))
                 try:
-                    release = json.loads((ctx.release / f"{src.name}.ipynb").read_text())
-                    cells[src.name] = student_cells(chosen[src.name], release)
+                    cells[src.name] = student_cells(chosen[src.name], ctx.released[src.name])
                 except BadNotebook:
                     pass  # the judge's result already says why
         reasons = [r.reason for r in results if r.reason]
@@ -226,26 +228,50 @@ def grade_job(job: Job, ctx: Context) -> Result:
 # -- the class ------------------------------------------------------------------------------------------
 
 
-def discover(submissions: Path, assignment: str, own: list[Path] = ()) -> tuple[list[Job], list[str]]:
-    """Student folders under ``submissions``; ``own`` are the grader's outputs, never taken for students."""
+def demand_isolation(limits: Limits | None) -> None:
+    """The one place isolation is demanded: raises :class:`IsolationUnavailable` when ``limits`` require it and
+    this machine cannot give it. :func:`run` calls it before anything is recorded, :func:`grade_job` on the
+    machine that grades (a Dask worker may be another one)."""
+    if limits is not None and limits.require_isolation:
+        require_isolation()
+
+
+GRADING_FOLDERS = ("autograded", "feedback", "submitted", "exchange", "downloaded", "collected", "results",
+                   "release", "source")  # nbgrader's and the grader's own folders: never students
+
+
+def discover(submissions: Path, assignment: str, own: list[Path] = (),
+             roster: list[str] | None = None) -> tuple[list[Job], list[str]]:
+    """Student folders under ``submissions`` and the names skipped, each with why.
+
+    ``own`` are the grader's outputs, never taken for students. With a ``roster`` (the gradebook's students)
+    only its students are graded: any other folder is listed and skipped, never added as a student."""
     jobs, skipped = [], []
     own = [p.resolve() for p in own]
+    known = set(roster or [])
     for entry in sorted(submissions.iterdir()):
+        name = clean_text(os.fsdecode(entry.name))
         try:
             if entry.name.startswith(".") and entry.is_dir():
-                skipped.append(entry.name)
+                skipped.append(f"{name!r}: a hidden folder")
                 continue
             if not entry.is_dir():
                 continue
             if any(entry.resolve() == p or entry.resolve() in p.parents for p in own):
                 continue
         except OSError:  # a folder that vanished or cannot be read: not a student
-            skipped.append(entry.name)
+            skipped.append(f"{name!r}: cannot be read")
             continue
         if not STUDENT_ID.match(entry.name):
-            skipped.append(entry.name)
-            continue
-        jobs.append(Job(entry.name, entry / assignment))
+            skipped.append(f"{name!r}: not a valid student id")
+        elif known and entry.name not in known:
+            skipped.append(f"{name!r}: not a student of the roster" + (
+                " (one of the grading folder's own folders)" if entry.name in GRADING_FOLDERS else
+                f"; add a student with `nbgrader db student add {entry.name}` (or import the roster) and grade again"))
+        elif not known and entry.name in GRADING_FOLDERS:
+            skipped.append(f"{name!r}: one of the grading folder's own folders, not a student")
+        else:
+            jobs.append(Job(entry.name, entry / assignment))
     return jobs, skipped
 
 
@@ -254,10 +280,122 @@ def _changed(old: Result, new: Result) -> bool:
     return points(old) != points(new)
 
 
+@dataclass
+class Plan:
+    """What a run will do, decided before any student code runs (:func:`plan`)."""
+
+    records: Records
+    ctx: Context
+    jobs: list[Job]
+    reused: dict[str, Result]  # recorded with the same fingerprint: kept
+    previous: dict[str, Result]  # the recorded result a re-submission replaces
+    todo: list[Job]  # to grade
+    trial: list[Job]  # recorded by another grader version: graded on the side, to report differences
+    skipped: list[str]
+
+
+def check_names(assignment: str, submissions: Path, workdir: Path) -> None:
+    """Refuse (``SystemExit`` naming what exists) an unknown assignment, a missing folder, or the grading
+    folder given where its submissions were meant."""
+    if assignment not in course.assignments():
+        raise SystemExit(f"unknown assignment {assignment!r}; known: {', '.join(course.assignments())}")
+    if not submissions.is_dir():
+        raise SystemExit(f"no submissions folder at {submissions}")
+    if (submissions / "gradebook.db").exists() or submissions.resolve() == workdir:
+        raise SystemExit(f"{submissions} is the grading folder (it holds the gradebook), not a folder of "
+                         f"submissions: did you mean {submissions / 'submitted'}? Nothing was graded.")
+
+
+def plan(submissions: Path, assignment: str, out: Path, workdir: Path, limits: Limits | None, force: bool,
+         regrade: bool, students: list[str] | None, log: Callable[[str], object]) -> Plan | None:
+    """Step 1: decide who is graded, who is kept, who is graded on the side; None when nothing was submitted
+    (then nothing is recorded)."""
+    records = Records(workdir, assignment)
+    roster = records.roster() if records.roster_imported() else []
+    jobs, skipped = discover(submissions, assignment, own=[workdir, out], roster=roster)
+    if students is not None:
+        unknown = sorted(set(students) - {j.student for j in jobs})
+        if unknown:
+            raise SystemExit(f"no submission folder of a roster student for: {', '.join(unknown)}; students with a "
+                             f"folder: {', '.join(j.student for j in jobs) or 'none'}")
+        jobs = [j for j in jobs if j.student in set(students)]
+    for why in skipped:
+        log(f"skipped folder {why}")
+    no_roster = "" if roster else ("no roster in the gradebook: every student folder is graded and added as a "
+                                   "student. Import the roster first (nbgrader db student import roster.csv) so "
+                                   "that only its students are.")
+    if not any(j.folder.is_dir() and not j.folder.is_symlink() for j in jobs):
+        log(f"{assignment}: 0 submissions found under {submissions} (no <student>/{assignment}/ folder of "
+            f"{'a roster student' if roster else 'a student'}): nothing was graded or recorded")
+        if no_roster:
+            log(no_roster)
+        return None
+    records.prepare_gradebook()
+    release = course.RELEASE / assignment
+    sources = [SourceNotebook.load(p, release / p.name) for p in course.source_notebooks(assignment)]
+    released = {src.name: json.loads((release / f"{src.name}.ipynb").read_text()) for src in sources}
+    version = grader_version(assignment, limits)
+    ctx = Context(assignment, sources, release, sorted({course.ROOT, submissions.resolve(), workdir}),
+                  limits or Limits(), records.secret(), version, workdir, released)
+    pinned = records.pinned_version(version, replace=regrade or force)
+    reused: dict[str, Result] = {}
+    previous: dict[str, Result] = {}
+    todo: list[Job] = []
+    trial: list[Job] = []
+    candidates = records.results / "candidates"
+    for job in jobs:
+        try:
+            fp = fingerprint(job, ctx)
+        except Exception:  # noqa: BLE001 - grade_job reports it
+            fp = None
+        old = records.load(job.student)
+        if old is not None and fp is not None and old.fingerprint == fp and not (force or regrade):
+            reused[job.student] = old  # recorded: kept, whichever grader produced it
+            if old.version != version and records_candidate(candidates, job.student, fp, version) is None:
+                trial.append(job)
+            continue
+        if old is not None and old.fingerprint != fp:
+            previous[job.student] = old
+        todo.append(job)
+    log(f"{assignment}: {len(jobs)} students, {len(jobs) - len(todo)} already graded, {len(todo)} to grade")
+    if no_roster:
+        log(no_roster)
+    if pinned != version and not (regrade or force):
+        log(f"{assignment}: the grader changed since this assignment was first graded; recorded grades are kept "
+            "(pass --regrade to apply the new grader)")
+    return Plan(records, ctx, jobs, reused, previous, todo, trial, skipped)
+
+
+def record(p: Plan, result: Result, submissions: Path, log: Callable[[str], object]) -> None:
+    """Step 3, for each graded student, in this process only: save the result (first: a result on disk is never
+    lost), record it in the gradebook, write the autograded notebooks, say the score as every place shows it."""
+    records = p.records
+    old = records.load(result.student)  # a --force or --regrade of the same submission keeps when it came
+    if old is not None and old.first_seen and old.fingerprint == result.fingerprint:
+        result.first_seen = old.first_seen
+    records.save(result)
+    when = records.submission_time(result)
+    try:
+        records.record(result, resubmitted=result.student in p.previous)
+        write_autograded(records.workdir, result, submissions / result.student / p.ctx.assignment, when.text)
+    except Exception:  # noqa: BLE001 - the result is saved; the next run records it again
+        log(f"  {result.student}: could not be recorded: {traceback.format_exc()}")
+    score, max_score, penalty = records.final_score(result.student) or (*result.total, 0.0)
+    late = f", late penalty {penalty:g} subtracted" if penalty else ""
+    log(f"  {result.student}: {score:g} / {max_score:g}{late} in {result.seconds:.1f} s" +
+        (f" ({result.reason[:200]})" if result.reason else ""))
+    for flag in when.flags:
+        log(f"  {result.student}: time to review: {flag}")
+
+
 def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = None, limits: Limits | None = None,
         workers: int = 1, force: bool = False, log: Callable[[str], object] = print, scheduler: str | None = None,
         students: list[str] | None = None, regrade: bool = False) -> dict[str, Result]:
-    """Grade every student under ``submissions`` (or only ``students``); returns ``student -> result``.
+    """Grade every roster student under ``submissions`` (or only ``students``); returns ``student -> result``.
+
+    The steps, each a function: :func:`plan` (who is graded, kept, graded on the side), grading
+    (:func:`grade_job` through :func:`_schedule`), :func:`record` (each result, here), :func:`publish` (the
+    feedback) and :func:`write_grades` (the assignment's CSV and the term's, from the gradebook).
 
     ``workers`` processes grade at once on this machine; with ``scheduler`` (a Dask
     distributed address) each submission is a Dask task instead. Either way the
@@ -268,108 +406,77 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
     students whose grade the current one would change are reported. Either way
     manual grades and comments stay (see :mod:`autograder.records.gradebook`).
     """
-    if assignment not in course.assignments():
-        raise SystemExit(f"unknown assignment {assignment!r}; known: {', '.join(course.assignments())}")
-    if not submissions.is_dir():
-        raise SystemExit(f"no submissions folder at {submissions}")
-    if limits is not None and limits.require_isolation:
-        try:
-            require_isolation()
-        except IsolationUnavailable as e:
-            raise SystemExit(str(e)) from None
     workdir = (workdir or course.grading_dir()).resolve()  # the course's one gradebook by default
-    records = Records(workdir, assignment)
-    records.prepare_gradebook()
-    release = course.RELEASE / assignment
-    sources = [SourceNotebook.load(p, release / p.name) for p in course.source_notebooks(assignment)]
-    version = grader_version(assignment, limits)
-    ctx = Context(assignment, sources, release, sorted({course.ROOT, submissions.resolve(), workdir}),
-                  limits or Limits(), records.secret(), version, workdir)
-    pinned = records.pinned_version(version, replace=regrade or force)
-    before = records.final_scores()  # to say which recorded scores this run changes
-    jobs, skipped = discover(submissions, assignment, own=[workdir, out])
-    if students is not None:
-        unknown = sorted(set(students) - {j.student for j in jobs})
-        if unknown:
-            raise SystemExit(f"no submission folder for: {', '.join(unknown)}")
-        jobs = [j for j in jobs if j.student in set(students)]
-    for name in skipped:
-        log(f"skipped folder {clean_text(os.fsdecode(name))!r}: not a valid student id")
-
-    results: dict[str, Result] = {}
-    previous: dict[str, Result] = {}  # the recorded result a job replaces (a re-submission)
-    todo: list[Job] = []
-    trial: list[Job] = []  # recorded with another grader version: graded on the side, to report differences
-    candidates = records.results / "candidates"
-    for job in jobs:
-        try:
-            fp = fingerprint(job, ctx)
-        except Exception:  # noqa: BLE001 - grade_job reports it
-            fp = None
-        old = records.load(job.student)
-        if old is not None and fp is not None and old.fingerprint == fp and not (force or regrade):
-            results[job.student] = old  # recorded: kept, whichever grader produced it
-            if old.version != version and records_candidate(candidates, job.student, fp, version) is None:
-                trial.append(job)
-            continue
-        if old is not None and old.fingerprint != fp:
-            previous[job.student] = old
-        todo.append(job)
-    log(f"{assignment}: {len(jobs)} students, {len(jobs) - len(todo)} already graded, {len(todo)} to grade")
+    check_names(assignment, submissions, workdir)
+    demand_isolation(limits)  # raises IsolationUnavailable (the command exits 3) before anything is recorded
+    p = plan(submissions, assignment, out, workdir, limits, force, regrade, students, log)
+    if p is None:
+        return {}
+    records, ctx = p.records, p.ctx
     log(isolation_summary())  # before any student code runs
-    if pinned != version and not (regrade or force):
-        log(f"{assignment}: the grader changed since this assignment was first graded; recorded grades are kept "
-            "(pass --regrade to apply the new grader)")
+    results: dict[str, Result] = dict(p.reused)
 
     def finish(result: Result) -> None:
-        old = records.load(result.student)  # a --force or --regrade of the same submission keeps when it came
-        if old is not None and old.first_seen and old.fingerprint == result.fingerprint:
-            result.first_seen = old.first_seen
-        records.save(result)  # first: a result on disk is never lost
-        try:
-            records.record(result, resubmitted=result.student in previous)
-            write_autograded(records.workdir, result, submissions / result.student / assignment,
-                             records.submission_time(result).text)
-        except Exception:  # noqa: BLE001 - the result is saved; the next run records it again
-            log(f"  {result.student}: could not be recorded: {traceback.format_exc()}")
+        record(p, result, submissions, log)
         results[result.student] = result
-        if len(results) % 10 == 0:
-            write_csv(out, records, results, final=False)
-        score, max_score, penalty = records.final_scores().get(result.student, (*result.total, 0.0))
-        late = f", late penalty {penalty:g} subtracted" if penalty else ""
-        log(f"  {result.student}: {score:g} / {max_score:g}{late} in {result.seconds:.1f} s" +
-            (f" ({result.reason[:200]})" if result.reason else ""))
-        for flag in records.submission_time(result).flags:
-            log(f"  {result.student}: time to review: {flag}")
 
     def keep_candidate(result: Result) -> None:
-        save_result(candidates / f"{result.student}.json", result)
+        save_result(records.results / "candidates" / f"{result.student}.json", result)
 
     # Results reused from an earlier run still go through the gradebook (idempotent: it also reassigns late
     # penalties after a new due date or extension), so a batch killed between saving and recording heals itself.
-    for student in sorted(results):
+    for student in sorted(p.reused):
         try:
-            records.record(results[student])
+            records.record(p.reused[student])
         except Exception:  # noqa: BLE001 - one student's records must not stop the class
             log(f"  {student}: could not be recorded again: {traceback.format_exc()}")
-    _schedule(todo, ctx, finish, workers, scheduler)
-    if trial:
-        _schedule(trial, ctx, keep_candidate, workers, scheduler)
-    report_stale(records, results, version, log)
+    _schedule(p.todo, ctx, finish, workers, scheduler)
+    if p.trial:
+        _schedule(p.trial, ctx, keep_candidate, workers, scheduler)
+    report_stale(records, results, ctx.version, log)
     publish(records, results, submissions, log)  # feedback where the gradebook changed since it was rendered
-
-    for line in records.changes(before):
-        log(line)
     review = {s: t.flags for s in sorted(results) if (t := records.submission_time(results[s])).flags}
     if review:
         log(f"{assignment}: {len(review)} submission time(s) to review (policy {records.time_policy!r}; "
             "the CSV's time_review column): " + "; ".join(f"{s}: {', '.join(f)}" for s, f in review.items()))
-    everyone = dict(results)
-    for path in records.results.glob("*.json"):  # students graded in earlier runs (for example with --student)
-        if path.stem not in everyone and (old := records.load(path.stem)) is not None:
-            everyone[path.stem] = old
-    write_csv(out, records, everyone)
+    write_grades(records, out, results, log)
     return results
+
+
+def graded_results(records: Records, results: dict[str, Result] | None = None) -> dict[str, Result]:
+    """``results`` and every other roster student's recorded result (graded in earlier runs, for example with
+    ``--student``): the students of the assignment's CSV. A result of a student no longer in the roster
+    (removed) is left out."""
+    roster = set(records.roster()) if records.roster_imported() else set()
+    everyone = dict(results or {})
+    for path in records.results.glob("*.json"):
+        if path.stem not in everyone and (not roster or path.stem in roster) and \
+                (old := records.load(path.stem)) is not None:
+            everyone[path.stem] = old
+    return {s: r for s, r in everyone.items() if not roster or s in roster}
+
+
+def write_grades(records: Records, out: Path, results: dict[str, Result] | None,
+                 log: Callable[[str], object]) -> dict[str, Result]:
+    """Last step: the assignment's CSV (every recorded student, scores from the gradebook) and the term's
+    (:func:`autograder.records.gradebook.write_term`, beside the gradebook), saying every score that changed
+    and any file kept because it had rows the new one lacks."""
+    everyone = graded_results(records, results)
+    for line in write_csv(out, records, everyone):
+        log(line)
+    for line in write_term(records.db, term_file(records.workdir)):
+        log(line)
+    return everyone
+
+
+def term_file(workdir: Path) -> Path:
+    """The term's grades: one row per roster student, a column per assignment."""
+    return workdir / "grades-term.csv"
+
+
+def default_out(workdir: Path, assignment: str) -> Path:
+    """The assignment's grades file when ``--out`` is not given."""
+    return workdir / f"grades-{assignment}.csv"
 
 
 def records_candidate(folder: Path, student: str, fp: str, version: str) -> Result | None:
@@ -452,7 +559,17 @@ def _schedule(jobs: list[Job], ctx: Context, done: Callable[[Result], None], wor
     else:
         # Workers start from a fresh interpreter ("forkserver"), not a fork of this process: forking a process
         # whose torch or browser threads are running can crash the child.
-        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("forkserver")) as pool:
+        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("forkserver"),
+                                    initializer=_quiet_on_interrupt) as pool:
             futures = [pool.submit(grade_job, job, ctx) for job in jobs]
             for fut in cf.as_completed(futures):
                 done(fut.result())
+
+
+def _quiet_on_interrupt() -> None:
+    """In a worker: Ctrl-C (sent to the whole process group) ends it at once and silently. The coordinating
+    process says the one thing to say (:data:`autograder.cli.INTERRUPTED`); a worker's result is only ever
+    saved by the coordinator, so nothing half-written is left."""
+    import signal
+
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))

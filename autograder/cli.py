@@ -1,4 +1,4 @@
-"""Command line: ``python -m autograder {release,grade,feedback,extension,similarity} ...``.
+"""Command line: ``python -m autograder {release,grade,feedback,extension,remove-student,formgrader,similarity} ...``.
 
 Every command works in the course's one grading folder, the one holding the gradebook that
 ``nbgrader_config.py`` names (``grading/``), unless ``--workdir`` names another one together
@@ -10,6 +10,7 @@ Imports: course, batch, gradebook, feedback, sandbox (``Limits``, ``require_isol
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from pathlib import Path
@@ -29,6 +30,8 @@ def _release(args: argparse.Namespace) -> int:
     names = course.assignments() if args.all else args.assignment
     if not names:
         print("name an assignment or pass --all", file=sys.stderr)
+        return 2
+    if not all(_known(name) for name in names):
         return 2
     for name in names:
         target = course.generate_release(name, Path(args.out))
@@ -53,40 +56,52 @@ def _workdir(args: argparse.Namespace) -> Path | None:
         return None
 
 
+def _known(assignment: str) -> bool:
+    """True for an assignment of the course; else prints the known ones."""
+    if assignment in course.assignments():
+        return True
+    print(f"nothing was done: unknown assignment {assignment!r}; known: {', '.join(course.assignments())}",
+          file=sys.stderr)
+    return False
+
+
 def _grade(args: argparse.Namespace) -> int:
     from autograder import batch
-    from autograder.isolation.sandbox import IsolationUnavailable, require_isolation
+    from autograder.isolation.sandbox import IsolationUnavailable
 
     workdir = _workdir(args)
-    if workdir is None:
+    if workdir is None or not _known(args.assignment):
         return 2
-    out = args.out or workdir / "grades.csv"
-
-    if args.require_isolation:
-        try:
-            require_isolation()
-        except IsolationUnavailable as e:
-            print(f"--require-isolation: nothing was graded. {e}", file=sys.stderr)
-            return 3
-    results = batch.run(args.submissions, args.assignment, out, workdir, limits_from(args), args.workers,
-                        args.force, log=lambda s: print(s, file=sys.stderr, flush=True), scheduler=args.scheduler,
-                        students=args.students, regrade=args.regrade)
-    print(f"wrote {out} ({len(results)} students)")
+    out = args.out or batch.default_out(workdir, args.assignment)
+    try:
+        results = batch.run(args.submissions, args.assignment, out, workdir, limits_from(args), args.workers,
+                            args.force, log=lambda s: print(s, file=sys.stderr, flush=True),
+                            scheduler=args.scheduler, students=args.students, regrade=args.regrade)
+    except IsolationUnavailable as e:
+        print(f"--require-isolation: nothing was graded. {e}", file=sys.stderr)
+        return 3
+    if not results:
+        return 1  # nothing was submitted: said why, nothing written
+    print(f"wrote {out} and {batch.term_file(workdir)} ({len(results)} students graded in this run)")
     return 0
 
 
 def _feedback(args: argparse.Namespace) -> int:
     """After grading by hand: reassign the late penalties on the totals (hand grades included), render the
-    feedback again from the gradebook and rewrite the CSV, so every place shows the same score."""
+    feedback again from the gradebook and rewrite the CSVs, so every place shows the same score."""
+    from autograder import batch
     from autograder.records.feedback import generate_feedback
-    from autograder.records.gradebook import Records, write_csv
+    from autograder.records.gradebook import Records
 
     workdir = _workdir(args)
-    if workdir is None:
+    if workdir is None or not _known(args.assignment):
         return 2
     records = Records(workdir, args.assignment)
-    results = {p.stem: r for p in sorted(records.results.glob("*.json")) if (r := records.load(p.stem)) is not None}
-    before = records.final_scores()
+    results = batch.graded_results(records)
+    if not results:
+        print(f"nothing was done: {args.assignment} has no graded submission in {workdir} (run `grade` first)",
+              file=sys.stderr)
+        return 2
     for result in results.values():
         records.assign_late_penalties(result)
     graded = [s for s in sorted(results) if (records.workdir / "autograded" / s / args.assignment).is_dir()]
@@ -101,12 +116,48 @@ def _feedback(args: argparse.Namespace) -> int:
         print(f"  {student}: {shown}, " + (f"feedback NOT written: {error}" if error else "feedback written"),
               file=sys.stderr)
     failed = sum(bool(e) for e in errors.values())
-    for line in records.changes(before):
-        print(line, file=sys.stderr)
-    out = args.out or records.workdir / "grades.csv"
-    write_csv(out, records, results)
-    print(f"wrote {out} ({len(results)} students)")
+    out = args.out or batch.default_out(workdir, args.assignment)
+    batch.write_grades(records, out, results, lambda line: print(line, file=sys.stderr))
+    print(f"wrote {out} and {batch.term_file(workdir)} ({len(results)} students)")
     return 1 if failed else 0
+
+
+def _lms_feedback(args: argparse.Namespace) -> int:
+    """Zip the feedback of the students collected from Canvas or Moodle, named the way the LMS takes it back."""
+    from autograder.records.feedback import lms_feedback
+
+    workdir = _workdir(args)
+    if workdir is None or not _known(args.assignment):
+        return 2
+    dest = args.out or workdir / "lms-feedback" / f"{args.assignment}.zip"
+    zipped, missing = lms_feedback(workdir, args.assignment, dest)
+    if not zipped and not missing:
+        print(f"nothing was done: no student of {args.assignment} was collected from an LMS (`nbgrader zip_collect`);"
+              " students who submitted through the exchange get theirs with `nbgrader release_feedback`",
+              file=sys.stderr)
+        return 2
+    for student in missing:
+        print(f"  {student}: no feedback page yet (run `grade` or `feedback` first): not in the zip", file=sys.stderr)
+    print(f"wrote {dest} ({len(zipped)} students): upload it to the LMS (Canvas: the assignment's \"Upload "
+          "submission comments\" / re-upload; Moodle: \"Upload multiple feedback files in a zip\")")
+    return 1 if missing else 0
+
+
+def _roster_student(records, student: str) -> bool:
+    """True for a student of the gradebook's roster; else prints who is in it."""
+    roster = records.roster()
+    if student in roster:
+        return True
+    if not roster:
+        print(f"nothing was done: {student!r} is not a student of the roster: the gradebook has no students yet. "
+              "Import the roster first (nbgrader db student import roster.csv).", file=sys.stderr)
+        return False
+    close = difflib.get_close_matches(student, roster, n=3)
+    print(f"nothing was done: {student!r} is not a student of the roster ({len(roster)} students"
+          + (f"; did you mean {', '.join(close)}?" if close else f": {', '.join(roster[:30])}"
+             + (" ..." if len(roster) > 30 else "")) + "). Add a student with `nbgrader db student add ID`.",
+          file=sys.stderr)
+    return False
 
 
 def _extension(args: argparse.Namespace) -> int:
@@ -116,22 +167,70 @@ def _extension(args: argparse.Namespace) -> int:
     from autograder.records.gradebook import Records
 
     workdir = _workdir(args)
-    if workdir is None:
+    if workdir is None or not _known(args.assignment):
         return 2
     records = Records(workdir, args.assignment)
+    if not _roster_student(records, args.student):
+        return 2
     records.prepare_gradebook()
     with Gradebook(f"sqlite:///{records.db}") as gb:
-        try:
-            gb.find_student(args.student)
-        except MissingEntry:
-            gb.add_student(args.student)
         try:
             gb.find_submission(args.assignment, args.student)
         except MissingEntry:
             gb.add_submission(args.assignment, args.student)
         gb.grant_extension(args.assignment, args.student, days=args.days, hours=args.hours)
     print(f"{args.student}: extension of {args.days:g} days {args.hours:g} hours on {args.assignment}; "
-          "run `grade` again to reassign the late penalty")
+          "run `grade` or `feedback` again to reassign the late penalty")
+    return 0
+
+
+def _remove_student(args: argparse.Namespace) -> int:
+    """Remove a student from grading: the gradebook (their submissions and grades), every assignment's results,
+    autograded notebooks, feedback and collection records; then rewrite the grades files without them."""
+    import shutil
+
+    from nbgrader.api import Gradebook
+
+    from autograder import batch
+    from autograder.records.gradebook import Records
+
+    workdir = _workdir(args)
+    if workdir is None:
+        return 2
+    any_records = Records(workdir, course.assignments()[0])
+    if not _roster_student(any_records, args.student):
+        return 2
+    removed = []
+    for folder in ("autograded", "feedback"):
+        if (workdir / folder / args.student).is_dir():
+            shutil.rmtree(workdir / folder / args.student)
+            removed.append(f"{folder}/{args.student}/")
+    assignments = {p.name for top in ("results", "collected") if (workdir / top).is_dir()
+                   for p in (workdir / top).iterdir() if p.is_dir()}
+    for assignment in sorted(assignments):
+        base = workdir / "results" / assignment
+        for path in (base / f"{args.student}.json", base / "candidates" / f"{args.student}.json",
+                     base / "feedback_state" / f"{args.student}.txt",
+                     workdir / "collected" / assignment / f"{args.student}.json"):
+            if path.exists():
+                path.unlink()
+                removed.append(str(path.relative_to(workdir)))
+    with Gradebook(f"sqlite:///{any_records.db}") as gb:
+        graded = [a.name for a in gb.assignments if a.submissions]
+        gb.remove_student(args.student)  # with its submissions and grades
+    removed.append("the gradebook's student and submissions")
+    for assignment in graded:
+        if assignment in course.assignments():
+            records = Records(workdir, assignment)
+            batch.write_grades(records, batch.default_out(workdir, assignment), None,
+                               lambda line: print(line, file=sys.stderr))
+    folder = workdir / "submitted" / args.student
+    later = ("the next `grade` skips them: not in the roster" if any_records.roster_imported() else
+             "no roster is imported, so the next `grade` would take that folder again: delete it, or import the "
+             "roster")
+    print(f"removed {args.student}: " + ", ".join(removed) + "; grades files rewritten without them" +
+          (f". Their submissions stay in {folder} ({later}); delete them by hand if they must go"
+           if folder.exists() else ""))
     return 0
 
 
@@ -160,7 +259,9 @@ def add_grade_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("grade", help="grade every SUBMISSIONS/<student>/<assignment>/*.ipynb")
     p.add_argument("submissions", type=Path, help="folder of student folders (nbgrader's layout)")
     p.add_argument("--assignment", required=True, help="assignment name, e.g. 01_single_head")
-    p.add_argument("--out", type=Path, help="CSV file to write (default: grades.csv in the grading folder)")
+    p.add_argument("--out", type=Path,
+                   help="CSV file to write (default: grades-ASSIGNMENT.csv in the grading folder; the term's, "
+                        "grades-term.csv, is written beside the gradebook either way)")
     add_workdir_options(p)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                    help="submissions graded at once on this machine (default: the number of cores)")
@@ -205,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_grade_parser(sub)
     fb = sub.add_parser("feedback", help="render the feedback again from the gradebook (after manual grading)")
     fb.add_argument("--assignment", required=True, help="assignment name, e.g. 01_single_head")
-    fb.add_argument("--out", type=Path, help="CSV file to rewrite (default: grades.csv in the grading folder)")
+    fb.add_argument("--out", type=Path, help="CSV file to rewrite (default: grades-ASSIGNMENT.csv in the grading folder)")
     add_workdir_options(fb)
     fb.set_defaults(func=_feedback)
     ext = sub.add_parser("extension", help="grant a student an extension (stored in nbgrader's gradebook)")
@@ -215,6 +316,15 @@ def build_parser() -> argparse.ArgumentParser:
     ext.add_argument("--hours", type=float, default=0.0, help="hours added to the due date")
     add_workdir_options(ext)
     ext.set_defaults(func=_extension)
+    lf = sub.add_parser("lms-feedback", help="zip the feedback of LMS-collected students, named as the LMS takes it back")
+    lf.add_argument("--assignment", required=True, help="assignment name, e.g. 01_single_head")
+    lf.add_argument("--out", type=Path, help="zip to write (default: lms-feedback/ASSIGNMENT.zip in the grading folder)")
+    add_workdir_options(lf)
+    lf.set_defaults(func=_lms_feedback)
+    rm = sub.add_parser("remove-student", help="remove a student from grading: gradebook, results, feedback, CSVs")
+    rm.add_argument("student", help="the student's id")
+    add_workdir_options(rm)
+    rm.set_defaults(func=_remove_student)
     fg = sub.add_parser("formgrader", help="serve nbgrader's formgrader for the course (loopback, with a token)")
     fg.add_argument("--port", type=int, default=8888, help="port on 127.0.0.1 (default: 8888)")
     fg.set_defaults(func=_formgrader)
@@ -222,6 +332,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+INTERRUPTED = "interrupted: run the same command again to resume"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Ctrl-C prints one line and exits 130: every finished result is on disk, and the same
+    command resumes (a result saved is never graded again; the records heal on the next run)."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while shutting down prints nothing more
+        _end_children()
+        print(f"\n{INTERRUPTED}", file=sys.stderr, flush=True)
+        return 130
+
+
+def _end_children() -> None:
+    """End this process's own children (the sandbox's zygote, which runs in a session of its own and so never
+    sees the terminal's Ctrl-C, and the worker pool's server) before saying anything, so that none of them prints
+    a traceback after the one line. Sandboxed processes follow their zygote (parent-death signals)."""
+    import glob
+    import signal
+
+    pids: set[int] = set()
+    for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
+        try:
+            with open(path) as f:
+                pids |= {int(p) for p in f.read().split()}
+        except (OSError, ValueError):
+            continue
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for pid in pids:
+        try:
+            os.waitpid(pid, 0)
+        except OSError:
+            pass

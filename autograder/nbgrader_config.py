@@ -7,7 +7,8 @@ formgrader find it from the course root (``nbgrader formgrader``,
 the course layout: sources in ``solutions/assignments``, releases in
 ``exercises``; grading state (submissions, autograded copies, feedback and the
 gradebook) lives under ``grading/``, which git ignores, where
-``python -m autograder grade grading/submitted --out grading/grades.csv`` writes it.
+``python -m autograder grade grading/submitted --assignment NN_topic`` writes it (with
+``grading/grades-NN_topic.csv`` and the term's ``grading/grades-term.csv``).
 """
 
 import sys
@@ -33,8 +34,22 @@ c.CourseDirectory.submitted_directory = "grading/submitted"
 c.CourseDirectory.autograded_directory = "grading/autograded"
 c.CourseDirectory.feedback_directory = "grading/feedback"
 c.CourseDirectory.db_url = f"sqlite:///{ROOT / 'grading' / 'gradebook.db'}"
-(ROOT / "grading" / "exchange").mkdir(parents=True, exist_ok=True)  # the gradebook's and the exchange's folders
-c.Exchange.root = str(ROOT / "grading" / "exchange")  # an exchange for release_feedback; no JupyterHub needed
+try:  # the grader's records: the instructor's alone (another user's command, say a --workdir of their own, goes on)
+    (ROOT / "grading").mkdir(mode=0o700, exist_ok=True)
+except OSError:
+    pass
+# nbgrader's exchange, where students' `nbgrader submit` puts their work, `nbgrader collect` fetches it and
+# `nbgrader release_feedback` returns the feedback. Without JupyterHub, the course's own folder (no student
+# reaches it: LMS-collected work goes back through `python -m autograder lms-feedback`). On a JupyterHub, the
+# hub's shared exchange, the one every student's server is configured with (nbgrader's usual location):
+#     c.Exchange.root = "/srv/nbgrader/exchange"
+# The grader reads submission times from there too (when the exchange received each folder).
+c.Exchange.root = str(ROOT / "grading" / "exchange")
+if c.Exchange.root == str(ROOT / "grading" / "exchange"):
+    try:
+        (ROOT / "grading" / "exchange").mkdir(exist_ok=True)
+    except OSError:
+        pass
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", ".*"]
 # Feedback and formgrader pages render students' text: nbconvert's sanitiser on, and the course's feedback
 # template (autograder/records/templates/feedback: "awaiting a hand grade", "unanswered", a strict HTML allow-list,
@@ -44,10 +59,13 @@ import nbgrader  # noqa: E402
 c.HTMLExporter.sanitize_html = True
 # The same exporter without nbconvert's second parse of every finished page (see the class).
 c.GenerateFeedback.exporter_class = "autograder.records.plugins.FeedbackHTMLExporter"
+# Formgrader's submission page is the course's too (autograder/records/templates/formgrade: nbgrader's, with the
+# course's MathJax embedded, as the feedback page has it: the shared templates/attn).
 c.HTMLExporter.extra_template_basedirs = [
     str(ROOT / "autograder" / "records" / "templates"),
     str(Path(nbgrader.__file__).parent / "server_extensions" / "formgrader" / "templates")]
-c.HTMLExporter.filters = {"clean_html": "autograder.records.written.clean_html"}
+c.HTMLExporter.filters = {"clean_html": "autograder.records.written.clean_html",
+                          "attn_mathjax_data": "autograder.records.plugins.mathjax_data"}
 c.GenerateFeedback.preprocessors = ["autograder.records.plugins.FeedbackGrades",
                                     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor"]
 c.ExecutePreprocessor.timeout = 120
@@ -73,8 +91,13 @@ c.SubmissionTime.policy = "collector"
 c.ZipCollectApp.collector_plugin = "autograder.records.plugins.LmsFileNameCollector"
 c.ZipCollectApp.downloaded_directory = "grading/downloaded"
 c.LmsFileNameCollector.lms = ["canvas", "moodle"]
+# The LMS server's time zone: zip entries carry local times without a zone, and every late penalty is computed
+# from them. Canvas and Moodle write them in the server's zone (for instance "America/Chicago").
 c.LmsFileNameCollector.zip_timezone = "UTC"
 
 # `nbgrader export --exporter autograder.records.plugins.CanvasExportPlugin --to canvas.csv`; map assignments to
 # existing Canvas columns with c.CanvasExportPlugin.assignment_columns = {"01_single_head": "Attention 1 (4321)"}.
 c.CanvasExportPlugin.section = ""
+# `nbgrader export --to FILE` (nbgrader's plain CSV) through the course's exporter: it refuses late penalties that
+# a hand grade has made stale (as the Canvas one does) and neutralises cells a spreadsheet would run as formulas.
+c.ExportApp.plugin_class = "autograder.records.plugins.CheckedCsvExportPlugin"

@@ -28,12 +28,29 @@ def cell_text(source: Any) -> str:
     return source if isinstance(source, str) else ""
 
 
+_LAST_READ: list = []  # [(the file's identity, the notebook)]: the one notebook read last, in this process
+
+
 def read_notebook(path: Path) -> dict:
-    """Parse ``path`` as a notebook, refusing anything that is not plainly one."""
+    """Parse ``path`` as a notebook, refusing anything that is not plainly one.
+
+    A submission's notebook is parsed once: the judge and the records (:mod:`autograder.records.written`) both
+    read it, and the second read of an unchanged file (same device, inode, size, modification and change
+    times) returns the same object. Callers read it and never change it."""
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        size = st.st_size
     except OSError as e:
         raise BadNotebook(f"the notebook could not be read ({e.strerror})") from None
+    identity = (str(path), st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns)
+    if _LAST_READ and _LAST_READ[0][0] == identity:
+        return _LAST_READ[0][1]
+    nb = _parse_notebook(path, size)
+    _LAST_READ[:] = [(identity, nb)]
+    return nb
+
+
+def _parse_notebook(path: Path, size: int) -> dict:
     if size == 0:
         raise BadNotebook("the notebook file is empty")
     if size > MAX_NOTEBOOK_BYTES:

@@ -1,6 +1,8 @@
 """Grading throughput: plain serial ``nbgrader autograde`` against ``python -m autograder grade``, same submissions.
 
     .venv/bin/python benchmarks/grading_throughput.py [--submissions 40] [--workers N] [--json FILE]
+    .venv/bin/python benchmarks/grading_throughput.py --scaling 200 2000 [--workers N] [--dask-workers 2]
+    .venv/bin/python benchmarks/grading_throughput.py --records 50 400
 
 Builds N submissions to exercise 01 (half the reference answers, half with
 classic mistakes), grades them once with nbgrader's own autograde, one after the
@@ -11,6 +13,12 @@ so a faster but different answer would show. It also prints where the course
 grader's wall-clock time went (gradebook set-up, grading in the workers and
 their sandboxes, rendering the feedback), so a change in the ratio can be
 traced to its phase.
+
+With ``--scaling SMALL LARGE`` it grades two generated classes (right, wrong and blank submissions in turn)
+with the course grader alone, and prints the time per submission of each and their ratio: a grader whose
+cost per submission grows with the class (reading the whole gradebook per student did) shows a ratio
+above 1; the goal is at most 1.2. ``--dask-workers N`` grades them through a local Dask cluster of N
+worker processes, as ``--scheduler`` does over machines.
 """
 
 from __future__ import annotations
@@ -35,14 +43,55 @@ from checking import answered_release, mutate, reference_answers  # noqa: E402
 A, NB = "01_single_head", "single_head.ipynb"
 
 
-def build(subs: Path, n: int) -> None:
+def build(subs: Path, n: int, blank: bool = False) -> None:
+    """``n`` submissions: half right, half with a classic mistake; with ``blank``, a third each right, wrong and
+    the release handed in untouched."""
     ref = reference_answers(course.SOURCE / A / NB)
     wrong = dict(ref, scaled_dot_product_attention=mutate(ref["scaled_dot_product_attention"],
                                                           "/ math.sqrt(d_k)", ""))
+    texts = [json.dumps(answered_release(A, NB, ref)), json.dumps(answered_release(A, NB, wrong))]
+    if blank:
+        texts.append((course.RELEASE / A / NB).read_text())
     for i in range(n):
-        folder = subs / f"student{i:03d}" / A
+        folder = subs / f"student{i:05d}" / A
         folder.mkdir(parents=True)
-        (folder / NB).write_text(json.dumps(answered_release(A, NB, ref if i % 2 == 0 else wrong)))
+        (folder / NB).write_text(texts[i % len(texts)])
+
+
+def scaling(sizes: list[int], workers: int, scheduler: str | None) -> dict:
+    """Grade classes of each size (right, wrong and blank in turn) with the course grader alone and print the
+    time per submission of each and the ratio of the largest to the smallest: 1.0 is linear in the class."""
+    from autograder import batch
+
+    rows = {}
+    steps = {"plan": "plan", "grade (workers)": "_schedule", "record (coordinator)": "record",
+             "publish (feedback)": "publish", "CSVs": "write_grades"}
+    for n in sizes:
+        tmp = Path(tempfile.mkdtemp(prefix="attn-scaling-"))
+        PHASES.clear()
+        saved = {name: getattr(batch, name) for name in steps.values()}
+        for label, name in steps.items():
+            setattr(batch, name, _timed(label, saved[name]))
+        try:
+            build(tmp / "submitted", n, blank=True)
+            start = time.perf_counter()
+            run(tmp / "submitted", A, tmp / "grades.csv", tmp / "grading", workers=workers, log=lambda s: None,
+                scheduler=scheduler)
+            seconds = time.perf_counter() - start
+        finally:
+            for name, fn in saved.items():
+                setattr(batch, name, fn)
+            shutil.rmtree(tmp, ignore_errors=True)
+        # record runs inside the grading step (as each result arrives): the workers' share is the rest
+        PHASES["grade (workers)"] = PHASES.get("grade (workers)", 0.0) - PHASES.get("record (coordinator)", 0.0)
+        rows[n] = {"seconds": round(seconds, 2), "per_submission": round(seconds / n, 4),
+                   "steps_ms_per_submission": {k: round(1000 * v / n, 1) for k, v in PHASES.items()}}
+        print(f"{n:>6} submissions: {seconds:8.1f} s, {seconds / n:.3f} s each; per submission, by step: " +
+              ", ".join(f"{k} {1000 * v / n:.0f} ms" for k, v in PHASES.items()), flush=True)
+    small, large = min(sizes), max(sizes)
+    ratio = rows[large]["per_submission"] / rows[small]["per_submission"]
+    print(f"time per submission, {large} against {small}: ratio {ratio:.2f} (goal: at most 1.2)")
+    return {"sizes": rows, "ratio": round(ratio, 3), "workers": workers, "scheduler": scheduler or "local processes"}
 
 
 def plain_nbgrader(subs: Path, work: Path) -> tuple[float, dict[str, float]]:
@@ -99,12 +148,81 @@ def ours(subs: Path, work: Path, workers: int) -> tuple[float, dict[str, float]]
     return seconds, {s: sum(t["points"] for nb in r["notebooks"] for t in nb["tests"]) for s, r in results.items()}
 
 
+def records_cost(sizes: list[int]) -> dict:
+    """The coordinator's per-student cost without grading: record a result in gradebooks of each size and time the
+    last 50 records (gradebook rows, late penalty, the student's score), against one read of the whole
+    assignment's scores (``Records.final_scores``), which the grader once made per student."""
+    import copy
+
+    from autograder.notebook import SourceNotebook
+    from autograder.records.gradebook import Records
+    from autograder.records.results import NotebookResult, Result, TestResult
+
+    src = SourceNotebook.load(course.SOURCE / A / NB, course.RELEASE / A / NB)
+    tests = [TestResult(c.grade_id, c.grade_id, c.points, c.points) for c in src.tests()]
+    rows = {}
+    for n in sizes:
+        work = Path(tempfile.mkdtemp(prefix="attn-records-"))
+        try:
+            records = Records(work, A)
+            records.prepare_gradebook()
+            times = []
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for i in range(n):
+                    result = Result(f"s{i:05d}", A, "fp", "v", "", 0.0, [NotebookResult(NB[:-6], copy.deepcopy(tests))])
+                    start = time.perf_counter()
+                    records.record(result)
+                    records.final_score(result.student)
+                    times.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                records.final_scores()
+                whole = time.perf_counter() - start
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        last = times[-50:]
+        rows[n] = {"record_ms": round(1000 * sum(last) / len(last), 1), "whole_gradebook_read_ms": round(1000 * whole, 1)}
+        print(f"{n:>6} students: recording one costs {rows[n]['record_ms']:.0f} ms; one read of every score "
+              f"{rows[n]['whole_gradebook_read_ms']:.0f} ms", flush=True)
+    small, large = min(sizes), max(sizes)
+    ratio = rows[large]["record_ms"] / rows[small]["record_ms"]
+    print(f"cost of recording one student, {large} against {small} in the gradebook: ratio {ratio:.2f}")
+    return {"sizes": rows, "ratio": round(ratio, 3)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--submissions", type=int, default=40)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--scaling", type=int, nargs=2, metavar=("SMALL", "LARGE"),
+                        help="instead: grade SMALL and LARGE generated submissions with the course grader and print "
+                             "the time per submission of each and their ratio (e.g. --scaling 200 2000)")
+    parser.add_argument("--dask-workers", type=int, default=0,
+                        help="with --scaling: grade through a local Dask cluster of this many worker processes "
+                             "(what --scheduler spreads over machines)")
+    parser.add_argument("--records", type=int, nargs=2, metavar=("SMALL", "LARGE"),
+                        help="instead: the coordinator's cost of recording one student in gradebooks of SMALL and "
+                             "LARGE students, without grading (e.g. --records 50 400)")
     args = parser.parse_args()
+    if args.records:
+        rows = records_cost(args.records)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
+        return 0
+    if args.scaling:
+        if args.dask_workers:
+            from distributed import LocalCluster
+
+            with LocalCluster(n_workers=args.dask_workers, threads_per_worker=1, processes=True,
+                              dashboard_address=None) as cluster:
+                rows = scaling(args.scaling, args.workers, cluster.scheduler_address)
+                rows["dask_workers"] = args.dask_workers
+        else:
+            rows = scaling(args.scaling, args.workers, None)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
+        return 0
     tmp = Path(tempfile.mkdtemp(prefix="attn-throughput-"))
     try:
         subs = tmp / "submitted"

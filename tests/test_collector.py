@@ -50,11 +50,26 @@ def test_without_a_collector_a_time_is_flagged_and_never_missing():
         decide("", None, policy="whatever")
 
 
-def test_the_exchange_time_is_read_from_nbgraders_inbound_names(tmp_path):
+def test_the_exchange_time_is_when_the_exchange_received_it_not_the_folders_name(tmp_path):
+    """The folder's name is written by the student's own `nbgrader submit`: a backdated one is flagged and the
+    change time of the folder and its files (which no process can set back) is taken."""
+    import os
+
     inbound = tmp_path / "course" / "inbound"
-    for stamp in ("2026-10-01 09:00:00.000000 UTC", "2026-10-02 11:00:00.000000 UTC"):
-        (inbound / f"alice+01_single_head+{stamp}+abc").mkdir(parents=True)
+    now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    honest = now.strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+    (inbound / f"alice+01_single_head+{honest}+abc").mkdir(parents=True)
+    backdated = inbound / "mallory+01_single_head+2026-10-01 09:00:00.000000 UTC+abc"
+    backdated.mkdir()
+    (backdated / "single_head.ipynb").write_text("{}")
+    os.utime(backdated / "single_head.ipynb", (0, 0))  # mtimes can be set back; change times cannot
     (inbound / "bob+01_single_head+garbage+x").mkdir()
-    got = exchange_time(tmp_path, "course", "01_single_head", "alice")
-    assert got is not None and got.time == dt.datetime(2026, 10, 2, 11) and got.source == "nbgrader exchange"
+    alice = exchange_time(tmp_path, "course", "01_single_head", "alice")
+    assert alice is not None and abs(alice.time - now) < dt.timedelta(minutes=1) and alice.notes == []
+    assert alice.source == "nbgrader exchange"
+    mallory = exchange_time(tmp_path, "course", "01_single_head", "mallory")
+    assert abs(mallory.time - now) < dt.timedelta(minutes=1)  # not 2026-10-01
+    assert "name says 2026-10-01 09:00" in mallory.notes[0]
+    decided = decide("2026-10-01 09:00:00 UTC", mallory, now=now + dt.timedelta(minutes=1))
+    assert decided.when == mallory.time and any("name says" in f for f in decided.flags)
     assert exchange_time(tmp_path, "course", "01_single_head", "bob") is None

@@ -35,6 +35,7 @@ PAYLOAD = "\n\n".join([
     '<iframe srcdoc="<script>parent.__pwned = 5; parent.document.title = \'pwned\'</script>"></iframe>',
     "The scores grow with d_k.",
 ])
+LINK_NAME = "[Read my notes](javascript:alert(document.domain)).ipynb"
 CHROMIUM = Path(os.environ.get("ATTN_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
@@ -66,6 +67,10 @@ def course_root(tmp_path_factory):
         nb = json.loads(nb_path.read_text())
         nb["cells"].insert(1, {"cell_type": "markdown", "metadata": {}, "source": "My notes\n\n" + PAYLOAD})
         nb_path.write_text(json.dumps(nb))
+        # a lone notebook under a name that is a markdown link with a script target (issue 29): graded in place of
+        # single_head.ipynb, and its name quoted in the autograded notebook's note, which formgrader renders
+        notes = submit(root / "grading" / "submitted", "notes", written="The scores grow with d_k.", timestamp=ON_TIME)
+        (notes / NB).rename(notes / LINK_NAME)
         out, work = root / "grading" / "grades.csv", root / "grading"
         grade = lambda **kw: batch.run(work / "submitted", A, out, work, LIMITS, workers=1, log=print, **kw)  # noqa: E731
         grade()
@@ -209,3 +214,77 @@ def test_students_html_is_inert_in_formgrader_and_feedback(course_root, formgrad
         assert "&lt;script&gt;" in page.content() or "<script>window.__pwned" not in page.content()
         page.close()
     assert not dialogs, dialogs
+
+
+def script_links(page) -> list[str]:
+    return page.evaluate("""() => Array.from(document.querySelectorAll('a[href]')).map(a => a.getAttribute('href'))
+        .filter(h => h.replace(/[\\s\\x00-\\x1f]/g, '').toLowerCase().match(/^(javascript|vbscript|data):/))""")
+
+
+def test_a_file_name_shaped_like_a_link_is_text_in_formgrader(course_root, formgrader, browser):
+    """The note quoting the student's file name is markdown-escaped: formgrader shows the name, with no link."""
+    with gradebook(course_root["work"]) as gb:
+        notebook_id = gb.find_submission_notebook("single_head", A, "notes").id
+    page = browser.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.goto(f"{formgrader['base']}/formgrader/submissions/{notebook_id}/?token={formgrader['token']}")
+    page.wait_for_selector(f"#{WRITTEN}", timeout=30000)
+    text = page.inner_text("body")
+    assert "[Read my notes](javascript:alert(document.domain)).ipynb" in text  # shown as the name it is
+    assert script_links(page) == []
+    for link in page.query_selector_all("a"):
+        if "Read my notes" in (link.inner_text() or ""):
+            raise AssertionError(f"the file name became a link: {link.get_attribute('href')}")
+    page.close()
+    assert not dialogs
+
+
+def test_math_is_typeset_in_the_feedback_page_offline(course_root, browser):
+    """The course's MathJax, embedded in the page, typesets every formula with the network off: rendered math
+    elements appear and no raw $...$ is left in the text (before the fix, the loader ran before its data and
+    every formula stayed raw)."""
+    if not (course.ROOT / "_vendor" / "mathjax" / "tex-svg.js").exists():
+        pytest.skip("no _vendor/mathjax (make install vendors it)")
+    context = browser.new_context(offline=True)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto((course_root["work"] / "feedback" / "alice" / A / "single_head.html").as_uri())
+    page.wait_for_function("() => document.querySelectorAll('mjx-container').length > 0", timeout=60000)
+    page.wait_for_timeout(1000)
+    typeset = page.evaluate("() => document.querySelectorAll('mjx-container').length")
+    raw = page.evaluate("""() => Array.from(document.querySelectorAll('.rendered_html'))
+        .map(e => e.innerText).filter(t => /\\$[^$\\n]+\\$/.test(t))""")
+    context.close()
+    assert typeset >= 3 and raw == [], (typeset, raw[:3])
+    assert not errors, errors
+
+
+def test_math_is_typeset_in_formgrader_offline(course_root, formgrader, browser):
+    """Formgrader's submission page carries the course's MathJax (autograder/records/templates/formgrade): with
+    every request off the loopback server refused, formulas are typeset, formgrade.js's MathJax start-up call is
+    answered (no "MathJax is not defined"), and no raw $...$ is left."""
+    if not (course.ROOT / "_vendor" / "mathjax" / "tex-svg.js").exists():
+        pytest.skip("no _vendor/mathjax (make install vendors it)")
+    with gradebook(course_root["work"]) as gb:
+        notebook_id = gb.find_submission_notebook("single_head", A, "alice").id
+    context = browser.new_context()
+    context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(formgrader["base"])
+                  else route.abort())
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{formgrader['base']}/formgrader/submissions/{notebook_id}/?token={formgrader['token']}")
+    page.wait_for_selector(f"#{WRITTEN}", timeout=30000)
+    page.wait_for_function("() => window.attnMathJaxTypeset === true", timeout=60000)
+    typeset = page.evaluate("() => document.querySelectorAll('mjx-container').length")
+    raw = page.evaluate("""() => Array.from(document.querySelectorAll('.rendered_html'))
+        .map(e => e.innerText).filter(t => /\\$[^$\\n]+\\$/.test(t))""")
+    loaded = page.evaluate("() => window.MathJax.loaded")
+    labelled = "before the late penalty" in page.inner_text("body")  # its totals differ from the CSV's: said so
+    context.close()
+    assert labelled
+    assert typeset >= 3 and raw == [], (typeset, raw[:3])
+    assert loaded is True  # formgrade.js's start-up callback ran
+    assert not errors, errors

@@ -234,6 +234,56 @@ def test_roster_and_exports_carry_names_timestamps_and_canvas_columns(graded):
     assert float(by_login["late"][5]) == float(csv_rows["late"]["score"])
 
 
+def test_every_csv_neutralises_cells_a_spreadsheet_would_run(graded):
+    """A student id shaped like a formula (`-2+3` shows as 1 in a spreadsheet) reaches no CSV raw: the term file,
+    the Canvas export and the plain export give it a leading quote."""
+    from autograder.records.gradebook import write_term
+    from autograder.records.results import csv_cell
+
+    assert [csv_cell(v) for v in ("-2+3", "=HYPERLINK(1)", "+1", "@SUM(A1)", "alice", "")] == \
+        ["'-2+3", "'=HYPERLINK(1)", "'+1", "'@SUM(A1)", "alice", ""]
+    with gradebook(graded["work"]) as gb:
+        gb.add_student("-2+3", first_name="=cmd|' /C calc'!A0")
+        gb.add_submission(A, "-2+3")
+    try:
+        term = graded["base"] / "term.csv"
+        write_term(graded["work"] / "gradebook.db", term)
+        dest = graded["base"] / "canvas-formula.csv"
+        nbgrader("export", "--exporter=autograder.records.plugins.CanvasExportPlugin", f"--to={dest}",
+                 f"--db=sqlite:///{graded['work'] / 'gradebook.db'}")
+        plain = graded["base"] / "plain-formula.csv"
+        nbgrader("export", f"--to={plain}", f"--db=sqlite:///{graded['work'] / 'gradebook.db'}")
+        for path in (term, dest, plain):
+            cells = [c for row in csv.reader(open(path, newline="")) for c in row]
+            assert "'-2+3" in cells, path
+            assert not [c for c in cells if c[:1] in ("=", "+", "@") or (c[:1] == "-" and not _number(c))], path
+        assert dest.stat().st_mode & 0o077 == 0 and term.stat().st_mode & 0o077 == 0  # the instructor's alone
+    finally:
+        with gradebook(graded["work"]) as gb:
+            gb.remove_student("-2+3")
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def test_the_autograded_note_quotes_file_names_as_text():
+    """The reason, quoting a student's file name, is markdown-escaped in the note formgrader renders."""
+    from autograder.records.feedback import autograded_notebook
+    from autograder.records.results import NotebookResult, Result
+
+    name = "[Read my notes](javascript:alert(document.domain)).ipynb"
+    result = Result("notes", A, "fp", "v", f"graded {name} in place of the expected single_head.ipynb", 0.0,
+                    [NotebookResult("single_head", [])])
+    note = json.loads(autograded_notebook(result, 0))["cells"][0]["source"]
+    note = note if isinstance(note, str) else "".join(note)
+    assert "](" not in note and "\\[Read my notes\\]\\(javascript\\:alert" in note
+
+
 def test_changed_grader_keeps_recorded_grades_until_regrade(graded, monkeypatch):
     before = {s: r["score"] for s, r in read_csv(graded["out"]).items()}
     real = batch.grade_notebook

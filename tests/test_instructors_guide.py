@@ -11,6 +11,15 @@ in, so ``.venv/bin/...`` works there as in a clone. The students:
   Canvas's _LATE_ marker; his own timestamp.txt is backdated), and is granted one day: 10% off his total;
 * carol hands in the release untouched, through the exchange, on time.
 
+The exchange's time is when the exchange received a folder (its change time, which cannot be set back), so the
+exchange submissions are made now and the guide's due date is moved to two days from now (the one substitution
+made in the page's commands); bob's Canvas time is a day and a half after it.
+
+The second half, "one step off", makes each slip a tired teaching assistant makes (issue 28's list: the grading
+folder graded as submissions, a hand-copied folder outside the roster, a typo in a student or an assignment, an
+export between a hand grade and `feedback`, an assignment nobody submitted, a removed student, Ctrl-C) on the
+course the guide left, and checks that nothing is invented, emptied or stale.
+
 The one long-running command, ``python -m autograder formgrader``, is started in the background (with a free
 port appended) and checked to serve /formgrader; the hand grades it would record are then set through nbgrader's
 Gradebook API (tests/test_formgrader.py drives formgrader itself in a browser). A command that fails fails the
@@ -29,7 +38,9 @@ closed to others, such as a pyenv under /root: nothing outside the test's folder
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import json
+import signal
 import os
 import pwd
 import re
@@ -52,6 +63,12 @@ from checking import answered_release, closed_folder
 
 pytestmark = pytest.mark.slow
 A, NB = "01_single_head", "single_head.ipynb"
+B = "02_multi_head"  # an assignment nobody submits
+GUIDE_DUE = "2026-10-02 23:59:00 UTC"  # the page's due date, moved to DUE in the commands run
+NOW = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None, microsecond=0)
+DUE = (NOW + dt.timedelta(days=2)).replace(hour=23, minute=59, second=0)
+BOB_TIME = DUE + dt.timedelta(hours=36)  # a day and a half late
+GRADES = f"grades-{A}.csv"
 GUIDE = course.ROOT / "book" / "instructors.md"
 ROSTER = ("id,first_name,last_name,email,lms_user_id\nalice,Alice,Adams,,1111\nbob,Bob,Smith,,4343\n"
           "carol,Carol,Chen,,2222\n")
@@ -96,6 +113,8 @@ def scratch_course(base: Path) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "grading")
     shutil.copytree(course.ROOT / "autograder", root / "autograder", ignore=ignore)
     shutil.copytree(course.SOURCE / A, root / "solutions" / "assignments" / A, ignore=ignore)
+    shutil.copytree(course.SOURCE / B, root / "solutions" / "assignments" / B, ignore=ignore)
+    shutil.copytree(course.RELEASE / B, root / "exercises" / B, ignore=ignore)
     shutil.copytree(course.ROOT / "solutions" / "attnkit", root / "solutions" / "attnkit", ignore=ignore)
     shutil.copytree(course.RELEASE / A, root / "exercises" / A, ignore=ignore)
     shutil.copy(course.ROOT / "nbgrader_config.py", root / "nbgrader_config.py")
@@ -126,20 +145,21 @@ def notebook(kind: str) -> str:
 def hand_in(root: Path, home: Path) -> None:
     """alice and carol through nbgrader's exchange, bob in a Canvas bulk download in ~/Downloads."""
     inbound = root / "grading" / "exchange" / "attention-course" / "inbound"
-    for student, kind, stamp in (("alice", "perfect", "2026-10-01 10:00:00.000000 UTC"),
-                                 ("carol", "blank", "2026-10-02 20:00:00.000000 UTC")):
+    stamp = NOW.strftime("%Y-%m-%d %H:%M:%S.%f UTC")  # as `nbgrader submit` names the folder, now
+    for student, kind in (("alice", "perfect"), ("carol", "blank")):
         folder = inbound / f"{student}+{A}+{stamp}+0123456789abcdef"
         folder.mkdir(parents=True)
         (folder / NB).write_text(notebook(kind))
         (folder / "timestamp.txt").write_text(stamp)
     (home / "Downloads").mkdir(parents=True)
     with zipfile.ZipFile(home / "Downloads" / "submissions.zip", "w") as z:
-        z.writestr(zipfile.ZipInfo(f"smithbob_LATE_4343_99210_{NB}", (2026, 10, 4, 12, 0, 0)), notebook("unscaled"))
-        z.writestr(zipfile.ZipInfo("smithbob_LATE_4343_99210_timestamp.txt", (2026, 10, 4, 12, 0, 0)),
+        z.writestr(zipfile.ZipInfo(f"smithbob_LATE_4343_99210_{NB}", BOB_TIME.timetuple()[:6]), notebook("unscaled"))
+        z.writestr(zipfile.ZipInfo("smithbob_LATE_4343_99210_timestamp.txt", BOB_TIME.timetuple()[:6]),
                    "2026-10-01 09:00:00 UTC")  # backdated by bob; not a notebook: never collected
 
 
 def run_block(block: str, root: Path, env: dict[str, str], log: list[str], who: Instructor) -> None:
+    block = block.replace(GUIDE_DUE, f"{DUE:%Y-%m-%d %H:%M:%S} UTC")
     proc = subprocess.run(who.cmd("bash", "-e", "-o", "pipefail", "-c", block), cwd=root, env=env,
                           capture_output=True, text=True, timeout=900)
     log.append(f"$ {block}\n{proc.stdout}{proc.stderr}")
@@ -243,7 +263,7 @@ def run_guide(who: Instructor, base: Path) -> dict:
     isolation = re.search(r"^(isolation: [^(]*|WARNING: no isolation)", "\n".join(log), flags=re.MULTILINE)
     print(f"guide as {who.name} (uid {who.uid}), {isolation and isolation[1].strip()}:\n  " + "\n  ".join(timings),
           file=sys.stderr)
-    return {"root": root, "grading": root / "grading", "log": "\n".join(log)}
+    return {"root": root, "grading": root / "grading", "log": "\n".join(log), "env": env, "who": who}
 
 
 @pytest.fixture(scope="module")
@@ -284,7 +304,7 @@ def auto_points(root: Path, student: str) -> float:
 def test_one_gradebook_and_one_score_everywhere(term):
     grading = term["grading"]
     assert not (grading / "grading").exists(), "a second gradebook was made under grading/grading/"
-    ours = rows(grading / "grades.csv", "student")
+    ours = rows(grading / GRADES, "student")
     assert sorted(ours) == ["alice", "bob", "carol"]
     max_score = float(ours["alice"]["max_score"])
     assert float(ours["alice"]["score"]) == max_score and max_score == auto_points(term["root"], "alice") + 2
@@ -305,15 +325,30 @@ def test_one_gradebook_and_one_score_everywhere(term):
         assert f"(Score: {round(float(row['score']), 2)} / {max_score}" in html, student
     assert re.search(rf"bob: {float(ours['bob']['score']):g} / {max_score:g}", term["log"])  # the console agrees
     assert "recorded score(s) changed" in term["log"]  # hand grades and the extension moved scores: said so
+    term_rows = list(csv.reader(open(grading / "grades-term.csv", newline="")))
+    assert term_rows[0] == ["student", A, "total"] and term_rows[1] == ["max_score", f"{max_score:g}", f"{max_score:g}"]
+    for row in term_rows[2:]:
+        assert float(row[1]) == pytest.approx(float(ours[row[0]]["score"]))
+
+
+def test_grading_records_are_the_instructors_alone(term):
+    grading = term["grading"]
+    assert grading.stat().st_mode & 0o077 == 0  # grading/: 0700
+    for path in [grading / "gradebook.db", grading / GRADES, grading / "grades-term.csv", grading / "canvas.csv",
+                 grading / "secret", grading / "lms-feedback" / f"{A}.zip", *(grading / "results" / A).glob("*.json")]:
+        assert path.stat().st_mode & 0o077 == 0, (path, oct(path.stat().st_mode))
+    assert all(p.stat().st_mode & 0o777 == 0o644 for p in (grading / "feedback").rglob("*.html"))  # released
 
 
 def test_times_come_from_the_collectors(term):
-    ours = rows(term["grading"] / "grades.csv", "student")
+    ours = rows(term["grading"] / GRADES, "student")
     assert ours["alice"]["time_source"] == "nbgrader exchange" and ours["alice"]["time_review"] == ""
     assert ours["bob"]["time_source"] == "Canvas download"
-    assert ours["bob"]["submitted_at"].startswith("2026-10-04 12:00:00")
-    assert "marks it late" in ours["bob"]["time_review"]
-    assert (term["grading"] / "autograded" / "bob" / A / "timestamp.txt").read_text().startswith("2026-10-04 12:00")
+    assert ours["bob"]["submitted_at"].startswith(f"{BOB_TIME:%Y-%m-%d %H:%M:%S}")
+    # Canvas's _LATE_ marker agrees with the recorded time (past his extended due date): the penalty applies as
+    # intended, so it is not one more thing to review
+    assert "marks it late" not in ours["bob"]["time_review"] and float(ours["bob"]["late_penalty"]) > 0
+    assert (term["grading"] / "autograded" / "bob" / A / "timestamp.txt").read_text().startswith(f"{BOB_TIME:%Y-%m-%d %H:%M}")
 
 
 def test_feedback_is_released_and_says_what_is_missing(term):
@@ -322,3 +357,186 @@ def test_feedback_is_released_and_says_what_is_missing(term):
     carol = (term["grading"] / "feedback" / "carol" / A / "single_head.html").read_text()
     assert "unanswered" in carol
     assert (term["grading"] / "similarity-01.html").read_text().count("alice") >= 1
+    # bob came from Canvas: his page is in the zip for Canvas, named with his downloaded prefix (user id 4343)
+    with zipfile.ZipFile(term["grading"] / "lms-feedback" / f"{A}.zip") as z:
+        assert z.namelist() == ["smithbob_LATE_4343_99210_single_head.html"]
+        assert "Score:" in z.read(z.namelist()[0]).decode()
+
+
+# -- one step off the guide: each slip of issue 28, on the course the guide left (as the tests' own user) --------
+
+
+def sh(term: dict, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """One command in the guide's course, as its instructor ran them."""
+    return subprocess.run(term["who"].cmd(*args), cwd=term["root"], env=term["env"], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def autograder(term: dict, *args: str) -> subprocess.CompletedProcess:
+    return sh(term, ".venv/bin/python", "-m", "autograder", *args)
+
+
+def gradebook_students(root: Path) -> list[str]:
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{root / 'grading' / 'gradebook.db'}") as gb:
+        return sorted(s.id for s in gb.students)
+
+
+def snapshot(grading: Path) -> dict[str, str]:
+    """Every grades file and result, as text: what a slip must leave as it was."""
+    files = sorted(grading.glob("grades-*.csv")) + sorted((grading / "results").rglob("*.json"))
+    return {str(p.relative_to(grading)): p.read_text() for p in files}
+
+
+@pytest.fixture(scope="module")
+def slipped(guides):
+    got = guides[OWN]
+    if isinstance(got, BaseException):
+        raise got
+    term, grading, root = got, got["grading"], got["root"]
+    out: dict[str, object] = {"term": term}
+    before = snapshot(grading)
+    roster = gradebook_students(root)
+    # 1. `grade grading` instead of `grade grading/submitted`: refused, nothing recorded
+    out["grading_folder"] = autograder(term, "grade", "grading", "--assignment", A)
+    out["after_grading_folder"] = (snapshot(grading), gradebook_students(root))
+    # 1b. a hand-copied folder of someone outside the roster: listed and skipped
+    stranger = grading / "submitted" / "mallory" / A
+    stranger.mkdir(parents=True)
+    (stranger / NB).write_text(notebook("perfect"))
+    out["stranger"] = autograder(term, "grade", "grading/submitted", "--assignment", A)
+    out["after_stranger"] = (snapshot(grading), gradebook_students(root))
+    # 2. extension for a typo of a student
+    out["extension_typo"] = autograder(term, "extension", "--assignment", A, "--student", "carrol", "--days", "1")
+    out["after_extension_typo"] = gradebook_students(root)
+    out["before_typos"] = snapshot(grading)
+    # 3. feedback with a typo of an assignment, and with an assignment nobody graded
+    out["feedback_typo"] = autograder(term, "feedback", "--assignment", "01_single_haed")
+    out["feedback_ungraded"] = autograder(term, "feedback", "--assignment", B)
+    out["after_feedback_typos"] = snapshot(grading)
+    out["before_nobody"] = snapshot(grading)
+    # 8. grading an assignment nobody submitted
+    out["nobody"] = autograder(term, "grade", "grading/submitted", "--assignment", B)
+    out["after_nobody"] = snapshot(grading)
+    # 4. a hand grade changes bob's total; an export before `feedback` refuses; `feedback` fixes it
+    hand = dict(HAND, bob=2.0)
+    script = HAND_GRADING.replace(repr(HAND), repr(hand))
+    done = sh(term, sys.executable, "-c", script, str(grading / "gradebook.db"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    out["old_csv"] = rows(grading / GRADES, "student")
+    out["stale_canvas"] = sh(term, ".venv/bin/nbgrader", "export", "--exporter",
+                             "autograder.records.plugins.CanvasExportPlugin", "--to", "grading/canvas-stale.csv")
+    out["stale_plain"] = sh(term, ".venv/bin/nbgrader", "export", "--to", "grading/plain-stale.csv")
+    out["feedback"] = autograder(term, "feedback", "--assignment", A)
+    out["new_csv"] = rows(grading / GRADES, "student")
+    out["fresh_canvas"] = sh(term, ".venv/bin/nbgrader", "export", "--exporter",
+                             "autograder.records.plugins.CanvasExportPlugin", "--to", "grading/canvas-fresh.csv")
+    # Ctrl-C in the middle of a run: one line, a non-zero exit, and the same command resumes
+    proc = subprocess.Popen(term["who"].cmd(".venv/bin/python", "-m", "autograder", "grade", "grading/submitted",
+                                            "--assignment", A, "--force"), cwd=root, env=term["env"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            # a terminal's Ctrl-C must reach it: a background test run ignores SIGINT, and an
+                            # ignored signal stays ignored across exec
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 120  # interrupt it while it grades (after it says how many it will grade)
+    seen = ""
+    while time.monotonic() < deadline and "to grade" not in seen:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen += line
+    time.sleep(1)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends the whole foreground group
+    stdout, stderr = proc.communicate(timeout=300)
+    out["interrupted"] = (proc.returncode, stdout, seen + stderr)
+    out["resumed"] = autograder(term, "grade", "grading/submitted", "--assignment", A)
+    out["resumed_rows"] = rows(grading / GRADES, "student")
+    # 7. removing a student: one command, no row anywhere
+    out["remove"] = autograder(term, "remove-student", "carol")
+    out["removed_export"] = sh(term, ".venv/bin/nbgrader", "export", "--exporter",
+                               "autograder.records.plugins.CanvasExportPlugin", "--to", "grading/canvas-after.csv")
+    out["regraded_after_removal"] = autograder(term, "grade", "grading/submitted", "--assignment", A)
+    out["before"], out["roster"] = before, roster
+    return out
+
+
+def test_slip_grading_folder_and_strangers_are_refused_never_recorded(slipped):
+    refused = slipped["grading_folder"]
+    assert refused.returncode != 0 and "is the grading folder" in refused.stderr and "grading/submitted" in refused.stderr
+    assert slipped["after_grading_folder"] == (slipped["before"], slipped["roster"])  # nothing invented
+    stranger = slipped["stranger"]
+    assert stranger.returncode == 0, stranger.stderr[-3000:]
+    assert "'mallory': not a student of the roster" in stranger.stderr
+    files, students = slipped["after_stranger"]
+    assert students == slipped["roster"] and "mallory" not in students
+    assert "mallory" not in files[GRADES] and "mallory" not in files["grades-term.csv"]
+    assert not any("mallory" in name for name in files)
+
+
+def test_slip_typos_name_what_exists_and_change_nothing(slipped):
+    ext = slipped["extension_typo"]
+    assert ext.returncode == 2 and "'carrol' is not a student of the roster" in ext.stderr and "carol" in ext.stderr
+    assert slipped["after_extension_typo"] == slipped["roster"]  # no student "carrol" created
+    typo = slipped["feedback_typo"]
+    assert typo.returncode == 2 and "unknown assignment '01_single_haed'" in typo.stderr and A in typo.stderr
+    assert slipped["feedback_ungraded"].returncode == 2 and "no graded submission" in slipped["feedback_ungraded"].stderr
+    assert slipped["after_feedback_typos"] == slipped["before_typos"]  # no grades file emptied or rewritten
+
+
+def test_slip_nobody_submitted_records_nothing(slipped):
+    nobody = slipped["nobody"]
+    assert nobody.returncode == 1 and "0 submissions found" in nobody.stderr and "nothing was graded" in nobody.stderr
+    assert slipped["after_nobody"] == slipped["before_nobody"]
+    assert not (slipped["term"]["grading"] / f"grades-{B}.csv").exists()
+    canvas = list(csv.reader(open(slipped["term"]["grading"] / "canvas-fresh.csv", newline="")))
+    assert B not in canvas[0]  # no zero column for it in the export
+
+
+def test_slip_export_between_a_hand_grade_and_feedback_refuses_then_agrees(slipped):
+    for name in ("stale_canvas", "stale_plain"):
+        proc = slipped[name]
+        assert proc.returncode != 0, proc.stderr[-2000:]
+        assert "out of date" in proc.stdout + proc.stderr and f"python -m autograder feedback --assignment {A}" in \
+            proc.stdout + proc.stderr and "bob" in proc.stdout + proc.stderr
+    grading = slipped["term"]["grading"]
+    assert not (grading / "canvas-stale.csv").exists() and not (grading / "plain-stale.csv").exists()
+    assert slipped["feedback"].returncode == 0, slipped["feedback"].stderr[-3000:]
+    old, new = slipped["old_csv"]["bob"]["score"], slipped["new_csv"]["bob"]["score"]
+    assert old != new
+    assert f"bob/{A}: {old} -> {new}" in slipped["feedback"].stderr  # the change, as the CSVs showed it
+    assert slipped["fresh_canvas"].returncode == 0
+    canvas = {r[3]: r for r in csv.reader(open(grading / "canvas-fresh.csv", newline=""))}
+    assert float(canvas["bob"][5]) == pytest.approx(float(new))
+    html = (grading / "feedback" / "bob" / A / "single_head.html").read_text()
+    assert f"(Score: {round(float(new), 2)} /" in html
+
+
+def test_slip_ctrl_c_says_one_line_and_the_same_command_resumes(slipped):
+    code, stdout, stderr = slipped["interrupted"]
+    assert code != 0 and "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == "interrupted: run the same command again to resume"
+    assert stderr.count("interrupted:") == 1
+    resumed = slipped["resumed"]
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert sorted(slipped["resumed_rows"]) == ["alice", "bob", "carol"]
+    assert slipped["resumed_rows"] == slipped["new_csv"]  # the same grades as before the interrupted --force
+
+
+def test_slip_a_removed_student_leaves_no_row_anywhere(slipped):
+    remove = slipped["remove"]
+    assert remove.returncode == 0, remove.stderr[-3000:]
+    grading = slipped["term"]["grading"]
+    assert "carol" not in gradebook_students(slipped["term"]["root"])
+    assert "carol" not in rows(grading / GRADES, "student")
+    assert "carol" not in {r[0] for r in csv.reader(open(grading / "grades-term.csv", newline=""))}
+    assert not (grading / "results" / A / "carol.json").exists() and not (grading / "feedback" / "carol").exists()
+    assert not (grading / "autograded" / "carol").exists()
+    kept = list(grading.glob(f"grades-{A}.previous-*.csv"))
+    assert kept and any("carol" in p.read_text() for p in kept)  # the file that lost a row is kept, and said
+    assert "kept as" in remove.stderr
+    assert slipped["removed_export"].returncode == 0
+    assert "carol" not in {r[3] for r in csv.reader(open(grading / "canvas-after.csv", newline=""))}
+    again = slipped["regraded_after_removal"]
+    assert again.returncode == 0 and "'carol': not a student of the roster" in again.stderr
+    assert "carol" not in rows(grading / GRADES, "student")

@@ -4,7 +4,8 @@ A submission's time decides its late penalty, so it must come from what the stud
 cannot write: the LMS download (``nbgrader zip_collect`` with
 :class:`autograder.records.plugins.LmsFileNameCollector` records, for each student, the zip
 entry's time and Canvas's ``_LATE_`` marker in ``GRADING/collected/<assignment>/<student>.json``)
-or nbgrader's exchange (the time in the name of the student's ``inbound`` folder). The
+or nbgrader's exchange (when the exchange received the student's ``inbound`` folder: its change time, which
+no process can set back; the time in the folder's name is the student's and only compared). The
 ``timestamp.txt`` beside the notebooks is the student's file as far as the grader can tell:
 it is read, checked (missing, unparsable, implausible, or disagreeing with the collector's
 time), and every doubt becomes a flag shown in the console and the CSV's ``time_review``
@@ -42,6 +43,7 @@ class Collected:
     time: dt.datetime | None  # naive UTC
     source: str  # "Canvas download", "Moodle download", "nbgrader exchange"
     late_marker: bool = False  # the LMS itself marked it late (Canvas's _LATE_)
+    notes: list[str] = field(default_factory=list)  # what disagrees with it (a backdated exchange folder name)
 
 
 @dataclass
@@ -90,22 +92,64 @@ def collected_record(grading: Path, assignment: str, student: str) -> Collected 
     return Collected(when, str(data.get("source", "LMS download")), bool(data.get("late_marker")))
 
 
-def exchange_time(exchange: Path, course_id: str, assignment: str, student: str) -> Collected | None:
-    """The newest time in the names of the student's folders in nbgrader's exchange (``inbound``)."""
+def exchange_times(exchange: Path, course_id: str, assignment: str) -> dict[str, Collected]:
+    """``student -> Collected`` for every student with a folder in nbgrader's exchange (``inbound``), listing it
+    once.
+
+    The time is when the exchange received the submission: the newest *change time* (``st_ctime``) of the
+    folder ``nbgrader collect`` takes (the one whose name is newest, as nbgrader picks it) and of every file in
+    it. A change time is the file system's: no process can set it back, so a student cannot backdate it. The
+    time in the folder's *name* is written by the student's own ``nbgrader submit`` (any process of theirs can
+    make a folder with any name): it is only compared, and a name more than :data:`TOLERANCE` away from the
+    change time is flagged; the change time wins. (A later change by someone else, an administrator's
+    ``chmod -R`` of the exchange, moves change times forward: that shows as a flag on every student, never as
+    an earlier time.)"""
     from nbgrader.utils import parse_utc
 
     inbound = exchange / course_id / "inbound"
-    times = []
+    named: dict[str, list[tuple[dt.datetime, Path]]] = {}
     try:
-        for entry in inbound.glob(f"{glob_escape(student)}+{glob_escape(assignment)}+*"):
-            parts = entry.name.split("+")
-            try:
-                times.append(parse_utc(parts[2]))
-            except Exception:  # noqa: BLE001 - not one of nbgrader's names
-                continue
+        entries = list(inbound.iterdir())
+    except OSError:
+        return {}
+    for entry in entries:
+        parts = entry.name.split("+")
+        if len(parts) < 3 or parts[1] != assignment:
+            continue
+        try:
+            when = parse_utc(parts[2])
+        except Exception:  # noqa: BLE001 - not one of nbgrader's names
+            continue
+        named.setdefault(parts[0], []).append((when, entry))
+    out = {}
+    for student, folders in named.items():
+        name_time, folder = max(folders, key=lambda f: f[0])
+        changed = _change_time(folder)
+        if changed is None:
+            out[student] = Collected(None, "nbgrader exchange")
+            continue
+        collected = Collected(changed, "nbgrader exchange")
+        if abs(name_time - changed) > TOLERANCE:
+            collected.notes.append(f"the exchange folder's name says {name_time:%Y-%m-%d %H:%M} UTC, the exchange "
+                                   f"received it at {changed:%Y-%m-%d %H:%M} UTC (taken)")
+        out[student] = collected
+    return out
+
+
+def _change_time(folder: Path) -> dt.datetime | None:
+    """The newest change time of ``folder`` and what it holds (links not followed), as naive UTC."""
+    try:
+        times = [folder.lstat().st_ctime]
+        for path in folder.rglob("*"):
+            times.append(path.lstat().st_ctime)
     except OSError:
         return None
-    return Collected(max(times), "nbgrader exchange") if times else None
+    return dt.datetime.fromtimestamp(max(times), dt.timezone.utc).replace(tzinfo=None)
+
+
+def exchange_time(exchange: Path, course_id: str, assignment: str, student: str) -> Collected | None:
+    """:func:`exchange_times` of one student."""
+    return exchange_times(exchange, course_id, assignment).get(student)
 
 
 def glob_escape(text: str) -> str:
@@ -119,6 +163,7 @@ def decide(stamp: str, collected: Collected | None, policy: str = "collector", f
         raise ValueError(f"SubmissionTime.policy must be one of {', '.join(POLICIES)}; got {policy!r}")
     student, why = parse_student_time(stamp, now)
     flags = [why] if why else []
+    flags += collected.notes if collected else []
     trusted = collected.time if collected else None
     if collected and trusted is None:
         flags.append(f"the {collected.source} gave no time")
@@ -149,5 +194,5 @@ def decide(stamp: str, collected: Collected | None, policy: str = "collector", f
     return chosen
 
 
-__all__ = ["Collected", "POLICIES", "SubmissionTime", "collected_record", "decide", "exchange_time",
+__all__ = ["Collected", "POLICIES", "SubmissionTime", "collected_record", "decide", "exchange_time", "exchange_times",
            "parse_student_time"]

@@ -21,7 +21,6 @@ Imports: :mod:`autograder.course`, :mod:`autograder.notebook`, :mod:`autograder.
 from __future__ import annotations
 
 import datetime
-import html
 import io
 import secrets
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any
 
 from autograder import course
 from autograder.notebook import nbgrader_meta
-from autograder.records.results import Result, atomic_write, total
+from autograder.records.results import Result, atomic_write, escape_markdown, total
 from autograder.records.written import clean_markdown, is_manual
 
 TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S.%f %Z"  # nbgrader's timestamp.txt
@@ -80,7 +79,9 @@ def autograded_notebook(result: Result, notebook: int) -> str:
     score, max_score = total(nb.tests)
     summary = [f"**Autograded**: {score:g} / {max_score:g} points."]
     if result.reason:
-        summary.append(f"\n\n**Note**: {html.escape(result.reason)}")  # student text: never markup
+        # The reason quotes student-controlled text (file names): literal in the markdown, so formgrader (which
+        # renders this cell) shows it as text, never as a link or HTML.
+        summary.append(f"\n\n**Note**: {escape_markdown(result.reason)}")
     book.cells.insert(0, nbformat.v4.new_markdown_cell("".join(summary)))
     buf = io.StringIO()
     nbformat.write(book, buf)
@@ -186,4 +187,60 @@ def _settle(feedback: Path) -> str:
     return ""
 
 
-__all__ = ["TIMESTAMP_FORMAT", "autograded_notebook", "generate_feedback", "write_autograded"]
+def lms_feedback(workdir: Path, assignment: str, dest: Path) -> tuple[list[str], list[str]]:
+    """Zip the feedback pages of the students collected from an LMS (``nbgrader zip_collect``), named the way
+    that LMS takes files back; returns ``(students zipped, students whose page is missing)``.
+
+    * Canvas ("Upload submission comments" / re-upload of the bulk download): a file keeps its downloaded
+      name's prefix (``smithbob_4343_99210_``), which carries the Canvas user and submission ids, and ends
+      in the notebook's name with ``.html``: ``smithbob_4343_99210_single_head.html``.
+    * Moodle ("Upload multiple feedback files in a zip"): one folder per participant, named as in the
+      download (``Ann Lee_5151_assignsubmission_file_``), holding ``single_head.html``.
+
+    The names come from the collector's record (``GRADING/collected/<assignment>/<student>.json``), never from
+    the roster alone. Files in the zip are the rendered pages as they are (0644 when extracted)."""
+    import json
+    import re
+    import zipfile
+
+    zipped, missing = [], []
+    collected = workdir / "collected" / assignment
+    entries: list[tuple[str, Path]] = []
+    for record_path in sorted(collected.glob("*.json")) if collected.is_dir() else []:
+        student = record_path.stem
+        if student == "unknown":
+            continue
+        try:
+            record = json.loads(record_path.read_text())
+        except (OSError, ValueError):
+            continue
+        pages = sorted((workdir / "feedback" / student / assignment).glob("*.html"))
+        if not pages:
+            missing.append(student)
+            continue
+        first = str((record.get("files") or [""])[0])
+        for page in pages:
+            if record.get("source") == "Moodle download":
+                folder = first.split("/")[0] if "/" in first else \
+                    f"{student}_{record.get('lms_user_id', '')}_assignsubmission_file_"
+                name = f"{folder}/{page.name}"
+            else:
+                m = re.match(r"^(.+?_(?:late_)?\d+_\d+)_", first, re.IGNORECASE)
+                prefix = m[1] if m else f"{student}_{record.get('lms_user_id', '')}_0"
+                name = f"{prefix}_{page.name}"
+            entries.append((name, page))
+        zipped.append(student)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, page in entries:
+            info = zipfile.ZipInfo(name, date_time=datetime.datetime.now().timetuple()[:6])
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(info, page.read_bytes())
+    tmp.chmod(0o600)
+    tmp.replace(dest)
+    return zipped, missing
+
+
+__all__ = ["TIMESTAMP_FORMAT", "autograded_notebook", "generate_feedback", "lms_feedback", "write_autograded"]

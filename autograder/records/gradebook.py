@@ -21,6 +21,7 @@ import csv
 import functools
 import io
 import json
+import os
 import secrets
 import tempfile
 import warnings
@@ -28,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from autograder import course
-from autograder.records.collector import SubmissionTime, collected_record, decide, exchange_time
-from autograder.records.results import Result, atomic_write, load_result, save_result
+from autograder.records.collector import Collected, SubmissionTime, collected_record, decide, exchange_times
+from autograder.records.results import Result, atomic_write, csv_cell, load_result, save_result
 
 
 @functools.cache
@@ -52,6 +53,11 @@ class Records:
         self.assignment = assignment
         self.results = self.workdir / "results" / assignment
         self.results.mkdir(parents=True, exist_ok=True)
+        try:  # the grader's records (roster, grades, secret, students' work): the instructor's alone
+            if self.workdir.stat().st_uid == os.geteuid():
+                self.workdir.chmod(0o700)
+        except OSError:
+            pass
         self.db = self.workdir / "gradebook.db"
         self.config = course.nbgrader_config(
             submitted_directory=str(self.workdir / "submitted"),
@@ -59,8 +65,17 @@ class Records:
             feedback_directory=str(self.workdir / "feedback"),
             db_url=f"sqlite:///{self.db}",
         )
-        self.config.Exchange.root = str(self.workdir / "exchange")
-        (self.workdir / "exchange").mkdir(exist_ok=True)
+        # The exchange is configuration (c.Exchange.root: a JupyterHub's shared exchange, e.g. /srv/nbgrader/
+        # exchange); the course's default, grading/exchange, follows a --workdir with a gradebook of its own.
+        configured = Path(str(self.config.Exchange.get("root", "") or course.grading_dir() / "exchange"))
+        if configured.resolve() == (course.grading_dir() / "exchange").resolve():
+            configured = self.workdir / "exchange"
+            configured.mkdir(exist_ok=True)
+        self.exchange = configured
+        self.config.Exchange.root = str(configured)
+        self._times: dict[tuple[str, str, str], SubmissionTime] = {}
+        self._exchange_times: dict[str, Collected] | None = None
+        self._due: tuple[Any, dict[str, Any]] | None = None
 
     # -- files ---------------------------------------------------------------------------------------
 
@@ -106,11 +121,43 @@ class Records:
 
     def submission_time(self, result: Result) -> SubmissionTime:
         """The time to record for ``result``: the collector's (LMS download or nbgrader's exchange), checked
-        against the student's ``timestamp.txt``, with the flags an instructor should see."""
-        collected = collected_record(self.workdir, self.assignment, result.student) or exchange_time(
-            Path(str(self.config.Exchange.root)), str(self.config.CourseDirectory.course_id), self.assignment,
-            result.student)
-        return decide(result.timestamp, collected, self.time_policy, result.first_seen)
+        against the student's ``timestamp.txt``, with the flags an instructor should see. Decided once per
+        result and run (the exchange is listed once)."""
+        key = (result.student, result.timestamp, result.first_seen)
+        if key not in self._times:
+            if self._exchange_times is None:
+                self._exchange_times = exchange_times(self.exchange, str(self.config.CourseDirectory.course_id),
+                                                      self.assignment)
+            collected = collected_record(self.workdir, self.assignment, result.student) or \
+                self._exchange_times.get(result.student)
+            decided = decide(result.timestamp, collected, self.time_policy, result.first_seen)
+            due = self.due(result.student)
+            if collected and collected.late_marker and decided.when and due and decided.when > due:
+                # the LMS's late marker and the recorded time agree: the penalty applies as intended, nothing
+                # to review (a marker on a time recorded as on time, say a wrong zip_timezone, stays flagged)
+                decided.flags = [f for f in decided.flags if not f.endswith("marks it late")]
+            self._times[key] = decided
+        return self._times[key]
+
+    def due(self, student: str) -> Any:
+        """The student's due date (naive UTC, the extension included), or None; read once per run."""
+        from nbgrader.api import Gradebook, MissingEntry
+
+        if self._due is None:
+            self._due = (None, {})
+            if self.db.exists():
+                with Gradebook(f"sqlite:///{self.db}") as gb:
+                    try:
+                        assignment = gb.find_assignment(self.assignment)
+                    except MissingEntry:
+                        assignment = None
+                    if assignment is not None and assignment.duedate is not None:
+                        self._due = (assignment.duedate, {sub.student_id: sub.extension
+                                                          for sub in assignment.submissions if sub.extension})
+        base, extensions = self._due
+        if base is None:
+            return None
+        return base + extensions[student] if student in extensions else base
 
     # -- the gradebook --------------------------------------------------------------------------------
 
@@ -131,6 +178,10 @@ class Records:
         if not known:
             with tempfile.TemporaryDirectory() as tmp:
                 course.generate_release(self.assignment, Path(tmp), db_path=self.db)
+        try:
+            self.db.chmod(0o600)  # names, emails and grades: the instructor's alone
+        except OSError:
+            pass
 
     def record(self, result: Result, resubmitted: bool = False) -> None:
         """Store the auto scores and the timestamp in the gradebook, then assign the late penalty.
@@ -151,6 +202,7 @@ class Records:
                 gb.find_student(student)
             except MissingEntry:
                 gb.add_student(student)  # never update_or_create: that would blank a roster's names
+                self.note_added(student)
             try:
                 submission = gb.find_submission(self.assignment, student)
             except MissingEntry:
@@ -217,19 +269,111 @@ class Records:
 
     def final_scores(self) -> dict[str, tuple[float, float, float]]:
         """``student -> (score after the late penalty, max_score, penalty)``: the one score every place shows
-        (console, CSV, feedback, ``nbgrader export``, the Canvas file); ``max_score`` includes hand-graded points."""
+        (console, CSV, feedback, ``nbgrader export``, the Canvas file); ``max_score`` includes hand-graded points.
+        Reads the whole assignment: call it once per run, never per student (:meth:`final_score` is one's)."""
         return {s: (max(0.0, score - penalty), max_score, penalty) for s, (score, max_score, penalty)
                 in self.scores().items()}
 
-    def changes(self, before: dict[str, tuple[float, float, float]]) -> list[str]:
-        """Say which recorded scores differ from ``before`` (a :meth:`final_scores`), and by how much."""
-        after = self.final_scores()
-        moved = [(s, before[s][0], after[s][0]) for s in sorted(before) if s in after and
-                 abs(before[s][0] - after[s][0]) > 1e-9]
-        if not moved:
-            return []
-        return [f"{self.assignment}: {len(moved)} recorded score(s) changed:"] + [
-            f"  {s}: {old:g} -> {new:g} ({new - old:+g})" for s, old, new in moved]
+    def final_score(self, student: str) -> tuple[float, float, float] | None:
+        """:meth:`final_scores` of one student (one query, whatever the size of the class)."""
+        from nbgrader.api import Gradebook, MissingEntry
+
+        with Gradebook(f"sqlite:///{self.db}") as gb:
+            try:
+                sub = gb.find_submission(self.assignment, student)
+            except MissingEntry:
+                return None
+            penalty = float(sub.late_submission_penalty or 0)
+            return max(0.0, float(sub.score) - penalty), float(sub.max_score), penalty
+
+    def roster(self) -> list[str]:
+        """The students of the course's gradebook (``nbgrader db student import roster.csv``), sorted."""
+        return roster(self.db)
+
+    @property
+    def added_file(self) -> Path:
+        """The students the grader itself added to the gradebook (graded before any roster was imported)."""
+        return self.workdir / "results" / "added-by-grader.txt"
+
+    def note_added(self, student: str) -> None:
+        with open(self.added_file, "a") as f:
+            f.write(student + "\n")
+        self.added_file.chmod(0o600)
+
+    def roster_imported(self) -> bool:
+        """Whether an instructor put students in the gradebook (a roster import, ``nbgrader db student add``):
+        a student the grader did not add, or one with a name, an email or an LMS id. Until then ``grade``
+        takes every student folder (and says so); from then on only the gradebook's students."""
+        from nbgrader.api import Gradebook
+
+        if not self.db.exists():
+            return False
+        try:
+            added = set(self.added_file.read_text().split())
+        except OSError:
+            added = set()
+        with Gradebook(f"sqlite:///{self.db}") as gb:
+            return any(s.id not in added or s.first_name or s.last_name or s.email or s.lms_user_id
+                       for s in gb.students)
+
+    def stale_penalties(self) -> list[tuple[str, str]]:
+        """:func:`stale_penalties` of this assignment."""
+        from nbgrader.api import Gradebook
+
+        with Gradebook(f"sqlite:///{self.db}") as gb:
+            return stale_penalties(gb, self.config, [self.assignment])
+
+
+# -- the roster, whatever the assignment -----------------------------------------------------------
+
+
+def roster(db: Path) -> list[str]:
+    """The student ids of the gradebook at ``db``, sorted ([] when it does not exist yet)."""
+    from nbgrader.api import Gradebook
+
+    if not db.exists():
+        return []
+    with Gradebook(f"sqlite:///{db}") as gb:
+        return sorted(s.id for s in gb.students)
+
+
+def stale_penalties(gb: Any, config: Any, assignments: list[str] | None = None) -> list[tuple[str, str]]:
+    """``(assignment, "student (recorded -> right)")`` for every submission in the open gradebook ``gb`` whose
+    recorded late penalty differs from the one the late-penalty plugin of ``config`` gives its current total
+    (hand grades included). nbgrader recomputes a penalty only when ``AssignLatePenalties`` runs (``grade``,
+    ``feedback``); a hand grade set in formgrader in between leaves the old one, and an export would then post
+    a score no other place shows."""
+    from nbgrader.preprocessors import AssignLatePenalties
+
+    plugin = AssignLatePenalties(config=config).plugin_class(config=config)
+    out = []
+    for assignment in gb.assignments:
+        if assignments is not None and assignment.name not in assignments:
+            continue
+        for sub in assignment.submissions:
+            late = float(sub.total_seconds_late or 0)
+            recorded = right = 0.0
+            for nb in sub.notebooks:
+                recorded += float(nb.late_submission_penalty or 0)
+                if late > 0:
+                    right += float(plugin.late_submission_penalty(sub.student.id, float(nb.score), late) or 0)
+            if abs(recorded - right) > 1e-6:
+                out.append((assignment.name, f"{sub.student.id} ({recorded:g} -> {right:g})"))
+    return out
+
+
+STALE_FIX = "python -m autograder feedback --assignment {}"
+
+
+def stale_message(stale: list[tuple[str, str]]) -> str:
+    """What an export that refuses stale penalties says: whose, and the command that fixes each assignment."""
+    by: dict[str, list[str]] = {}
+    for assignment, line in stale:
+        by.setdefault(assignment, []).append(line)
+    return ("late penalties are out of date (a total changed since they were assigned, for example a hand grade "
+            "in formgrader): " + "; ".join(f"{a}: {', '.join(v)}" for a, v in sorted(by.items())) +
+            ". Nothing was exported. Run " + " and ".join(f"`{STALE_FIX.format(a)}`" for a in sorted(by)) +
+            " (it reassigns them and renders the feedback again), then export again.")
 
 
 # The CSV's columns (documented in autograder/README.md, "The CSV"):
@@ -247,19 +391,79 @@ CSV_COLUMNS = ["student", "assignment", "score", "max_score", "reason", "late_pe
                "time_source", "time_review"]
 
 
-def write_csv(path: Path, records: Records, results: dict[str, Result], final: bool = True) -> None:
-    """One row per student. The final CSV takes its scores from the gradebook, so the two agree (score
-    after the late penalty); the progress CSVs written during a batch take them from the results."""
-    scores = records.final_scores() if final else {s: (*r.total, 0.0) for s, r in results.items()}
-    buf = io.StringIO()
-    writer = csv.writer(buf)
-    writer.writerow(CSV_COLUMNS)
+def write_csv(path: Path, records: Records, results: dict[str, Result]) -> list[str]:
+    """One row per student of ``results``, scores from the gradebook (after the late penalty, hand grades in),
+    written through :func:`replace_grades`; returns what it said (changed scores, a kept old file)."""
+    scores = records.final_scores()
+    times = {s: records.submission_time(r) for s, r in results.items()}
+    rows = [CSV_COLUMNS]
     for student in sorted(results):
         score, max_score, penalty = scores.get(student, (0.0, 0.0, 0.0))
-        when = records.submission_time(results[student])
-        writer.writerow([student, records.assignment, f"{score:g}", f"{max_score:g}",
-                         results[student].reason, f"{penalty:g}", when.text, when.source, "; ".join(when.flags)])
+        when = times[student]
+        rows.append([csv_cell(student), csv_cell(records.assignment), f"{score:g}", f"{max_score:g}",
+                     csv_cell(results[student].reason), f"{penalty:g}", when.text, csv_cell(when.source),
+                     csv_cell("; ".join(when.flags))])
+    return replace_grades(path, rows, ["student", "assignment"], "score")
+
+
+def replace_grades(path: Path, rows: list[list[str]], key: list[str], score: str | None) -> list[str]:
+    """Write ``rows`` (a header first) to the grades file ``path``; returns lines saying what changed.
+
+    Every score that differs from the file being replaced is listed, old and new as the files show them. A
+    file holding a row (``key`` columns) the new one lacks is never overwritten silently: it is kept beside
+    it as ``NAME.previous-N.csv`` and the lost rows are named. Files are the instructor's alone (0600)."""
+    header, new = rows[0], rows[1:]
+    col = lambda r, names: tuple(r[header.index(k)] for k in names)  # noqa: E731
+    old: dict[tuple, dict[str, str]] = {}
+    try:
+        with open(path, newline="") as f:
+            old = {tuple(r.get(k, "") for k in key): r for r in csv.DictReader(f)}
+    except (OSError, UnicodeDecodeError, csv.Error):
+        old = {}
+    said = []
+    now = {col(r, key): r for r in new}
+    lost = sorted(set(old) - set(now))
+    if lost:
+        n = 1
+        while (keep := path.with_name(f"{path.stem}.previous-{n}{path.suffix}")).exists():
+            n += 1
+        path.replace(keep)
+        said.append(f"{path.name}: {len(lost)} row(s) of the old file are not in the new one "
+                    f"({', '.join('/'.join(k) for k in lost[:20])}{' ...' if len(lost) > 20 else ''}); "
+                    f"the old file is kept as {keep}")
+    if score is not None:
+        moved = [(k, old[k].get(score, ""), r[header.index(score)]) for k, r in sorted(now.items())
+                 if k in old and old[k].get(score, "") != r[header.index(score)]]
+        if moved:
+            said.append(f"{path.name}: {len(moved)} recorded score(s) changed:")
+            said += [f"  {'/'.join(k)}: {a or '(none)'} -> {b or '(none)'}" for k, a, b in moved]
+    buf = io.StringIO()
+    csv.writer(buf).writerows(rows)
     atomic_write(path, buf.getvalue(), mode=0o600)
+    return said
 
 
-__all__ = ["Records", "write_csv"]
+def write_term(db: Path, path: Path) -> list[str]:
+    """The term's grades from the gradebook at ``db``: one row per roster student, one column per assignment
+    (score after the late penalty, "" where nothing was submitted) and the total; the first row, ``max_score``,
+    holds each assignment's points. Returns what it said (see :func:`replace_grades`)."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{db}") as gb:
+        assignments = sorted((a for a in gb.assignments if a.submissions), key=lambda a: a.name)
+        names = [a.name for a in assignments]
+        scores: dict[str, dict[str, float]] = {s.id: {} for s in gb.students}
+        for a in assignments:
+            for sub in a.submissions:
+                scores.setdefault(sub.student.id, {})[a.name] = max(
+                    0.0, float(sub.score) - float(sub.late_submission_penalty or 0))
+        maxima = [float(a.max_score) for a in assignments]
+    rows = [["student", *names, "total"], ["max_score", *[f"{m:g}" for m in maxima], f"{sum(maxima):g}"]]
+    for student in sorted(scores):
+        got = scores[student]
+        rows.append([csv_cell(student), *[f"{got[a]:g}" if a in got else "" for a in names],
+                     f"{sum(got.values()):g}"])
+    return replace_grades(path, rows, ["student"], None)  # each assignment's file lists its changed scores
+
+
+__all__ = ["CSV_COLUMNS", "Records", "replace_grades", "roster", "stale_message", "stale_penalties", "write_csv", "write_term"]

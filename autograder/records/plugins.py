@@ -1,6 +1,6 @@
-"""nbgrader plugins of the course: late penalties, LMS bulk downloads and the Canvas export.
+"""nbgrader plugins of the course: late penalties, LMS bulk downloads, the exports and the feedback.
 
-All three are configured in ``autograder/nbgrader_config.py`` and used by
+All are configured in ``autograder/nbgrader_config.py`` and used by
 nbgrader's own machinery:
 
 * :class:`PercentPerDayLatePenalty` through ``AssignLatePenalties.plugin_class``
@@ -8,13 +8,16 @@ nbgrader's own machinery:
 * :class:`LmsFileNameCollector` through ``ZipCollectApp.collector_plugin``
   (``nbgrader zip_collect``), for Canvas's and Moodle's bulk-download names;
 * :class:`CanvasExportPlugin` through ``nbgrader export --exporter
-  autograder.records.plugins.CanvasExportPlugin --to canvas.csv``;
+  autograder.records.plugins.CanvasExportPlugin --to canvas.csv``, and
+  :class:`CheckedCsvExportPlugin` through ``ExportApp.plugin_class`` (plain ``nbgrader export``): both refuse
+  stale late penalties and neutralise formula-shaped cells;
 * :class:`FeedbackGrades` through ``GenerateFeedback.preprocessors`` (``nbgrader
   generate_feedback`` and ``python -m autograder feedback``): the grades as nbgrader's
   ``GetGrades`` reads them, plus which ones still await a hand grade, and the course's
-  MathJax for the page.
+  MathJax for the page (:func:`mathjax_data` gives formgrader's page the same).
 
-Imports: nbgrader only.
+Imports: nbgrader, :mod:`autograder.records.results` (``csv_cell``), and, when an export runs,
+:mod:`autograder.records.gradebook` (``stale_penalties``).
 """
 
 from __future__ import annotations
@@ -31,12 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from nbgrader.api import Gradebook, MissingEntry
-from nbgrader.plugins import ExportPlugin, FileNameCollectorPlugin, LateSubmissionPlugin
+from nbgrader.plugins import CsvExportPlugin, ExportPlugin, FileNameCollectorPlugin, LateSubmissionPlugin
 from nbconvert.exporters import HTMLExporter, TemplateExporter
 from nbconvert.filters.highlight import Highlight2HTML
 from nbconvert.filters.widgetsdatatypefilter import WidgetsDataTypeFilter
 from nbgrader.preprocessors import GetGrades
 from traitlets import Bool, Dict, Float, List, Unicode
+
+from autograder.records.results import csv_cell
 
 DAY = 86400.0
 
@@ -167,7 +172,7 @@ class LmsFileNameCollector(FileNameCollectorPlugin):
         late = bool(m.groupdict().get("late"))
         record = self._seen.setdefault(student, {"source": SOURCES[lms], "lms_user_id": lms_id, "time": None,
                                                  "late_marker": False, "files": []})
-        record["files"].append(name)
+        record["files"].append(text if lms == "moodle" and "/" in text and pattern.match(text) else name)
         record["late_marker"] = record["late_marker"] or late
         if when is not None and (record["time"] is None or when.isoformat() > record["time"]):
             record["time"] = when.isoformat()
@@ -204,17 +209,20 @@ class CanvasExportPlugin(ExportPlugin):
     HEADER = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
 
     def export(self, gradebook: Gradebook) -> None:
+        refuse_stale(self, gradebook, self.assignment or None)
         dest = self.to or "canvas_grades.csv"
         assignments = [a for a in gradebook.assignments if not self.assignment or a.name in self.assignment]
         students = [s for s in gradebook.students if not self.student or s.id in self.student]
         self.log.info("Exporting grades for Canvas to %s", dest)
-        with open(dest, "w", newline="") as f:
+        with open(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", newline="") as f:
+            os.chmod(dest, 0o600)  # grades: the instructor's alone
             writer = csv.writer(f)
-            writer.writerow(self.HEADER + [self.assignment_columns.get(a.name, a.name) for a in assignments])
+            writer.writerow(self.HEADER + [csv_cell(self.assignment_columns.get(a.name, a.name))
+                                           for a in assignments])
             writer.writerow(["Points Possible", "", "", "", ""] + [f"{a.max_score:g}" for a in assignments])
             for student in students:
                 name = ", ".join(p for p in (student.last_name, student.first_name) if p) or student.id
-                row = [name, student.lms_user_id or student.id, "", student.id, self.section]
+                row = [csv_cell(v) for v in (name, student.lms_user_id or student.id, "", student.id, self.section)]
                 for a in assignments:
                     try:
                         sub = gradebook.find_submission(a.name, student.id)
@@ -223,6 +231,41 @@ class CanvasExportPlugin(ExportPlugin):
                         continue
                     row.append(f"{max(0.0, sub.score - (sub.late_submission_penalty or 0.0)):g}")
                 writer.writerow(row)
+
+
+class CheckedCsvExportPlugin(CsvExportPlugin):
+    """nbgrader's plain CSV export (``nbgrader export --to FILE``, the course's default exporter), refusing late
+    penalties that are out of date (:func:`refuse_stale`), with every text cell a spreadsheet would run as a
+    formula neutralised (:func:`autograder.records.results.csv_cell`) and the file readable by its owner only."""
+
+    def export(self, gradebook: Gradebook) -> None:
+        refuse_stale(self, gradebook, self.assignment or None)
+        super().export(gradebook)
+        dest = self.to or "grades.csv"
+        with open(dest, newline="") as f:
+            rows = list(csv.reader(f))
+        with open(os.open(dest, os.O_WRONLY | os.O_TRUNC, 0o600), "w", newline="") as f:
+            os.chmod(dest, 0o600)
+            csv.writer(f).writerows([[cell if _number(cell) else csv_cell(cell) for cell in row] for row in rows])
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def refuse_stale(plugin: ExportPlugin, gradebook: Gradebook, assignments: list[str] | None) -> None:
+    """Stop an export (exit 1, nothing written) when a recorded late penalty no longer fits its total, naming
+    the students and the command that reassigns them (:func:`autograder.records.gradebook.stale_penalties`)."""
+    from autograder.records.gradebook import stale_message, stale_penalties
+
+    stale = stale_penalties(gradebook, plugin.config, assignments)
+    if stale:
+        plugin.log.error(stale_message(stale))
+        raise SystemExit(1)
 
 
 MATHJAX = Path(__file__).resolve().parents[2] / "_vendor" / "mathjax" / "tex-svg.js"  # `make install`
@@ -236,6 +279,12 @@ def embedded_mathjax() -> str:
         return base64.b64encode(gzip.compress(MATHJAX.read_bytes(), 9, mtime=0)).decode("ascii")
     except OSError:
         return ""
+
+
+def mathjax_data(_: object = "") -> str:
+    """The template filter ``attn_mathjax_data``: :func:`embedded_mathjax`, for pages rendered without the
+    feedback's preprocessor (formgrader's submission page)."""
+    return embedded_mathjax()
 
 
 class FeedbackGrades(GetGrades):
@@ -283,5 +332,5 @@ class FeedbackHTMLExporter(HTMLExporter):
 _IMG_WITHOUT_ALT = re.compile(r"<img(?![^>]*\balt=)")
 
 
-__all__ = ["CanvasExportPlugin", "FeedbackGrades", "FeedbackHTMLExporter", "LmsFileNameCollector", "PercentPerDayLatePenalty",
-           "embedded_mathjax"]
+__all__ = ["CanvasExportPlugin", "CheckedCsvExportPlugin", "FeedbackGrades", "FeedbackHTMLExporter", "LmsFileNameCollector", "PercentPerDayLatePenalty",
+           "embedded_mathjax", "mathjax_data"]

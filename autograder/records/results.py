@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -84,6 +85,24 @@ def clean_text(value: Any) -> Any:
     if isinstance(value, list):
         return [clean_text(v) for v in value]
     return value
+
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet reads as the start of a formula
+
+
+def csv_cell(value: Any) -> str:
+    """A text cell for a CSV the grader writes: one that a spreadsheet would run as a formula (``=``, ``+``,
+    ``-``, ``@``, a tab or a carriage return first: a student id ``-2+3`` shows as ``1``) gets a leading ``'``,
+    which spreadsheets show as text and do not display."""
+    text = str(value)
+    return "'" + text if text.startswith(FORMULA_START) else text
+
+
+def escape_markdown(text: str) -> str:
+    """Student-controlled text (a file name, a reason quoting one) made literal in a markdown cell: every ASCII
+    punctuation character backslash-escaped (CommonMark allows it for all of them), so no link, image, emphasis
+    or HTML can form, and newlines made spaces, so no block (heading, list, code) can start."""
+    return re.sub(r"([!-/:-@\[-`{-~])", r"\\\1", " ".join(str(text).splitlines()))
 
 
 def total(tests: list[TestResult]) -> tuple[float, float]:
@@ -168,4 +187,4 @@ def save_result(path: Path, result: Result) -> None:
     atomic_write(path, json.dumps(result.to_json(), indent=1), mode=0o600)
 
 
-__all__ = ["Result", "StudentCells", "atomic_write", "clean_text", "load_result", "save_result", "total"]
+__all__ = ["Result", "StudentCells", "atomic_write", "clean_text", "csv_cell", "escape_markdown", "load_result", "save_result", "total"]

@@ -236,6 +236,10 @@ def run(submissions: Path, assignment: str, out: Path, root: Path = course.ROOT,
 
 
 def _cli(args: argparse.Namespace) -> int:
+    if args.assignment not in course.assignments():
+        print(f"nothing was done: unknown assignment {args.assignment!r}; known: {', '.join(course.assignments())}",
+              file=sys.stderr)
+        return 2
     try:
         between, against = run(Path(args.submissions), args.assignment, Path(args.out),
                                noise=args.noise, guarantee=args.guarantee)
