@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from autograder.judging.authorship import delegations
+from corpus import AUTOGRAD_CTX
 
 PARTS = ["softmax", "scaled_dot_product_attention", "MultiHeadAttention", "online_softmax_update"]
 FORBIDDEN = {"softmax": {"softmax": "torch's softmax"}}
@@ -581,25 +582,7 @@ def _ch01(cells: list[str]) -> dict[str, str]:
     return delegations(cells, CH01_PARTS, load_suite("01_single_head").forbidden)
 
 
-AUTOGRAD_SOFTMAX = '''
-import torch
-class _Softmax(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim):
-        e = (x - x.amax(dim, keepdim=True)).exp()
-        out = e / e.sum(dim, keepdim=True)
-        ctx.softmax_out = out
-        ctx.dim = dim
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        y = ctx.softmax_out
-        return y * (g - (g * y).sum(ctx.dim, keepdim=True)), None
-
-def softmax(x, dim=-1):
-    return _Softmax.apply(x, dim)
-'''
+AUTOGRAD_SOFTMAX = "import torch\n" + AUTOGRAD_CTX  # the corpus's honest answer, graded there too
 
 
 def test_an_attribute_stored_on_an_object_is_never_torchs():
