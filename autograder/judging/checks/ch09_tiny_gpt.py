@@ -61,8 +61,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from autograder.judging.checks import (CheckFailed, Obj, Suite, Trial, close, expect_choice, expect_close,
-                                       expect_number, expect_tensor, requirement, trusted_lm)
+from autograder.judging.checks import (CheckFailed, Obj, Suite, Trial, choice, expect_close, expect_number,
+                                       expect_tensor, fail_if_named, number, requirement, trusted_lm)
 from autograder.judging.checks.trusted_lm import CacheProbeLM
 
 FIXTURES = inspect.getsource(trusted_lm)  # sent into the student's process, executed there in a namespace of its own
@@ -278,9 +278,7 @@ def _expect_sampled(t: Trial, logits: Tensor, temperature: float, top_k: int | N
     freq = torch.bincount(draws, minlength=logits.shape[-1]).double() / ROWS
     tol = 0.025  # about 8 standard deviations of a frequency from 12 000 draws
     if (freq - expected).abs().max() > tol:
-        for message, wrong in mistakes.items():
-            if (freq - wrong).abs().max() <= tol:
-                raise CheckFailed(f"mistake in {what}: {message}")
+        fail_if_named(freq, mistakes, what, lambda a, b: (a - b).abs().max() <= tol)
         raise CheckFailed(f"{what}: the frequencies of the drawn tokens {[round(x, 3) for x in freq.tolist()]} do "
                           "not match softmax(logits / temperature)")
     if same >= 0.9:
@@ -409,10 +407,8 @@ def generate_greedy(t: Trial) -> None:
         out = _generated(t, seed, prompt, max_new, 0.0, None, None, what)
         if torch.equal(out, expected):
             continue
-        for way, message in LOOP_MISTAKES.items():
-            wrong = _greedy_tokens(model, prompt, max_new, way)
-            if wrong is not None and torch.equal(out, wrong):
-                raise CheckFailed(f"mistake in {what}: {message}")
+        fail_if_named(out, ((m, _greedy_tokens(model, prompt, max_new, w)) for w, m in LOOP_MISTAKES.items()),
+                      what, lambda a, b: b is not None and torch.equal(a, b))
         raise CheckFailed(f"{what}: tokens {out.tolist()} differ from greedy decoding with the cache "
                           f"{expected.tolist()} (the arg max of the logits at the last position, each new token "
                           "fed alone with the cache the model returned)")
@@ -435,12 +431,13 @@ def generate_sampling(t: Trial) -> None:
                              if not (logits.topk(k, dim=-1).indices == first[:, n + i:n + i + 1]).any(-1).all()]
     _, lasts = _loop(model, prompt, max_new, "cached", forced)
     if outside(lasts):
-        for way, message in LOOP_MISTAKES.items():
+        def steps(way: str) -> list[Tensor] | None:  # None where this mistake's loop runs out of positions
             try:
-                if not outside(_loop(model, prompt, max_new, way, forced)[1]):
-                    raise CheckFailed(f"mistake in {what}: {message}")
-            except ValueError:  # this mistake's loop runs out of positions
-                pass
+                return _loop(model, prompt, max_new, way, forced)[1]
+            except ValueError:
+                return None
+        fail_if_named(None, ((m, steps(w)) for w, m in LOOP_MISTAKES.items()), what,
+                      lambda _, wrong: wrong is not None and not outside(wrong))
         raise CheckFailed(f"{what}: token {n + outside(lasts)[0]} is not among the {k} most likely of its step: pass "
                           "top_k to sample_next, and sample from the logits of the last position")
     # The chance that another seed draws these very tokens again; two other seeds that both do are no accident.
@@ -476,52 +473,32 @@ def score_check(t: Trial) -> None:
 # -- conceptual questions -----------------------------------------------------------------------------------
 
 
-@SUITE.check("test_q_uniform_bits", parts=["q_uniform_bits"])
-def q_uniform_bits(t: Trial) -> None:
-    """log2(64) = 6 bits."""
-    expect_number(t.value("q_uniform_bits"), 6.0, "q_uniform_bits", {
+SUITE.questions({  # value, words (the check's description), named mistakes, points
+    "q_uniform_bits": number(6.0, "log2(64) = 6 bits.", {
         "that is ln 64, the loss in nats; bits use log base 2": math.log(64),
         "that is the vocabulary size; the loss of a uniform guess is its logarithm": 64.0,
-        "that is the probability of one character, 1/64; the loss is -log2 of it": 1 / 64})
-
-
-@SUITE.check("test_q_bits_from_nats", parts=["q_bits_from_nats"])
-def q_bits_from_nats(t: Trial) -> None:
-    """1.2 nats = 1.2 / ln 2 bits."""
-    expect_number(t.value("q_bits_from_nats"), 1.2 / math.log(2), "q_bits_from_nats", {
+        "that is the probability of one character, 1/64; the loss is -log2 of it": 1 / 64}),
+    "q_bits_from_nats": number(1.2 / math.log(2), "1.2 nats = 1.2 / ln 2 bits.", {
         "that multiplies by ln 2; one bit is ln 2 nats, so divide by ln 2": 1.2 * math.log(2),
         "that divides by ln 10 or log2(10); bits use ln 2": 1.2 / math.log(10),
-        "that is 1.2 * log2(e) computed as 1.2 * ln 10": 1.2 * math.log(10)}, rel=2e-3)
-
-
-@SUITE.check("test_q_temperature_prob", parts=["q_temperature_prob"])
-def q_temperature_prob(t: Trial) -> None:
-    """softmax((2, 0) / 0.5)[0] = e^4 / (e^4 + 1)."""
-    expect_number(t.value("q_temperature_prob"), math.exp(4) / (math.exp(4) + 1), "q_temperature_prob", {
+        "that is 1.2 * log2(e) computed as 1.2 * ln 10": 1.2 * math.log(10)}, rel=2e-3),
+    "q_temperature_prob": number(math.exp(4) / (math.exp(4) + 1), "softmax((2, 0) / 0.5)[0] = e^4 / (e^4 + 1).", {
         "that is the probability at temperature 1: divide the logits by T = 0.5 before the softmax "
         "(applying T after the softmax changes nothing)": math.exp(2) / (math.exp(2) + 1),
-        "that multiplies the logits by T; divide them by T": math.exp(1) / (math.exp(1) + 1)}, rel=2e-3)
-
-
-@SUITE.check("test_q_cache_numbers", parts=["q_cache_numbers"])
-def q_cache_numbers(t: Trial) -> None:
-    """Keys and values, per layer, per token, E numbers each: 2 L n E."""
-    expect_number(t.value("q_cache_numbers"), 2 * 6 * 1000 * 512, "q_cache_numbers", {
+        "that multiplies the logits by T; divide them by T": math.exp(1) / (math.exp(1) + 1)}, rel=2e-3),
+    "q_cache_numbers": number(2 * 6 * 1000 * 512, "Keys and values, per layer, per token, E numbers each: 2 L n E.", {
         "that counts the keys only (or the values only): the cache holds both": 6 * 1000 * 512,
         "that is one layer's cache: every layer keeps its own keys and values": 2 * 1000 * 512,
         "that counts the keys of one layer only": 1000 * 512,
         "that is the size of an n x n score matrix per layer, which the cache does not hold": 6 * 1000 * 1000},
-        rel=1e-9, abs_tol=0.5)
-
-
-@SUITE.check("test_q_induction_position", parts=["q_induction_position"])
-def q_induction_position(t: Trial) -> None:
-    """In x a b c y a, at the last a the induction head attends to b (position 2), which followed the earlier a."""
-    expect_choice(t.value("q_induction_position"), "2", "q_induction_position", ["0", "1", "2", "4"], {
+        rel=1e-9, abs_tol=0.5),
+    "q_induction_position": choice("2", "In x a b c y a, at the last a the induction head attends to b (position 2), "
+                                   "which followed the earlier a.", ["0", "1", "2", "4"], {
         "1": "position 1 is the earlier a itself; an induction head attends to the token that FOLLOWED it, "
              "which is what it predicts comes next",
         "4": "position 4 is the previous token; that is a previous-token head, not an induction head",
-        "0": "position 0 is the first token; an induction head looks for the earlier occurrence of the current token"})
+        "0": "position 0 is the first token; an induction head looks for the earlier occurrence of the current token"}),
+})
 
 
 # -- the induction circuit ----------------------------------------------------------------------------------
