@@ -1,40 +1,16 @@
-"""Graded checks for exercise 09_tiny_gpt: ``lm_loss``, ``sample_next``, ``generate``, ``previous_token_score``.
+"""Graded checks for exercise 09_tiny_gpt: ``lm_loss``, ``sample_next``, ``generate``, ``previous_token_score``,
+``induction_score`` and seven conceptual questions; the requirements the exercise states are ``STATED_REQUIREMENTS``
+(``python -m autograder.judging.checks --requirements 09``).
 
-The loss and the score are compared with values computed here from the same inputs; the classic
-mistakes (targets not shifted or shifted the wrong way, a sum for a mean, scores averaged over
-the wrong axis or read from the wrong diagonal) are computed too and named when the answer equals
-one.
-
-``STATED_REQUIREMENTS`` lists every requirement the exercise's text states, each with the check(s) that
-enforce it, words of their message and the text's key phrase (``tests/test_stated_requirements.py``,
-``tests/test_ch09_grading.py``).
-
-Every fixture the student's code receives is the grader's: the model and the seeded generators come
-from :mod:`autograder.judging.checks.trusted_lm`, whose text is sent into the student's process and executed
-there in a namespace of its own (``Trial.trusted``), never looked up among the student's names; every
-reference is computed here, on the judge's own copy of the same model.
-
-Sampling is graded by its *distribution* and its *randomness*: 12 000 rows of the same logits are drawn
-with a seeded generator, and the frequencies are compared with ``softmax(logits / T)`` and with the
-distributions the classic mistakes give (temperature after the softmax, sampling from the logits
-themselves, top-k keeping k - 1 or k + 1 tokens). Where the distribution has spread, the same seed must
-give the same draws, another seed other draws (a sampler with no randomness, or one that reseeds
-torch's global generator and ignores ``generator``, gives the same), neighbouring rows must agree as
-often as independent draws do (one random number shared by every row, or a sampler that spreads the
-rows over the quantiles, agree far more), and the ids must be int64 of shape ``(B,)``. Any correct way
-of drawing passes (``torch.multinomial``, Gumbel-max or an inverse CDF with the generator).
-
-``generate`` runs on :class:`~autograder.judging.checks.trusted_lm.CacheProbeLM`, a ``TinyLM`` whose outputs show
-whether the cache was used: a generated position computed in a call of several tokens (the sequence
-recomputed, or the token fed again with others) gets another positional vector, so it changes the
-logits and the tokens drawn after it; a generated token fed alone after the cache gets the true one.
-Greedy tokens are compared with the judge's own cached loop on its copy of the model (the same tokens
-as recomputing everything on ``TinyLM``), and the loops of the classic mistakes (never using the cache,
-dropping it, re-feeding the prompt, appending the cache twice) are run here too and named when the
-answer equals one. The seed of each model is drawn until recomputing gives other tokens than the cache,
-so a loop without the cache cannot pass by chance. With sampling, every token must be among the top k
-of the logits the judge computes for its step, and the same generator seed repeat the same tokens while
-other seeds do not (where the tokens drawn were not nearly certain).
+Every fixture the student's code receives is the grader's: the model and the seeded generators come from
+:mod:`autograder.judging.checks.trusted_lm`, whose text is executed in the student's process in a namespace of its
+own (``Trial.trusted``), never looked up among the student's names; every reference is computed here, on the judge's
+own copy of the same model. Sampling is graded by its distribution (12 000 draws of the same row against
+``softmax(logits / T)`` and the classic mistakes' distributions) and its randomness (same seed, same draws; other
+seed, other draws; neighbouring rows agreeing as often as independent draws), so any correct way of drawing passes.
+``generate`` runs on :class:`~autograder.judging.checks.trusted_lm.CacheProbeLM`, whose outputs change when a
+generated position is recomputed instead of read from the cache; its greedy tokens are compared with the judge's
+own cached loop and the classic mistakes' loops (the model's seed drawn until recomputing gives other tokens).
 
 What a student who read this module can still forge (the objects live in the student's process, so
 anything done to them there is the student's):
@@ -83,7 +59,6 @@ TEMP_AFTER = ("the temperature is applied after the softmax: dividing probabilit
 FROM_LOGITS = ("the tokens are drawn in proportion to the logits themselves: turn them into probabilities with a "
                "softmax first")
 TEMP_TIMES = "the logits are multiplied by the temperature: divide them by T (T < 1 sharpens, T > 1 flattens)"
-NO_TEMP = "the temperature is ignored: divide the logits by temperature before the softmax"
 TOP_K_LESS = "top-k keeps k - 1 tokens: keep every logit >= the k-th largest (topk(k).values[:, -1:])"
 TOP_K_MORE = "top-k keeps k + 1 tokens: keep only the k largest logits (>= the k-th largest, topk(k).values[:, -1:])"
 NO_TOP_K = "top_k is ignored: set every logit below the k-th largest to -inf before the softmax"
@@ -214,21 +189,22 @@ def _ce(logits: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), targets.reshape(-1), reduction=reduction)
 
 
-@SUITE.check("test_lm_loss", parts=[LOSS])
-def loss_check(t: Trial) -> None:
-    """The mean next-token cross-entropy on random logits, against the shifted and unshifted mistakes."""
-    for b, n, v in [(3, 7, 5), (1, 2, 9), (4, 5, 11)]:
-        logits, tokens = t.randn(b, n, v, scale=2.0), t.randint(0, v, (b, n))
-        what = f"lm_loss on logits {(b, n, v)} and tokens {(b, n)}"
-        got = t.call(LOSS, logits, tokens)
-        if isinstance(got, Tensor) and got.numel() == 1:
-            got = got.reshape(())
-        elif isinstance(got, Tensor):
-            raise CheckFailed(f"{what} has shape {tuple(got.shape)}: {NOT_SCALAR}")
-        expected = _ce(logits[:, :-1], tokens[:, 1:])
-        expect_close(expect_tensor(got, (), what), expected, what, {
-            NOT_SHIFTED: _ce(logits, tokens), WRONG_WAY: _ce(logits[:, 1:], tokens[:, :-1]),
-            SUMMED: _ce(logits[:, :-1], tokens[:, 1:], "sum"), IN_BITS: expected / math.log(2)})
+def _scalar(got: object, expected: Tensor, what: str, wrong: dict[str, Tensor]) -> None:
+    if isinstance(got, Tensor) and got.numel() != 1:
+        raise CheckFailed(f"{what} has shape {tuple(got.shape)}: {NOT_SCALAR}")
+    expect_close(expect_tensor(got.reshape(()) if isinstance(got, Tensor) else got, (), what), expected, what, wrong)
+
+
+SUITE.oracle("test_lm_loss", LOSS, "The mean next-token cross-entropy on random logits, against the shifted and "
+             "unshifted mistakes.", cases=[(3, 7, 5), (1, 2, 9), (4, 5, 11)],
+             draw=lambda t, b, n, v: (t.randn(b, n, v, scale=2.0), t.randint(0, v, (b, n))),
+             reference=lambda logits, tokens: _ce(logits[:, :-1], tokens[:, 1:]),
+             mistakes=lambda logits, tokens: {
+                 NOT_SHIFTED: _ce(logits, tokens), WRONG_WAY: _ce(logits[:, 1:], tokens[:, :-1]),
+                 SUMMED: _ce(logits[:, :-1], tokens[:, 1:], "sum"),
+                 IN_BITS: _ce(logits[:, :-1], tokens[:, 1:]) / math.log(2)},
+             what=lambda logits, tokens: f"lm_loss on logits {tuple(logits.shape)} and tokens {tuple(tokens.shape)}",
+             compare=_scalar)
 
 
 # -- sampling ---------------------------------------------------------------------------------------------
