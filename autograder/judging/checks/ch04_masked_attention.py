@@ -23,8 +23,8 @@ from attnkit import padding_mask as ref_padding
 from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
 from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, choice, expect_close, expect_pair,
-                                       expect_tensor, fail_if_named, listed, mistakes, number, requirement, row_set,
-                                       twin)
+                                       expect_tensor, fail_if_named, listed, mistakes, named_mistake, number,
+                                       requirement, row_set, twin)
 from autograder.judging.checks.common import (ATTENTION_MISTAKES, UNIFORM_ROWS, expect_distributions, head_mistakes,
                                               random_weights, scaled_reference)
 
@@ -295,14 +295,15 @@ def causality_check(t: Trial) -> None:
         expect_tensor(out2, (1, n, e), "the output of SelfAttention")
         if not torch.allclose(out2[:, : i + 1], out[:, : i + 1], atol=1e-5):
             if bool(mask.triu(1).any()):
-                named = [msg for msg, wrong in _causal_mistakes(n).items() if torch.equal(mask, wrong)]
+                named = named_mistake(mask, _causal_mistakes(n), torch.equal)
                 raise CheckFailed(f"changing inputs after position {i} changes output {i}: the model sees the future. "
-                                  + (f"Your causal mask is wrong: {named[0]}" if named else
+                                  + (f"Your causal mask is wrong: {named}" if named else
                                      "Your causal mask is True above the diagonal, where attention is forbidden: "
                                      "query i may only see keys 0..i"))
-            for msg, (o, _) in _mask_mistakes(p, x, h, mask).items():
-                if torch.allclose(out.double(), o, atol=1e-4):
-                    raise CheckFailed(f"changing inputs after position {i} changes output {i}, because {msg}")
+            because = named_mistake(out.double(), mistakes.outputs(_mask_mistakes(p, x, h, mask)),
+                                    lambda a, b: torch.allclose(a, b, atol=1e-4))
+            if because:
+                raise CheckFailed(f"changing inputs after position {i} changes output {i}, because {because}")
             raise CheckFailed(f"changing inputs after position {i} changes output {i}: masked attention leaks "
                               "the future (mask the scores with -inf before the softmax)")
         probe = torch.zeros(1, n, e)

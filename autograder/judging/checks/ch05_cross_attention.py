@@ -15,8 +15,8 @@ from torch import Tensor, nn
 
 from attnkit import CrossAttention as RefCrossAttention
 from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, choice, expect_close, expect_pair,
-                                       expect_tensor, expect_value_error, fail_if_named, listed, number, requirement,
-                                       twin)
+                                       expect_tensor, expect_value_error, fail_if_named, listed, mistakes, number,
+                                       requirement, twin)
 from autograder.judging.checks.common import expect_masked, hidden_keys_changed
 
 SUITE = Suite("05_cross_attention")
@@ -120,8 +120,8 @@ def _compare(t: Trial, obj: Obj, ref: RefCrossAttention, x: Tensor, ctx: Tensor,
     with torch.no_grad():
         exp_out, exp_w = ref(x, ctx, keep)
         wrong = _mistakes(ref, x, ctx, keep)
-    expect_close(out, exp_out, f"the output{what}", {msg: o for msg, (o, _) in wrong.items()})
-    expect_close(w, exp_w, f"the weights{what}", {msg: ww for msg, (_, ww) in wrong.items()})
+    expect_close(out, exp_out, f"the output{what}", mistakes.outputs(wrong))
+    expect_close(w, exp_w, f"the weights{what}", mistakes.weights(wrong))
 
 
 def _with_unequal_lengths(t: Trial, fn, hint: str = N_EQUALS_M) -> None:
@@ -345,8 +345,8 @@ def _compare_decoder(obj: Obj, ref: _RefDecoderCross, x: Tensor, mem: Tensor, le
     with torch.no_grad():
         exp_out, exp_w = ref(x, mem, lengths)
     wrong = _decoder_mistakes(ref, x, mem, lengths)
-    expect_close(w, exp_w, f"the weights{what}", {msg: ww for msg, (_, ww) in wrong.items()})
-    expect_close(out, exp_out, f"the output{what}", {msg: o for msg, (o, _) in wrong.items()})
+    expect_close(w, exp_w, f"the weights{what}", mistakes.weights(wrong))
+    expect_close(out, exp_out, f"the output{what}", mistakes.outputs(wrong))
 
 
 @SUITE.check("test_decoder_cross_attention", parts=[DECODER])

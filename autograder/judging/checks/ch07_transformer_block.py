@@ -24,7 +24,7 @@ from attnkit import TransformerDecoderBlock as RefDecoder
 from attnkit import TransformerEncoderBlock as RefEncoder
 from attnkit import causal_mask
 from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, build, choice, close, expect_close,
-                                       expect_tensor, number, requirement, twin)
+                                       expect_tensor, mistakes, number, requirement, twin)
 from autograder.judging.checks.common import expect_masked, hidden_keys_changed
 
 SUITE = Suite("07_transformer_block")
@@ -256,10 +256,8 @@ def _students_feed_forward(obj: Obj) -> FeedForwardFn:
 
 
 def _no_nan(out, w, what: str) -> None:
-    for name, value in (("output", out), ("weights", w)):
-        if isinstance(value, Tensor) and value.is_floating_point() and not torch.isfinite(value).all():
-            raise CheckFailed(f"the {name} of {what} contain NaN: a query row with no allowed key must get zero "
-                              "weights (softmax over a row of -inf is 0/0; replace the NaN by zeros)")
+    mistakes.expect_no_nan({"output": out, "weights": w}, f" of {what}", ": a query row with no allowed key must get "
+                           "zero weights (softmax over a row of -inf is 0/0; replace the NaN by zeros)")
 
 
 def _tuple(value, length: int, what: str) -> tuple:

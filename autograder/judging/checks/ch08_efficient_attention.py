@@ -277,10 +277,8 @@ def _expect_cache(value, expected: tuple[Tensor, Tensor], what: str, old: tuple[
                                   f"{WRONG_AXIS}")
             raise CheckFailed(f"{what}: {name} have shape {tuple(got.shape)}, expected {tuple(exp.shape)} = (B, H, t + s, d)")
         if not close(got, exp):
-            if old is not None and new is not None:
-                i = 0 if name == "keys" else 1
-                if close(got, torch.cat([new[i], old[i]], dim=-2)):
-                    raise CheckFailed(f"mistake in {what}: {NEW_FIRST}")
+            if old is not None and new is not None and close(got, torch.cat([new[i], old[i]], dim=-2)):
+                raise CheckFailed(f"mistake in {what}: {NEW_FIRST}")
             raise CheckFailed(f"{what}: {name} do not hold the cached positions followed by the new ones")
     return value[0], value[1]
 

@@ -1,40 +1,16 @@
-"""Graded checks for exercise 09_tiny_gpt: ``lm_loss``, ``sample_next``, ``generate``, ``previous_token_score``.
+"""Graded checks for exercise 09_tiny_gpt: ``lm_loss``, ``sample_next``, ``generate``, ``previous_token_score``,
+``induction_score`` and seven conceptual questions; the requirements the exercise states are ``STATED_REQUIREMENTS``
+(``python -m autograder.judging.checks --requirements 09``).
 
-The loss and the score are compared with values computed here from the same inputs; the classic
-mistakes (targets not shifted or shifted the wrong way, a sum for a mean, scores averaged over
-the wrong axis or read from the wrong diagonal) are computed too and named when the answer equals
-one.
-
-``STATED_REQUIREMENTS`` lists every requirement the exercise's text states, each with the check(s) that
-enforce it, words of their message and the text's key phrase (``tests/test_stated_requirements.py``,
-``tests/test_ch09_grading.py``).
-
-Every fixture the student's code receives is the grader's: the model and the seeded generators come
-from :mod:`autograder.judging.checks.trusted_lm`, whose text is sent into the student's process and executed
-there in a namespace of its own (``Trial.trusted``), never looked up among the student's names; every
-reference is computed here, on the judge's own copy of the same model.
-
-Sampling is graded by its *distribution* and its *randomness*: 12 000 rows of the same logits are drawn
-with a seeded generator, and the frequencies are compared with ``softmax(logits / T)`` and with the
-distributions the classic mistakes give (temperature after the softmax, sampling from the logits
-themselves, top-k keeping k - 1 or k + 1 tokens). Where the distribution has spread, the same seed must
-give the same draws, another seed other draws (a sampler with no randomness, or one that reseeds
-torch's global generator and ignores ``generator``, gives the same), neighbouring rows must agree as
-often as independent draws do (one random number shared by every row, or a sampler that spreads the
-rows over the quantiles, agree far more), and the ids must be int64 of shape ``(B,)``. Any correct way
-of drawing passes (``torch.multinomial``, Gumbel-max or an inverse CDF with the generator).
-
-``generate`` runs on :class:`~autograder.judging.checks.trusted_lm.CacheProbeLM`, a ``TinyLM`` whose outputs show
-whether the cache was used: a generated position computed in a call of several tokens (the sequence
-recomputed, or the token fed again with others) gets another positional vector, so it changes the
-logits and the tokens drawn after it; a generated token fed alone after the cache gets the true one.
-Greedy tokens are compared with the judge's own cached loop on its copy of the model (the same tokens
-as recomputing everything on ``TinyLM``), and the loops of the classic mistakes (never using the cache,
-dropping it, re-feeding the prompt, appending the cache twice) are run here too and named when the
-answer equals one. The seed of each model is drawn until recomputing gives other tokens than the cache,
-so a loop without the cache cannot pass by chance. With sampling, every token must be among the top k
-of the logits the judge computes for its step, and the same generator seed repeat the same tokens while
-other seeds do not (where the tokens drawn were not nearly certain).
+Every fixture the student's code receives is the grader's: the model and the seeded generators come from
+:mod:`autograder.judging.checks.trusted_lm`, whose text is executed in the student's process in a namespace of its
+own (``Trial.trusted``), never looked up among the student's names; every reference is computed here, on the judge's
+own copy of the same model. Sampling is graded by its distribution (12 000 draws of the same row against
+``softmax(logits / T)`` and the classic mistakes' distributions) and its randomness (same seed, same draws; other
+seed, other draws; neighbouring rows agreeing as often as independent draws), so any correct way of drawing passes.
+``generate`` runs on :class:`~autograder.judging.checks.trusted_lm.CacheProbeLM`, whose outputs change when a
+generated position is recomputed instead of read from the cache; its greedy tokens are compared with the judge's
+own cached loop and the classic mistakes' loops (the model's seed drawn until recomputing gives other tokens).
 
 What a student who read this module can still forge (the objects live in the student's process, so
 anything done to them there is the student's):
@@ -61,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from autograder.judging.checks import (CheckFailed, Obj, Suite, Trial, close, expect_choice, expect_close,
-                                       expect_number, expect_tensor, requirement, trusted_lm)
+from autograder.judging.checks import (CheckFailed, Obj, Suite, Trial, choice, expect_close, expect_number,
+                                       expect_tensor, fail_if_named, number, requirement, trusted_lm)
 from autograder.judging.checks.trusted_lm import CacheProbeLM
 
 FIXTURES = inspect.getsource(trusted_lm)  # sent into the student's process, executed there in a namespace of its own
@@ -83,7 +59,6 @@ TEMP_AFTER = ("the temperature is applied after the softmax: dividing probabilit
 FROM_LOGITS = ("the tokens are drawn in proportion to the logits themselves: turn them into probabilities with a "
                "softmax first")
 TEMP_TIMES = "the logits are multiplied by the temperature: divide them by T (T < 1 sharpens, T > 1 flattens)"
-NO_TEMP = "the temperature is ignored: divide the logits by temperature before the softmax"
 TOP_K_LESS = "top-k keeps k - 1 tokens: keep every logit >= the k-th largest (topk(k).values[:, -1:])"
 TOP_K_MORE = "top-k keeps k + 1 tokens: keep only the k largest logits (>= the k-th largest, topk(k).values[:, -1:])"
 NO_TOP_K = "top_k is ignored: set every logit below the k-th largest to -inf before the softmax"
@@ -214,21 +189,22 @@ def _ce(logits: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), targets.reshape(-1), reduction=reduction)
 
 
-@SUITE.check("test_lm_loss", parts=[LOSS])
-def loss_check(t: Trial) -> None:
-    """The mean next-token cross-entropy on random logits, against the shifted and unshifted mistakes."""
-    for b, n, v in [(3, 7, 5), (1, 2, 9), (4, 5, 11)]:
-        logits, tokens = t.randn(b, n, v, scale=2.0), t.randint(0, v, (b, n))
-        what = f"lm_loss on logits {(b, n, v)} and tokens {(b, n)}"
-        got = t.call(LOSS, logits, tokens)
-        if isinstance(got, Tensor) and got.numel() == 1:
-            got = got.reshape(())
-        elif isinstance(got, Tensor):
-            raise CheckFailed(f"{what} has shape {tuple(got.shape)}: {NOT_SCALAR}")
-        expected = _ce(logits[:, :-1], tokens[:, 1:])
-        expect_close(expect_tensor(got, (), what), expected, what, {
-            NOT_SHIFTED: _ce(logits, tokens), WRONG_WAY: _ce(logits[:, 1:], tokens[:, :-1]),
-            SUMMED: _ce(logits[:, :-1], tokens[:, 1:], "sum"), IN_BITS: expected / math.log(2)})
+def _scalar(got: object, expected: Tensor, what: str, wrong: dict[str, Tensor]) -> None:
+    if isinstance(got, Tensor) and got.numel() != 1:
+        raise CheckFailed(f"{what} has shape {tuple(got.shape)}: {NOT_SCALAR}")
+    expect_close(expect_tensor(got.reshape(()) if isinstance(got, Tensor) else got, (), what), expected, what, wrong)
+
+
+SUITE.oracle("test_lm_loss", LOSS, "The mean next-token cross-entropy on random logits, against the shifted and "
+             "unshifted mistakes.", cases=[(3, 7, 5), (1, 2, 9), (4, 5, 11)],
+             draw=lambda t, b, n, v: (t.randn(b, n, v, scale=2.0), t.randint(0, v, (b, n))),
+             reference=lambda logits, tokens: _ce(logits[:, :-1], tokens[:, 1:]),
+             mistakes=lambda logits, tokens: {
+                 NOT_SHIFTED: _ce(logits, tokens), WRONG_WAY: _ce(logits[:, 1:], tokens[:, :-1]),
+                 SUMMED: _ce(logits[:, :-1], tokens[:, 1:], "sum"),
+                 IN_BITS: _ce(logits[:, :-1], tokens[:, 1:]) / math.log(2)},
+             what=lambda logits, tokens: f"lm_loss on logits {tuple(logits.shape)} and tokens {tuple(tokens.shape)}",
+             compare=_scalar)
 
 
 # -- sampling ---------------------------------------------------------------------------------------------
@@ -278,9 +254,7 @@ def _expect_sampled(t: Trial, logits: Tensor, temperature: float, top_k: int | N
     freq = torch.bincount(draws, minlength=logits.shape[-1]).double() / ROWS
     tol = 0.025  # about 8 standard deviations of a frequency from 12 000 draws
     if (freq - expected).abs().max() > tol:
-        for message, wrong in mistakes.items():
-            if (freq - wrong).abs().max() <= tol:
-                raise CheckFailed(f"mistake in {what}: {message}")
+        fail_if_named(freq, mistakes, what, lambda a, b: (a - b).abs().max() <= tol)
         raise CheckFailed(f"{what}: the frequencies of the drawn tokens {[round(x, 3) for x in freq.tolist()]} do "
                           "not match softmax(logits / temperature)")
     if same >= 0.9:
@@ -409,10 +383,8 @@ def generate_greedy(t: Trial) -> None:
         out = _generated(t, seed, prompt, max_new, 0.0, None, None, what)
         if torch.equal(out, expected):
             continue
-        for way, message in LOOP_MISTAKES.items():
-            wrong = _greedy_tokens(model, prompt, max_new, way)
-            if wrong is not None and torch.equal(out, wrong):
-                raise CheckFailed(f"mistake in {what}: {message}")
+        fail_if_named(out, ((m, _greedy_tokens(model, prompt, max_new, w)) for w, m in LOOP_MISTAKES.items()),
+                      what, lambda a, b: b is not None and torch.equal(a, b))
         raise CheckFailed(f"{what}: tokens {out.tolist()} differ from greedy decoding with the cache "
                           f"{expected.tolist()} (the arg max of the logits at the last position, each new token "
                           "fed alone with the cache the model returned)")
@@ -435,12 +407,13 @@ def generate_sampling(t: Trial) -> None:
                              if not (logits.topk(k, dim=-1).indices == first[:, n + i:n + i + 1]).any(-1).all()]
     _, lasts = _loop(model, prompt, max_new, "cached", forced)
     if outside(lasts):
-        for way, message in LOOP_MISTAKES.items():
+        def steps(way: str) -> list[Tensor] | None:  # None where this mistake's loop runs out of positions
             try:
-                if not outside(_loop(model, prompt, max_new, way, forced)[1]):
-                    raise CheckFailed(f"mistake in {what}: {message}")
-            except ValueError:  # this mistake's loop runs out of positions
-                pass
+                return _loop(model, prompt, max_new, way, forced)[1]
+            except ValueError:
+                return None
+        fail_if_named(None, ((m, steps(w)) for w, m in LOOP_MISTAKES.items()), what,
+                      lambda _, wrong: wrong is not None and not outside(wrong))
         raise CheckFailed(f"{what}: token {n + outside(lasts)[0]} is not among the {k} most likely of its step: pass "
                           "top_k to sample_next, and sample from the logits of the last position")
     # The chance that another seed draws these very tokens again; two other seeds that both do are no accident.
@@ -476,52 +449,32 @@ def score_check(t: Trial) -> None:
 # -- conceptual questions -----------------------------------------------------------------------------------
 
 
-@SUITE.check("test_q_uniform_bits", parts=["q_uniform_bits"])
-def q_uniform_bits(t: Trial) -> None:
-    """log2(64) = 6 bits."""
-    expect_number(t.value("q_uniform_bits"), 6.0, "q_uniform_bits", {
+SUITE.questions({  # value, words (the check's description), named mistakes, points
+    "q_uniform_bits": number(6.0, "log2(64) = 6 bits.", {
         "that is ln 64, the loss in nats; bits use log base 2": math.log(64),
         "that is the vocabulary size; the loss of a uniform guess is its logarithm": 64.0,
-        "that is the probability of one character, 1/64; the loss is -log2 of it": 1 / 64})
-
-
-@SUITE.check("test_q_bits_from_nats", parts=["q_bits_from_nats"])
-def q_bits_from_nats(t: Trial) -> None:
-    """1.2 nats = 1.2 / ln 2 bits."""
-    expect_number(t.value("q_bits_from_nats"), 1.2 / math.log(2), "q_bits_from_nats", {
+        "that is the probability of one character, 1/64; the loss is -log2 of it": 1 / 64}),
+    "q_bits_from_nats": number(1.2 / math.log(2), "1.2 nats = 1.2 / ln 2 bits.", {
         "that multiplies by ln 2; one bit is ln 2 nats, so divide by ln 2": 1.2 * math.log(2),
         "that divides by ln 10 or log2(10); bits use ln 2": 1.2 / math.log(10),
-        "that is 1.2 * log2(e) computed as 1.2 * ln 10": 1.2 * math.log(10)}, rel=2e-3)
-
-
-@SUITE.check("test_q_temperature_prob", parts=["q_temperature_prob"])
-def q_temperature_prob(t: Trial) -> None:
-    """softmax((2, 0) / 0.5)[0] = e^4 / (e^4 + 1)."""
-    expect_number(t.value("q_temperature_prob"), math.exp(4) / (math.exp(4) + 1), "q_temperature_prob", {
+        "that is 1.2 * log2(e) computed as 1.2 * ln 10": 1.2 * math.log(10)}, rel=2e-3),
+    "q_temperature_prob": number(math.exp(4) / (math.exp(4) + 1), "softmax((2, 0) / 0.5)[0] = e^4 / (e^4 + 1).", {
         "that is the probability at temperature 1: divide the logits by T = 0.5 before the softmax "
         "(applying T after the softmax changes nothing)": math.exp(2) / (math.exp(2) + 1),
-        "that multiplies the logits by T; divide them by T": math.exp(1) / (math.exp(1) + 1)}, rel=2e-3)
-
-
-@SUITE.check("test_q_cache_numbers", parts=["q_cache_numbers"])
-def q_cache_numbers(t: Trial) -> None:
-    """Keys and values, per layer, per token, E numbers each: 2 L n E."""
-    expect_number(t.value("q_cache_numbers"), 2 * 6 * 1000 * 512, "q_cache_numbers", {
+        "that multiplies the logits by T; divide them by T": math.exp(1) / (math.exp(1) + 1)}, rel=2e-3),
+    "q_cache_numbers": number(2 * 6 * 1000 * 512, "Keys and values, per layer, per token, E numbers each: 2 L n E.", {
         "that counts the keys only (or the values only): the cache holds both": 6 * 1000 * 512,
         "that is one layer's cache: every layer keeps its own keys and values": 2 * 1000 * 512,
         "that counts the keys of one layer only": 1000 * 512,
         "that is the size of an n x n score matrix per layer, which the cache does not hold": 6 * 1000 * 1000},
-        rel=1e-9, abs_tol=0.5)
-
-
-@SUITE.check("test_q_induction_position", parts=["q_induction_position"])
-def q_induction_position(t: Trial) -> None:
-    """In x a b c y a, at the last a the induction head attends to b (position 2), which followed the earlier a."""
-    expect_choice(t.value("q_induction_position"), "2", "q_induction_position", ["0", "1", "2", "4"], {
+        rel=1e-9, abs_tol=0.5),
+    "q_induction_position": choice("2", "In x a b c y a, at the last a the induction head attends to b (position 2), "
+                                   "which followed the earlier a.", ["0", "1", "2", "4"], {
         "1": "position 1 is the earlier a itself; an induction head attends to the token that FOLLOWED it, "
              "which is what it predicts comes next",
         "4": "position 4 is the previous token; that is a previous-token head, not an induction head",
-        "0": "position 0 is the first token; an induction head looks for the earlier occurrence of the current token"})
+        "0": "position 0 is the first token; an induction head looks for the earlier occurrence of the current token"}),
+})
 
 
 # -- the induction circuit ----------------------------------------------------------------------------------
