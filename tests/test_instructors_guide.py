@@ -145,7 +145,9 @@ def notebook(kind: str) -> str:
 def hand_in(root: Path, home: Path) -> None:
     """alice and carol through nbgrader's exchange, bob in a Canvas bulk download in ~/Downloads."""
     inbound = root / "grading" / "exchange" / "attention-course" / "inbound"
-    stamp = NOW.strftime("%Y-%m-%d %H:%M:%S.%f UTC")  # as `nbgrader submit` names the folder, now
+    # as `nbgrader submit` names the folder: the moment of handing in, not the module's import (on a busy machine
+    # the two are minutes apart, and the collector rightly flags a name that far from the exchange's own time)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
     for student, kind in (("alice", "perfect"), ("carol", "blank")):
         folder = inbound / f"{student}+{A}+{stamp}+0123456789abcdef"
         folder.mkdir(parents=True)
