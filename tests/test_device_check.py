@@ -8,7 +8,6 @@ without YAML, the bench and test steps parsed into the summary, and the summary 
 
 from __future__ import annotations
 
-
 import json
 import re
 from pathlib import Path
