@@ -238,7 +238,7 @@ def test_every_csv_neutralises_cells_a_spreadsheet_would_run(graded):
     """A student id shaped like a formula (`-2+3` shows as 1 in a spreadsheet) reaches no CSV raw: the term file,
     the Canvas export and the plain export give it a leading quote."""
     from autograder.records.gradebook import write_term
-    from autograder.records.results import csv_cell
+    from autograder.records.results import csv_cell, is_number
 
     assert [csv_cell(v) for v in ("-2+3", "=HYPERLINK(1)", "+1", "@SUM(A1)", "alice", "")] == \
         ["'-2+3", "'=HYPERLINK(1)", "'+1", "'@SUM(A1)", "alice", ""]
@@ -256,19 +256,11 @@ def test_every_csv_neutralises_cells_a_spreadsheet_would_run(graded):
         for path in (term, dest, plain):
             cells = [c for row in csv.reader(open(path, newline="")) for c in row]
             assert "'-2+3" in cells, path
-            assert not [c for c in cells if c[:1] in ("=", "+", "@") or (c[:1] == "-" and not _number(c))], path
+            assert not [c for c in cells if c[:1] in ("=", "+", "@") or (c[:1] == "-" and not is_number(c))], path
         assert dest.stat().st_mode & 0o077 == 0 and term.stat().st_mode & 0o077 == 0  # the instructor's alone
     finally:
         with gradebook(graded["work"]) as gb:
             gb.remove_student("-2+3")
-
-
-def _number(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
 
 
 def test_the_autograded_note_quotes_file_names_as_text():

@@ -16,7 +16,7 @@ nbgrader's own machinery:
   ``GetGrades`` reads them, plus which ones still await a hand grade, and the course's
   MathJax for the page (:func:`mathjax_data` gives formgrader's page the same).
 
-Imports: nbgrader, :mod:`autograder.records.results` (``csv_cell``), and, when an export runs,
+Imports: nbgrader, :mod:`autograder.records.results` (``csv_cell``, ``is_number``), and, when an export runs,
 :mod:`autograder.records.gradebook` (``stale_penalties``).
 """
 
@@ -41,7 +41,7 @@ from nbconvert.filters.widgetsdatatypefilter import WidgetsDataTypeFilter
 from nbgrader.preprocessors import GetGrades
 from traitlets import Bool, Dict, Float, List, Unicode
 
-from autograder.records.results import csv_cell
+from autograder.records.results import csv_cell, is_number
 
 DAY = 86400.0
 
@@ -246,15 +246,7 @@ class CheckedCsvExportPlugin(CsvExportPlugin):
             rows = list(csv.reader(f))
         with open(os.open(dest, os.O_WRONLY | os.O_TRUNC, 0o600), "w", newline="") as f:
             os.chmod(dest, 0o600)
-            csv.writer(f).writerows([[cell if _number(cell) else csv_cell(cell) for cell in row] for row in rows])
-
-
-def _number(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
+            csv.writer(f).writerows([[cell if is_number(cell) else csv_cell(cell) for cell in row] for row in rows])
 
 
 def refuse_stale(plugin: ExportPlugin, gradebook: Gradebook, assignments: list[str] | None) -> None:

@@ -98,6 +98,16 @@ def csv_cell(value: Any) -> str:
     return "'" + text if text.startswith(FORMULA_START) else text
 
 
+def is_number(text: str) -> bool:
+    """Whether a CSV cell holds a number (``-1.5`` included): a spreadsheet shows it as that number, so it is
+    written as it is, where :func:`csv_cell` would quote a text cell starting with ``-``."""
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
 def escape_markdown(text: str) -> str:
     """Student-controlled text (a file name, a reason quoting one) made literal in a markdown cell: every ASCII
     punctuation character backslash-escaped (CommonMark allows it for all of them), so no link, image, emphasis
@@ -187,4 +197,4 @@ def save_result(path: Path, result: Result) -> None:
     atomic_write(path, json.dumps(result.to_json(), indent=1), mode=0o600)
 
 
-__all__ = ["Result", "StudentCells", "atomic_write", "clean_text", "csv_cell", "escape_markdown", "load_result", "save_result", "total"]
+__all__ = ["Result", "StudentCells", "atomic_write", "clean_text", "csv_cell", "escape_markdown", "is_number", "load_result", "save_result", "total"]
