@@ -300,16 +300,6 @@ def install() -> None:
     _Placement().__enter__()
 
 
-def chapter_code(path: Path) -> list[str]:
-    """The chapter's code cells as Python (IPython magics turned into calls)."""
-    import nbformat
-    from IPython.core.inputtransformer2 import TransformerManager
-
-    nb = nbformat.read(path, as_version=4)
-    manager = TransformerManager()
-    return [manager.transform_cell(c.source) for c in nb.cells if c.cell_type == "code"]
-
-
 def run_chapter(path: Path) -> None:
     import matplotlib
 
@@ -319,10 +309,13 @@ def run_chapter(path: Path) -> None:
     plt.show = lambda *a, **k: plt.close("all")
     torch.set_num_threads(1)  # the chapter's small tensors, on a shared machine
     install()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tools.chapters import code_cells  # the device check's reading of a chapter, magics as `pass`
+
     namespace: dict[str, Any] = {"__name__": "__main__"}
-    for i, code in enumerate(chapter_code(path)):
+    for i, code in code_cells(path):
         start = time.monotonic()
-        where = f"{path.name}, code cell {i}"
+        where = f"{path.name}, cell {i}"
         try:
             exec(compile(code, where, "exec"), namespace)
         except BaseException as exc:
