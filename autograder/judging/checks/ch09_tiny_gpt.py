@@ -1,31 +1,12 @@
-"""Graded checks for exercise 09_tiny_gpt: ``lm_loss``, ``sample_next``, ``generate``, ``previous_token_score``,
-``induction_score`` and seven conceptual questions; the requirements the exercise states are ``STATED_REQUIREMENTS``
-(``python -m autograder.judging.checks --requirements 09``).
+"""Checks of exercise 09_tiny_gpt. Every fixture the student's code receives (the model, the seeded generators) is
+built from :mod:`~autograder.judging.checks.trusted_lm`'s text in a namespace of its own in the student's process
+(``Trial.trusted``); every reference is computed here, on the judge's copy. Sampling is graded by its distribution
+(12 000 draws of one row) and its randomness, so any correct way of drawing passes. ``generate`` runs on
+``CacheProbeLM``, whose outputs change when a generated position is recomputed instead of read from the cache.
 
-Every fixture the student's code receives is the grader's: the model and the seeded generators come from
-:mod:`autograder.judging.checks.trusted_lm`, whose text is executed in the student's process in a namespace of its
-own (``Trial.trusted``), never looked up among the student's names; every reference is computed here, on the judge's
-own copy of the same model. Sampling is graded by its distribution (12 000 draws of the same row against
-``softmax(logits / T)`` and the classic mistakes' distributions) and its randomness (same seed, same draws; other
-seed, other draws; neighbouring rows agreeing as often as independent draws), so any correct way of drawing passes.
-``generate`` runs on :class:`~autograder.judging.checks.trusted_lm.CacheProbeLM`, whose outputs change when a
-generated position is recomputed instead of read from the cache; its greedy tokens are compared with the judge's
-own cached loop and the classic mistakes' loops (the model's seed drawn until recomputing gives other tokens).
-
-What a student who read this module can still forge (the objects live in the student's process, so
-anything done to them there is the student's):
-
-- change the model handed to ``generate`` before using it (copy ``pos`` into ``recomputed``, or replace
-  its ``forward``) and then recompute everything at every step: that passes. It takes reading this
-  module and tampering with the grader's object on purpose, which a reader of the submission sees.
-- rebuild the cache from the first token at every step, one token per call: each call is then exactly
-  the one a cached loop makes, so the outputs cannot tell it apart. That loop does the work of a cached
-  loop (and more).
-- sampling: a sampler that draws each row with its own random numbers from ``generator`` and the right
-  distribution passes, whatever it is written with; the checks cannot tell a sampler that matches the
-  distribution on these logits and is wrong on others it is never shown (the logits are drawn per
-  student from the grading secret, so it must be right on logits it cannot know in advance).
-"""
+Forgeable, as the objects live in the student's process: a ``generate`` that tampers with the grader's model (on
+purpose, in plain sight) or rebuilds the cache one token per call (a cached loop's calls), and a sampler right on
+these logits only (they are drawn per student from the grading secret)."""
 
 from __future__ import annotations
 
@@ -72,8 +53,8 @@ NOT_INDEPENDENT = ("the rows are not drawn independently: draw each row with its
 SHARED_DRAW = "every row shares one random draw: " + NOT_INDEPENDENT
 INT64 = ("the stated type is int64 (torch.long), what argmax and torch.multinomial return; convert with .long() if "
          "your way of drawing gives another")
-NEVER_USED = ("the cache is never used: each step runs without the cache the model returned, so every step "
-              "recomputes the whole sequence (or forgets it); pass the returned cache back in and feed only the newest token")
+NEVER_USED = ("the cache is never used: each step runs without the cache the model returned, so every step recomputes "
+              "the whole sequence (or forgets it); pass the returned cache back in and feed only the newest token")
 RE_FED = ("the prompt is re-fed every step: together with the cache, feed only the newest token; the cache already "
           "holds the keys and values of everything before it")
 TWICE = ("the cache is appended twice: the model already appends the new keys and values to the cache it returns, "
@@ -86,99 +67,70 @@ NEXT_DIAG = ("this reads the diagonal above the main one (position i on i + 1, a
              "the previous token is weights[..., i, i - 1], offset -1")
 WITH_FIRST = ("position 0 is counted, although it has no previous token: average over positions 1..n-1 only")
 
-# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words
-# of the exercise text that state it); tests/test_stated_requirements.py and test_ch09_grading.py read it
-_SAMPLES = ("test_sample_next_greedy_topk", "test_sample_next_distribution")
-_GENERATES = ("test_generate_greedy", "test_generate_sampling")
+# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, words of the
+# exercise text that state it); tests/test_stated_requirements.py and test_ch09_grading.py read it
+_LM, _TOPK, _DRAWS = "test_lm_loss", "test_sample_next_greedy_topk", "test_sample_next_distribution"
+_GREEDY, _SAMPLED, _PREV, _IND = ("test_generate_greedy", "test_generate_sampling", "test_previous_token_score",
+                                  "test_induction_score")
+_SAMPLES, _GENERATES = (_TOPK, _DRAWS), (_GREEDY, _SAMPLED)
 STATED_REQUIREMENTS = {
-    'loss: logits[:, i] predicts tokens[:, i + 1]': requirement('test_lm_loss', 'not shifted',
-                'the predictions logits[:, i] are compared with the targets tokens[:, i + 1]'),
-    'loss: the shift goes forward': requirement('test_lm_loss', 'wrong way',
-                'the last position has no target and the first token is never predicted'),
-    'loss: the mean, not the sum': requirement('test_lm_loss', 'summed',
-                'return the mean cross-entropy in nats'),
-    'loss: in nats': requirement('test_lm_loss', 'in bits',
-                'return the mean cross-entropy in nats'),
-    'loss: a scalar tensor': requirement('test_lm_loss', 'scalar tensor',
-                'in nats (a scalar tensor) over those b (n - 1) predictions'),
-    'sample: temperature 0 is the arg max': requirement('test_sample_next_greedy_topk', 'arg max of each row',
-                'temperature == 0 means greedy: the arg max of each row'),
-    'sample: temperature divides the logits before the softmax': requirement('test_sample_next_distribution',
-                'after the softmax', 'divide the logits by temperature before the softmax'),
-    'sample: divide by the temperature, not multiply': requirement('test_sample_next_distribution', 'multiplied',
-                'divide the logits by temperature before the softmax'),
-    'sample: draw from the softmax probabilities': requirement('test_sample_next_distribution', 'logits themselves',
-                'draw from the probabilities with torch.multinomial',
-                also=('test_sample_next_greedy_topk',)),  # logits below 0, or -inf outside the top k, are no weights
-    'sample: top_k keeps the k largest, not k - 1': requirement('test_sample_next_greedy_topk', 'k - 1 tokens',
-                'only the k largest logits of each row may be drawn'),
-    'sample: top_k keeps the k largest, not k + 1': requirement('test_sample_next_greedy_topk', 'k + 1 tokens',
-                'only the k largest logits of each row may be drawn'),
-    'sample: top_k used': requirement('test_sample_next_greedy_topk', 'top_k is ignored',
-                'set the others to -\\infty before the softmax'),
+    'loss: logits[:, i] predicts tokens[:, i + 1]': requirement(_LM, 'not shifted', 'the targets tokens[:, i + 1]'),
+    'loss: the shift goes forward': requirement(_LM, 'wrong way', 'the first token is never predicted'),
+    'loss: the mean, not the sum': requirement(_LM, 'summed', 'return the mean cross-entropy'),
+    'loss: in nats': requirement(_LM, 'in bits', 'the mean cross-entropy in nats'),
+    'loss: a scalar tensor': requirement(_LM, 'scalar tensor', 'in nats (a scalar tensor)'),
+    'sample: temperature 0 is the arg max': requirement(_TOPK, 'arg max of each row', 'means greedy: the arg max'),
+    'sample: temperature divides the logits before the softmax': requirement(_DRAWS, 'after the softmax',
+                                                                             'by temperature before the softmax'),
+    'sample: divide by the temperature, not multiply': requirement(_DRAWS, 'multiplied', 'logits by temperature'),
+    # logits below 0, or -inf outside the top k, are no weights: drawn from, they fail the top-k check too
+    'sample: draw from the softmax probabilities': requirement(_DRAWS, 'logits themselves',
+                                                               'draw from the probabilities', also=(_TOPK,)),
+    'sample: top_k keeps the k largest, not k - 1': requirement(_TOPK, 'k - 1 tokens', 'only the k largest logits'),
+    'sample: top_k keeps the k largest, not k + 1': requirement(_TOPK, 'k + 1 tokens', 'only the k largest logits'),
+    'sample: top_k used': requirement(_TOPK, 'top_k is ignored', 'set the others to -\\infty before the softmax'),
     'sample: the same seeded generator repeats the draws': requirement(_SAMPLES, 'not reproducible',
-                'a seeded generator gives the same tokens every time'),
-    'sample: another seed draws other tokens': requirement(_SAMPLES, 'two different seeds gave exactly the same tokens',
-                'another seed other tokens'),
-    'sample: each row drawn independently': requirement(_SAMPLES, 'shares one random draw',
-                'each row is drawn independently of the others'),
-    'sample: (B,) int64 ids': requirement(_SAMPLES, 'int64',
-                'returns one token id per row, (b,) int64'),
-    'generate: the prompt followed by the new tokens': requirement(_GENERATES, 'should return token ids of shape',
-                'returns the prompt followed by max_new_tokens new tokens'),
-    'generate: (B, n + max_new_tokens) int64': requirement(_GENERATES, 'int64',
-                '(b, n + max_new_tokens) int64'),
-    'generate: the cache is used': requirement(_GENERATES, 'never used',
-                'use the cache: run the prompt through the model once (cache=none)'),
-    'generate: only the newest token is fed': requirement(_GENERATES, 're-fed',
-                'feed only the newest token together with the cache the model returned last time'),
+                                                                       'gives the same tokens every time'),
+    'sample: another seed draws other tokens': requirement(_SAMPLES, 'two different seeds gave exactly the same',
+                                                           'another seed other tokens'),
+    'sample: each row drawn independently': requirement(_SAMPLES, 'shares one random draw', 'drawn independently of'),
+    'sample: (B,) int64 ids': requirement(_SAMPLES, 'int64', 'one token id per row, (b,) int64'),
+    'generate: the prompt followed by the new tokens': requirement(_GENERATES, 'ids of shape', 'prompt followed by'),
+    'generate: (B, n + max_new_tokens) int64': requirement(_GENERATES, 'int64', '(b, n + max_new_tokens) int64'),
+    'generate: the cache is used': requirement(_GENERATES, 'never used', 'run the prompt through the model once'),
+    'generate: only the newest token is fed': requirement(_GENERATES, 're-fed', 'feed only the newest token together'),
     'generate: the model appends to the cache itself': requirement(_GENERATES, 'appended twice',
-                'the model appends the new keys and values itself'),
-    "generate: the last position's logits": requirement(_GENERATES, 'last position',
-                'draw each new token from the logits at the last position'),
-    'generate: temperature passed on': requirement('test_generate_greedy', 'differ from greedy decoding',
-                'passing on temperature, top_k and generator'),
-    'generate: top_k passed on': requirement('test_generate_sampling', 'pass top_k to sample_next',
-                'passing on temperature, top_k and generator'),
-    'generate: the generator passed on': requirement('test_generate_sampling', 'same seeded generator differ',
-                'a seeded generator repeats the same tokens'),
-    'score: one score per head': requirement('test_previous_token_score', 'wrong axis',
-                'every sequence of the batch. return one score per head, (h,)'),
-    'score: position i on position i - 1': requirement('test_previous_token_score', 'main diagonal',
-                'its average weight from position i on position i - 1'),
-    'score: positions i >= 1 only': requirement('test_previous_token_score', 'position 0 is counted',
-                'over every i \\ge 1'),
-    "induction: each sequence's own first and length": requirement('test_induction_score', 'one offset',
-                'for each sequence b its block start first[b] and length length[b]'),
-    'induction: the key after the earlier occurrence': requirement('test_induction_score',
-                'earlier occurrence of the token itself',
-                'on the key i - \\ell + 1'),
-    'induction: not a fixed distance back': requirement('test_induction_score', 'previous-token head',
-                'a fixed distance back cannot score high'),
-    'induction: the last token of the second copy is not a query': requirement('test_induction_score', 'last token',
-                'the second copy but its last token'),
-    'induction: pooled over (sequence, query) pairs': requirement('test_induction_score', 'per sequence',
-                'averaged over all those (sequence, query) pairs together'),
-    'induction: one score per head': requirement('test_induction_score', 'one score per head',
-                'score per head, (h,). because every sequence has its own offset'),
-    'q1: a uniform loss in bits': requirement('test_q_uniform_bits', 'nats',
-                'what is its loss on any text, in bits per character'),
-    'q2: nats to bits': requirement('test_q_bits_from_nats', 'divide by ln 2',
-                '(natural logarithm, nats per character). what is that in bits per character'),
+                                                                   'appends the new keys and values itself'),
+    "generate: the last position's logits": requirement(_GENERATES, 'last position', 'the logits at the last position'),
+    'generate: temperature passed on': requirement(_GREEDY, 'differ from greedy decoding', 'on temperature, top_k'),
+    'generate: top_k passed on': requirement(_SAMPLED, 'pass top_k to sample_next', 'passing on temperature, top_k'),
+    'generate: the generator passed on': requirement(_SAMPLED, 'same seeded generator differ',
+                                                     'a seeded generator repeats the same tokens'),
+    'score: one score per head': requirement(_PREV, 'wrong axis', 'batch. return one score per head'),
+    'score: position i on position i - 1': requirement(_PREV, 'main diagonal', 'from position i on position i - 1'),
+    'score: positions i >= 1 only': requirement(_PREV, 'position 0 is counted', 'over every i \\ge 1'),
+    "induction: each sequence's own first and length": requirement(_IND, 'one offset', 'first[b] and length length[b]'),
+    'induction: the key after the earlier occurrence': requirement(_IND, 'earlier occurrence of the token itself',
+                                                                   'on the key i - \\ell + 1'),
+    'induction: not a fixed distance back': requirement(_IND, 'previous-token head', 'a fixed distance back cannot'),
+    'induction: the last token of the second copy is not a query': requirement(_IND, 'last token',
+                                                                                'the second copy but its last token'),
+    'induction: pooled over (sequence, query) pairs': requirement(_IND, 'per sequence', '(sequence, query) pairs'),
+    'induction: one score per head': requirement(_IND, 'one score per head', 'score per head, (h,). because'),
+    'q1: a uniform loss in bits': requirement('test_q_uniform_bits', 'nats', 'its loss on any text, in bits'),
+    'q2: nats to bits': requirement('test_q_bits_from_nats', 'divide by ln 2', 'what is that in bits per character'),
     'q3: the temperature divides the logits': requirement('test_q_temperature_prob', 'before the softmax',
-                'with temperature t = 0.5 (and no top-k), what probability does sample_next give token 0'),
-    'q4: keys and values': requirement('test_q_cache_numbers', 'keys only',
-                'how many numbers does its key-value cache hold'),
-    'q4: every layer': requirement('test_q_cache_numbers', 'one layer',
-                'l = 6 layers of width e = 512'),
+                                                          'with temperature t = 0.5 (and no top-k)'),
+    'q4: keys and values': requirement('test_q_cache_numbers', 'keys only', 'numbers does its key-value cache hold'),
+    'q4: every layer': requirement('test_q_cache_numbers', 'one layer', 'l = 6 layers of width e = 512'),
     'q5: the token after the earlier occurrence': requirement('test_q_induction_position', 'previous-token head',
-                'which position does an induction head attend to most'),
+                                                              'which position does an induction head attend to'),
     "q6: layer 0's previous-token head": requirement('test_q_prev_head', 'attends to each position itself',
-                'which head of layer 0 is the previous-token head'),
+                                                     'which head of layer 0 is the previous-token head'),
     'q6: the index as an int, not a bool': requirement('test_q_prev_head', 'not true or false',
-                'as an int (true and false are not accepted)'),
+                                                       'as an int (true and false are not accepted)'),
     'q7: the score with the previous-token head removed': requirement('test_q_induction_ablated', 'every head in place',
-                'remove the previous-token head you found in q6'),
+                                                                      'remove the previous-token head you found'),
 }
 
 
@@ -212,11 +164,6 @@ SUITE.oracle("test_lm_loss", LOSS, "The mean next-token cross-entropy on random 
 ROWS = 12000
 
 
-def _generator(t: Trial, seed: int) -> Obj:
-    """A seeded generator built from the grader's own code in the student's process (never the notebook's)."""
-    return t.trusted(FIXTURES, "seeded_generator", seed)
-
-
 def _ids(got: object, shape: tuple[int, ...], vocab: int, what: str) -> Tensor:
     """``got`` must be int64 token ids of ``shape``, each in ``0 .. vocab - 1``."""
     if not isinstance(got, Tensor) or tuple(got.shape) != shape:
@@ -233,7 +180,7 @@ def _ids(got: object, shape: tuple[int, ...], vocab: int, what: str) -> Tensor:
 
 def _draw(t: Trial, logits: Tensor, temperature: float, top_k: int | None, seed: int, what: str) -> Tensor:
     """``sample_next`` on ``ROWS`` copies of the row ``logits`` (1, V), with a generator seeded ``seed``."""
-    draws = t.call(SAMPLE, logits.repeat(ROWS, 1), temperature, top_k, _generator(t, seed))
+    draws = t.call(SAMPLE, logits.repeat(ROWS, 1), temperature, top_k, t.trusted(FIXTURES, "seeded_generator", seed))
     return _ids(draws, (ROWS,), logits.shape[-1], what)
 
 
@@ -280,12 +227,10 @@ def sample_greedy_topk(t: Trial) -> None:
         raise CheckFailed(f"{what} should return the arg max of each row (greedy decoding)")
     row = t.randn(1, 8, scale=1.5)
     for k in (3, 6, 1):
-        mistakes = {NO_TOP_K: torch.softmax(row.double(), -1)[0]}
-        if k > 1:
-            mistakes[TOP_K_LESS] = torch.softmax(_keep_top(row.double(), k - 1), -1)[0]
-        mistakes[TOP_K_MORE] = torch.softmax(_keep_top(row.double(), k + 1), -1)[0]
-        _expect_sampled(t, row, 1.0, k, 11 + k, f"sample_next with top_k={k}",
-                        torch.softmax(_keep_top(row.double(), k), -1)[0], mistakes)
+        right, less, more, every = [torch.softmax(_keep_top(row.double(), j), -1)[0]
+                                    for j in (k, max(k - 1, 1), k + 1, 8)]  # 8: every one of the 8 tokens
+        _expect_sampled(t, row, 1.0, k, 11 + k, f"sample_next with top_k={k}", right,
+                        {NO_TOP_K: every, **({TOP_K_LESS: less} if k > 1 else {}), TOP_K_MORE: more})
 
 
 @SUITE.check("test_sample_next_distribution", parts=[SAMPLE])
@@ -305,45 +250,41 @@ def sample_distribution(t: Trial) -> None:
 # -- generation ---------------------------------------------------------------------------------------------
 
 VOCAB = 12  # CacheProbeLM's default vocabulary, which the prompts are drawn from
-LOOPS = ("cached", "recomputed", "dropped", "re-fed", "twice")  # the right loop, then the classic mistakes'
 LOOP_MISTAKES = {"recomputed": NEVER_USED, "dropped": NEVER_USED, "re-fed": RE_FED, "twice": TWICE}
 
 
 def _loop(model: CacheProbeLM, prompt: Tensor, max_new: int, way: str,
-          pick: Callable[[int, Tensor], Tensor]) -> tuple[Tensor, list[Tensor]]:
-    """Generation on the judge's copy of the model, the loop written ``way`` (one of ``LOOPS``): the tokens
-    ``(B, n + max_new)`` and the logits ``(B, V)`` each step drew from; ``pick(step, logits)`` gives the
-    step's tokens ``(B, 1)`` (the arg max, or the tokens the student's run drew)."""
+          pick: Callable[[int, Tensor], Tensor] | None = None) -> tuple[Tensor | None, list[Tensor] | None]:
+    """Generation on the judge's copy of the model, the loop written ``way`` ("cached", or a classic mistake's of
+    ``LOOP_MISTAKES``): the tokens ``(B, n + max_new)`` and the logits ``(B, V)`` each step drew from (None, None
+    where a mistake's loop runs out of positions); ``pick(step, logits)`` gives the step's tokens ``(B, 1)`` (by
+    default the arg max; or the tokens the student's run drew)."""
     tokens, step_input, cache, lasts = prompt, prompt, None, []
     with torch.no_grad():
         for step in range(max_new):
-            if way == "cached":
-                logits, cache = model(step_input, cache)
-            elif way == "recomputed":
-                logits, _ = model(tokens)
-            elif way == "dropped":
-                logits, _ = model(step_input)
-            elif way == "re-fed":
-                logits, cache = model(tokens, cache)
-            else:  # "twice": the returned cache concatenated onto the old one
-                logits, new = model(step_input, cache)
-                cache = new if cache is None else (torch.cat([cache[0], new[0]], 1), torch.cat([cache[1], new[1]], 1))
+            try:
+                if way == "cached":
+                    logits, cache = model(step_input, cache)
+                elif way == "recomputed":
+                    logits, _ = model(tokens)
+                elif way == "dropped":
+                    logits, _ = model(step_input)
+                elif way == "re-fed":
+                    logits, cache = model(tokens, cache)
+                else:  # "twice": the returned cache concatenated onto the old one
+                    logits, new = model(step_input, cache)
+                    cache = new if cache is None else tuple(torch.cat([old, add], 1) for old, add in zip(cache, new))
+            except ValueError:  # more positions than the model has
+                return None, None
             lasts.append(logits[:, -1].double())
-            step_input = pick(step, logits[:, -1])
+            step_input = logits[:, -1].argmax(-1, keepdim=True) if pick is None else pick(step, logits[:, -1])
             tokens = torch.cat([tokens, step_input], dim=1)
     return tokens, lasts
 
 
-def _greedy(step: int, logits: Tensor) -> Tensor:
-    return logits.argmax(-1, keepdim=True)
-
-
 def _greedy_tokens(model: CacheProbeLM, prompt: Tensor, max_new: int, way: str) -> Tensor | None:
-    """Greedy tokens of the loop ``way`` of ``LOOPS``; None where a mistake's loop runs out of positions."""
-    try:
-        return _loop(model, prompt, max_new, way, _greedy)[0]
-    except ValueError:
-        return None
+    """Greedy tokens of the loop ``way``; None where a mistake's loop runs out of positions."""
+    return _loop(model, prompt, max_new, way)[0]
 
 
 def _model(t: Trial, prompt: Tensor, max_new: int) -> tuple[int, CacheProbeLM, Tensor]:
@@ -363,7 +304,7 @@ def _generated(t: Trial, seed: int, prompt: Tensor, max_new: int, temperature: f
                generator_seed: int | None, what: str) -> Tensor:
     """The student's ``generate`` on a fresh copy of the grader's model (and generator) in the student's process."""
     model = t.trusted(FIXTURES, "CacheProbeLM", prompt.shape[1], seed=seed)
-    generator = None if generator_seed is None else _generator(t, generator_seed)
+    generator = None if generator_seed is None else t.trusted(FIXTURES, "seeded_generator", generator_seed)
     b, n = prompt.shape
     out = _ids(t.call(GENERATE, model, prompt, max_new, temperature, top_k, generator), (b, n + max_new),
                VOCAB, what)
@@ -407,12 +348,7 @@ def generate_sampling(t: Trial) -> None:
                              if not (logits.topk(k, dim=-1).indices == first[:, n + i:n + i + 1]).any(-1).all()]
     _, lasts = _loop(model, prompt, max_new, "cached", forced)
     if outside(lasts):
-        def steps(way: str) -> list[Tensor] | None:  # None where this mistake's loop runs out of positions
-            try:
-                return _loop(model, prompt, max_new, way, forced)[1]
-            except ValueError:
-                return None
-        fail_if_named(None, ((m, steps(w)) for w, m in LOOP_MISTAKES.items()), what,
+        fail_if_named(None, ((m, _loop(model, prompt, max_new, w, forced)[1]) for w, m in LOOP_MISTAKES.items()), what,
                       lambda _, wrong: wrong is not None and not outside(wrong))
         raise CheckFailed(f"{what}: token {n + outside(lasts)[0]} is not among the {k} most likely of its step: pass "
                           "top_k to sample_next, and sample from the logits of the last position")
