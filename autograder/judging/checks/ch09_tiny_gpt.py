@@ -414,8 +414,8 @@ SUITE.questions({  # value, words (the check's description), named mistakes, poi
 
 
 # -- the induction circuit ----------------------------------------------------------------------------------
-# The grader's own copy of the exercise's CopyToy and make_repeats (its setup cell): the answers to Q6 and Q7
-# are recomputed here, never read from the student's objects.
+# The answers to Q6 and Q7 are recomputed here from the exercise's setup cell (CopyToy, make_repeats), never read
+# from the student's objects.
 
 INDUCTION = "induction_score"
 FIXED_OFFSET = ("one offset for every sequence: use each sequence's own first[b] and length[b] (the key of "
@@ -429,42 +429,23 @@ PER_SEQUENCE = ("the scores are averaged per sequence first: average over all (s
                 "so a sequence with a longer block counts for more queries")
 
 
-class _CopyToy:
-    """The exercise's hand-set 2-layer circuit: layer 0 head 1 looks one back, layer 1 head 0 copies."""
+def _toy_weights(tokens: Tensor, head_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The attention weights (B, 2, n, n) of layers 0 and 1 of the exercise's hand-set ``CopyToy()`` (vocabulary
+    16 + a start token, 20 positions, sharpness 12): layer 0 head 1 looks one back and writes the previous token,
+    which layer 1 head 0 matches with the current one. Its logits are not needed: only layer 0 head 1's output
+    reaches a weight, so ``head_mask[0, 1]`` is the only entry that changes one."""
+    n, eye = tokens.shape[1], torch.eye(20)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
 
-    def __init__(self, vocab_size: int = 16, max_len: int = 20, sharpness: float = 12.0) -> None:
-        V1, n = vocab_size + 1, max_len
-        self.V1, self.max_len, self.beta = V1, n, sharpness
-        self.tok, self.pos = slice(0, V1), slice(V1, V1 + n)
-        self.prev, self.copy = slice(V1 + n, 2 * V1 + n), slice(2 * V1 + n, 3 * V1 + n)
-        self.dim = 3 * V1 + n
+    def attend(q: Tensor, k: Tensor) -> Tensor:
+        return torch.softmax((12.0 * q @ k.transpose(-2, -1)).masked_fill(~causal, float("-inf")), -1)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        n = q.shape[1]
-        causal = torch.ones(n, n, dtype=torch.bool).tril()
-        weights = torch.softmax((self.beta * q @ k.transpose(1, 2)).masked_fill(~causal, float("-inf")), -1)
-        return weights @ v, weights
-
-    def __call__(self, tokens: Tensor, head_mask: Tensor | None = None) -> tuple[Tensor, list[Tensor]]:
-        B, n = tokens.shape
-        mask = torch.ones(2, 2) if head_mask is None else head_mask
-        x = torch.zeros(B, n, self.dim)
-        x[..., self.tok] = F.one_hot(tokens, self.V1).float()
-        x[..., self.pos] = torch.eye(self.max_len)[:n]
-        pos, nothing = x[..., self.pos], torch.zeros_like(x)
-        out00, w00 = self._attend(pos, pos, nothing)
-        v01 = torch.zeros_like(x)
-        v01[..., self.prev] = x[..., self.tok]
-        out01, w01 = self._attend(pos.roll(-1, dims=-1), pos, v01)
-        x = x + mask[0, 0] * out00 + mask[0, 1] * out01
-        v10 = torch.zeros_like(x)
-        v10[..., self.copy] = x[..., self.tok]
-        out10, w10 = self._attend(x[..., self.tok], x[..., self.prev], v10)
-        first = torch.zeros(B, n, 1)
-        first[:, 0] = 1
-        out11, w11 = self._attend(torch.ones(B, n, 1), first, nothing)
-        x = x + mask[1, 0] * out10 + mask[1, 1] * out11
-        return 8.0 * x[..., self.copy], [torch.stack([w00, w01], 1), torch.stack([w10, w11], 1)]
+    tok, pos = F.one_hot(tokens, 17).float(), eye[:n]
+    w00, w01 = attend(pos, pos), attend(pos.roll(-1, dims=-1), pos)  # on the positions alone: the same in each row
+    prev = (1.0 if head_mask is None else head_mask[0, 1]) * (w01 @ tok)  # the previous-token slot after layer 0
+    w10, w11 = attend(tok, prev), attend(torch.ones(n, 1), eye[:n, :1])  # the induction head, and one on position 0
+    batch = (tokens.shape[0], n, n)
+    return torch.stack([w00.expand(batch), w01.expand(batch)], 1), torch.stack([w10, w11.expand(batch)], 1)
 
 
 def _make_repeats(batch: int, n: int = 20, vocab_size: int = 16, lengths: tuple[int, int] = (3, 8),
@@ -520,9 +501,7 @@ def induction_check(t: Trial) -> None:
 @SUITE.check("test_q_prev_head", parts=["q_prev_head"])
 def q_prev_head(t: Trial) -> None:
     """Layer 0's previous-token head of the hand-set circuit, recomputed here."""
-    tokens, _, _ = _make_repeats(256)
-    _, weights = _CopyToy()(tokens)
-    scores = weights[0].diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))  # (2,)
+    scores = _toy_weights(_make_repeats(256)[0])[0].diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))  # (2,)
     expected = int(scores.argmax())
     if isinstance(t.value("q_prev_head"), bool):  # the text asks for an int; True == 1 is not an index
         raise CheckFailed("q_prev_head is a bool: assign the head's index as the int 0 or 1, not True or False")
@@ -536,18 +515,13 @@ def q_prev_head(t: Trial) -> None:
 def q_induction_ablated(t: Trial) -> None:
     """The induction score of layer 1 head 0 with the previous-token head removed, recomputed on the same data."""
     tokens, first, length = _make_repeats(256)
-    toy = _CopyToy()
-
-    def score(layer: int, head: int) -> float:
-        mask = torch.ones(2, 2)
-        mask[layer, head] = 0
-        return float(_induction(toy(tokens, mask)[1][1], first, length)[0])
-
-    intact = float(_induction(toy(tokens)[1][1], first, length)[0])
-    prev_head = int(toy(tokens)[1][0].diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2)).argmax())
-    expect_number(t.value("q_induction_ablated"), score(0, prev_head), "q_induction_ablated", {
-        f"that is the score with every head in place ({intact:.3f}), or with a head removed that the "
-        "induction head does not depend on: remove the previous-token head of Q6": intact,
+    layer0, layer1 = _toy_weights(tokens)
+    knock_out = torch.ones(2, 2)
+    knock_out[0, int(layer0.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2)).argmax())] = 0
+    intact = _induction(layer1, first, length).tolist()  # head 1 of layer 1 does not depend on layer 0
+    ablated = float(_induction(_toy_weights(tokens, knock_out)[1], first, length)[0])
+    expect_number(t.value("q_induction_ablated"), ablated, "q_induction_ablated", {
+        f"that is the score with every head in place ({intact[0]:.3f}), or with a head removed that the "
+        "induction head does not depend on: remove the previous-token head of Q6": intact[0],
         "that is head 1 of layer 1, which never attends after an earlier occurrence: the induction head is "
-        "layer 1, head 0": float(_induction(toy(tokens, torch.tensor([[1.0, 0.0], [1.0, 1.0]]))[1][1],
-                                          first, length)[1])}, rel=2e-3, abs_tol=1e-4)
+        "layer 1, head 0": intact[1]}, rel=2e-3, abs_tol=1e-4)
