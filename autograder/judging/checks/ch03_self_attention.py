@@ -1,11 +1,7 @@
-"""Graded checks for exercise 03_self_attention: ``SelfAttention``, the "design the weights" task and four
-conceptual questions; the requirements the exercise states are ``STATED_REQUIREMENTS`` (``python -m
-autograder.judging.checks --requirements 03``). Not stated, not graded: the dtype and the device.
-
-``SelfAttention`` gets weights drawn here (under ``attn.``) and is compared with ``nn.MultiheadAttention`` on
-``(x, x, x)`` (test_self_attention_values); the mask check compares with its own unmasked weights renormalised.
-``design_weights`` is graded by the attention its matrices produce on fresh orthonormal embeddings and targets.
-"""
+"""Checks of exercise 03_self_attention. ``SelfAttention`` gets weights drawn here (under ``attn.``) and is compared
+with ``nn.MultiheadAttention`` on ``(x, x, x)``, its mask with its own unmasked weights renormalised; ``design_weights``
+by the attention its matrices produce on fresh orthonormal embeddings and targets. Not stated, not graded: the dtype
+and the device."""
 
 from __future__ import annotations
 
@@ -20,29 +16,21 @@ from autograder.judging.checks import (CheckFailed, Suite, Trial, expect_close, 
 from autograder.judging.checks.common import NAN_ROWS, expect_layer, expect_masked, random_weights, reference
 
 SUITE = Suite("03_self_attention")
+_SHAPES, _VALUES, _MASK, _PERM = (f"test_self_attention_{c}" for c in ("shapes", "values", "mask", "permutation"))
 STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
-    'attribute attn': requirement('test_self_attention_shapes', 'attn', 'in __init__, as self.attn',
-        also=('test_self_attention_values', 'test_self_attention_mask', 'test_self_attention_permutation')),
-    'returns (output, weights) of the right shapes': requirement('test_self_attention_shapes', 'pair',
-        'returning (output, weights) with shapes (b, n, e) and (b, h, n, n)',
-        also=('test_self_attention_values', 'test_self_attention_mask', 'test_self_attention_permutation')),
-    'x is query, key and value': requirement('test_self_attention_values', 'residual connection',
-        'plays all three roles: the queries, the keys and the values'),
-    'attn created once in __init__': requirement('test_self_attention_values', 'in __init__',
-        'create the multiheadattention once, in __init__',
-        also=('test_self_attention_mask', 'test_self_attention_permutation')),
-    'mask passed on': requirement('test_self_attention_mask', 'mask is ignored',
-        'pass the mask (true = may attend) on unchanged'),
-    'fully masked row gives zeros': requirement('test_self_attention_mask', 'attends to every key instead',
-        'do not switch its keys back on'),
-    'permutation equivariance': requirement('test_self_attention_permutation', 'permutation equivariant',
-        "add no positional encoding and nothing else that depends on a position's index",
-        also=('test_self_attention_values',)),
+    'attribute attn': requirement(_SHAPES, 'attn', 'in __init__, as self.attn', also=(_VALUES, _MASK, _PERM)),
+    'returns (output, weights) of the right shapes': requirement(_SHAPES, 'pair', 'shapes (b, n, e) and (b, h, n, n)',
+                                                                 also=(_VALUES, _MASK, _PERM)),
+    'x is query, key and value': requirement(_VALUES, 'residual connection', 'plays all three roles'),
+    'attn created once in __init__': requirement(_VALUES, 'in __init__', 'create the multiheadattention once',
+                                                 also=(_MASK, _PERM)),
+    'mask passed on': requirement(_MASK, 'mask is ignored', 'mask (true = may attend) on unchanged'),
+    'fully masked row gives zeros': requirement(_MASK, 'attends to every key instead', 'switch its keys back on'),
+    'permutation equivariance': requirement(_PERM, 'permutation equivariant', "depends on a position's index",
+                                            also=(_VALUES,)),
     'design: a pair of (d, d_k) matrices': requirement('test_design_weights', 'pair', 'returns (w_q, w_k)'),
-    'design: at least 0.9 on the target': requirement('test_design_weights', 'scale',
-        'at least 0.9 of its weight on position targets[i]'),
-    'design: shared targets': requirement('test_design_weights', 'share a target',
-        'several positions may share a target'),
+    'design: at least 0.9 on the target': requirement('test_design_weights', 'scale', 'at least 0.9 of its weight'),
+    'design: shared targets': requirement('test_design_weights', 'share a target', 'positions may share a target'),
 }
 RESIDUAL = ("a residual connection is added (x + attention): SelfAttention returns the attention output alone, "
             "attn(x, x, x); the residual belongs to the transformer block (chapter 07)")
@@ -58,12 +46,6 @@ def _layer(t: Trial, e: int, h: int):
     p = random_weights(t, e)
     return twin(t, SELF, e, h, reference=p, names=lambda k: f"attn.{k}", hint=" (SelfAttention needs its "
                 "MultiHeadAttention in an attribute named attn)")[0], p
-
-
-def _run(t: Trial, obj, p, x: Tensor, h: int, what: str = ""):
-    out, w = expect_pair(obj(x), SELF)
-    right_out, right_w = reference(p, x, x, x, h)
-    expect_layer(out, w, p, x, x, x, h, None, f"SelfAttention{what}", also={RESIDUAL: (right_out + x.double(), right_w)})
 
 
 @SUITE.check("test_self_attention_shapes", parts=[SELF])
@@ -83,12 +65,14 @@ def self_attention_values(t: Trial) -> None:
         obj, p = _layer(t, e, h)
         x = t.randn(b, n, e)
         first, _ = expect_pair(obj(x), SELF)
-        again, _ = expect_pair(obj(x), SELF)
-        if isinstance(first, Tensor) and isinstance(again, Tensor) and first.shape == again.shape \
-                and not torch.allclose(first, again):
+        out, w = expect_pair(obj(x), SELF)
+        if isinstance(first, Tensor) and isinstance(out, Tensor) and first.shape == out.shape \
+                and not torch.allclose(first, out):
             raise CheckFailed("the output changes between two calls on the same input: create the "
                               "MultiHeadAttention once in __init__ (as self.attn), not in forward")
-        _run(t, obj, p, x, h, what=f" (E={e}, H={h}, n={n})")
+        right_out, right_w = reference(p, x, x, x, h)
+        expect_layer(out, w, p, x, x, x, h, None, f"SelfAttention (E={e}, H={h}, n={n})",
+                     also={RESIDUAL: (right_out + x.double(), right_w)})
 
 
 @SUITE.check("test_self_attention_mask", parts=[SELF])
@@ -101,8 +85,7 @@ def self_attention_mask(t: Trial) -> None:
         torch.ones(b, 1, n, dtype=torch.bool)
     per_example[..., 0] = True
     padding[1] = False  # example 1 is empty: no query of it has a key to attend to
-    _, w0 = expect_pair(obj(x), SELF)
-    expect_tensor(w0, (b, h, n, n), "the weights of SelfAttention without a mask")
+    w0 = expect_tensor(expect_pair(obj(x), SELF)[1], (b, h, n, n), "the weights of SelfAttention without a mask")
     for mask, what in [(causal, " with an (n, n) mask"), (per_example, " with a (B, n, n) mask"),
                        (causal & padding, " with a causal & padding mask where example 1 is empty")]:
         out, w = expect_pair(obj(x, mask), SELF)
@@ -132,26 +115,13 @@ def self_attention_permutation(t: Trial) -> None:
 # -- design the weights ----------------------------------------------------------------------------
 
 
-def orthonormal_rows(t: Trial, n: int, d: int) -> Tensor:
-    """``(n, d)`` with orthonormal rows (n <= d), random."""
-    a = torch.randn(d, n, generator=t.gen, dtype=torch.float64)
-    qmat, r = torch.linalg.qr(a)  # (d, n)
-    return (qmat * torch.sign(torch.diagonal(r))).T.contiguous().float()  # (n, d)
-
-
-def attention_of(x: Tensor, w_q: Tensor, w_k: Tensor) -> Tensor:
-    """Weights ``softmax((x W_q)(x W_k)^T / sqrt(d))`` of single-head self-attention, in float64."""
-    x64 = x.double()
-    q, k = x64 @ w_q.double(), x64 @ w_k.double()  # (n, d_k)
-    return ref_softmax(q @ k.T / math.sqrt(q.shape[-1]))  # (n, n)
-
-
 @SUITE.check("test_design_weights", parts=[DESIGN])
 def design_weights_check(t: Trial) -> None:
     """The designed W_q, W_k make position i put at least 0.9 of its weight on targets[i], for fresh embeddings and targets."""
     cases = [(4, 4, [1, 2, 3, 0]), (5, 8, None), (6, 6, None), (6, 10, [2, 2, 2, 5, 5, 0])]
     for n, d, targets in cases:
-        x = orthonormal_rows(t, n, d)
+        qmat, r = torch.linalg.qr(torch.randn(d, n, generator=t.gen, dtype=torch.float64))  # (d, n)
+        x = (qmat * torch.sign(torch.diagonal(r))).T.contiguous().float()  # (n, d) with orthonormal rows, random
         tg = torch.tensor(targets) if targets is not None else torch.randint(0, n, (n,), generator=t.gen)
         result = t.call(DESIGN, x, tg)
         if not isinstance(result, (tuple, list)) or len(result) != 2:
@@ -161,7 +131,8 @@ def design_weights_check(t: Trial) -> None:
         if w_q.dim() != 2 or w_k.dim() != 2 or w_q.shape[0] != d or w_k.shape[0] != d or w_q.shape[1] != w_k.shape[1]:
             raise CheckFailed(f"W_q and W_k must be matrices of shape (d, d_k) with the same d_k; for d={d} got "
                               f"{tuple(w_q.shape)} and {tuple(w_k.shape)}")
-        w = attention_of(x, w_q, w_k)  # (n, n)
+        q, k = x.double() @ w_q.double(), x.double() @ w_k.double()  # (n, d_k)
+        w = ref_softmax(q @ k.T / math.sqrt(q.shape[-1]))  # (n, n): the head's weights, in float64
         got = w[torch.arange(n), tg]  # (n,) the weight each position puts on its target
         if bool((got >= 0.9).all()):
             continue
