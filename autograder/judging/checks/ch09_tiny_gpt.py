@@ -68,70 +68,59 @@ NEXT_DIAG = ("this reads the diagonal above the main one (position i on i + 1, a
 WITH_FIRST = ("position 0 is counted, although it has no previous token: average over positions 1..n-1 only")
 
 # requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, words of the
-# exercise text that state it); tests/test_stated_requirements.py and test_ch09_grading.py read it
+# exercise text that state it[, checks it fails too]); tests/test_stated_requirements.py, test_ch09_grading.py read it
 _LM, _TOPK, _DRAWS = "test_lm_loss", "test_sample_next_greedy_topk", "test_sample_next_distribution"
 _GREEDY, _SAMPLED, _PREV, _IND = ("test_generate_greedy", "test_generate_sampling", "test_previous_token_score",
                                   "test_induction_score")
 _SAMPLES, _GENERATES = (_TOPK, _DRAWS), (_GREEDY, _SAMPLED)
-STATED_REQUIREMENTS = {
-    'loss: logits[:, i] predicts tokens[:, i + 1]': requirement(_LM, 'not shifted', 'the targets tokens[:, i + 1]'),
-    'loss: the shift goes forward': requirement(_LM, 'wrong way', 'the first token is never predicted'),
-    'loss: the mean, not the sum': requirement(_LM, 'summed', 'return the mean cross-entropy'),
-    'loss: in nats': requirement(_LM, 'in bits', 'the mean cross-entropy in nats'),
-    'loss: a scalar tensor': requirement(_LM, 'scalar tensor', 'in nats (a scalar tensor)'),
-    'sample: temperature 0 is the arg max': requirement(_TOPK, 'arg max of each row', 'means greedy: the arg max'),
-    'sample: temperature divides the logits before the softmax': requirement(_DRAWS, 'after the softmax',
-                                                                             'by temperature before the softmax'),
-    'sample: divide by the temperature, not multiply': requirement(_DRAWS, 'multiplied', 'logits by temperature'),
-    # logits below 0, or -inf outside the top k, are no weights: drawn from, they fail the top-k check too
-    'sample: draw from the softmax probabilities': requirement(_DRAWS, 'logits themselves',
-                                                               'draw from the probabilities', also=(_TOPK,)),
-    'sample: top_k keeps the k largest, not k - 1': requirement(_TOPK, 'k - 1 tokens', 'only the k largest logits'),
-    'sample: top_k keeps the k largest, not k + 1': requirement(_TOPK, 'k + 1 tokens', 'only the k largest logits'),
-    'sample: top_k used': requirement(_TOPK, 'top_k is ignored', 'set the others to -\\infty before the softmax'),
-    'sample: the same seeded generator repeats the draws': requirement(_SAMPLES, 'not reproducible',
-                                                                       'gives the same tokens every time'),
-    'sample: another seed draws other tokens': requirement(_SAMPLES, 'two different seeds gave exactly the same',
-                                                           'another seed other tokens'),
-    'sample: each row drawn independently': requirement(_SAMPLES, 'shares one random draw', 'drawn independently of'),
-    'sample: (B,) int64 ids': requirement(_SAMPLES, 'int64', 'one token id per row, (b,) int64'),
-    'generate: the prompt followed by the new tokens': requirement(_GENERATES, 'ids of shape', 'prompt followed by'),
-    'generate: (B, n + max_new_tokens) int64': requirement(_GENERATES, 'int64', '(b, n + max_new_tokens) int64'),
-    'generate: the cache is used': requirement(_GENERATES, 'never used', 'run the prompt through the model once'),
-    'generate: only the newest token is fed': requirement(_GENERATES, 're-fed', 'feed only the newest token together'),
-    'generate: the model appends to the cache itself': requirement(_GENERATES, 'appended twice',
-                                                                   'appends the new keys and values itself'),
-    "generate: the last position's logits": requirement(_GENERATES, 'last position', 'the logits at the last position'),
-    'generate: temperature passed on': requirement(_GREEDY, 'differ from greedy decoding', 'on temperature, top_k'),
-    'generate: top_k passed on': requirement(_SAMPLED, 'pass top_k to sample_next', 'passing on temperature, top_k'),
-    'generate: the generator passed on': requirement(_SAMPLED, 'same seeded generator differ',
-                                                     'a seeded generator repeats the same tokens'),
-    'score: one score per head': requirement(_PREV, 'wrong axis', 'batch. return one score per head'),
-    'score: position i on position i - 1': requirement(_PREV, 'main diagonal', 'from position i on position i - 1'),
-    'score: positions i >= 1 only': requirement(_PREV, 'position 0 is counted', 'over every i \\ge 1'),
-    "induction: each sequence's own first and length": requirement(_IND, 'one offset', 'first[b] and length length[b]'),
-    'induction: the key after the earlier occurrence': requirement(_IND, 'earlier occurrence of the token itself',
-                                                                   'on the key i - \\ell + 1'),
-    'induction: not a fixed distance back': requirement(_IND, 'previous-token head', 'a fixed distance back cannot'),
-    'induction: the last token of the second copy is not a query': requirement(_IND, 'last token',
-                                                                                'the second copy but its last token'),
-    'induction: pooled over (sequence, query) pairs': requirement(_IND, 'per sequence', '(sequence, query) pairs'),
-    'induction: one score per head': requirement(_IND, 'one score per head', 'score per head, (h,). because'),
-    'q1: a uniform loss in bits': requirement('test_q_uniform_bits', 'nats', 'its loss on any text, in bits'),
-    'q2: nats to bits': requirement('test_q_bits_from_nats', 'divide by ln 2', 'what is that in bits per character'),
-    'q3: the temperature divides the logits': requirement('test_q_temperature_prob', 'before the softmax',
-                                                          'with temperature t = 0.5 (and no top-k)'),
-    'q4: keys and values': requirement('test_q_cache_numbers', 'keys only', 'numbers does its key-value cache hold'),
-    'q4: every layer': requirement('test_q_cache_numbers', 'one layer', 'l = 6 layers of width e = 512'),
-    'q5: the token after the earlier occurrence': requirement('test_q_induction_position', 'previous-token head',
-                                                              'which position does an induction head attend to'),
-    "q6: layer 0's previous-token head": requirement('test_q_prev_head', 'attends to each position itself',
-                                                     'which head of layer 0 is the previous-token head'),
-    'q6: the index as an int, not a bool': requirement('test_q_prev_head', 'not true or false',
-                                                       'as an int (true and false are not accepted)'),
-    'q7: the score with the previous-token head removed': requirement('test_q_induction_ablated', 'every head in place',
-                                                                      'remove the previous-token head you found'),
-}
+STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
+    'loss: logits[:, i] predicts tokens[:, i + 1]': (_LM, 'not shifted', 'the targets tokens[:, i + 1]'),
+    'loss: the shift goes forward': (_LM, 'wrong way', 'the first token is never predicted'),
+    'loss: the mean, not the sum': (_LM, 'summed', 'return the mean cross-entropy'),
+    'loss: in nats': (_LM, 'in bits', 'the mean cross-entropy in nats'),
+    'loss: a scalar tensor': (_LM, 'scalar tensor', 'in nats (a scalar tensor)'),
+    'sample: temperature 0 is the arg max': (_TOPK, 'arg max of each row', 'means greedy: the arg max'),
+    'sample: temperature divides the logits before the softmax': (_DRAWS, 'after the softmax', 'by temperature before'),
+    'sample: divide by the temperature, not multiply': (_DRAWS, 'multiplied', 'logits by temperature'),
+    # logits below 0, or -inf outside the top k, are no weights: drawing in proportion to them fails top-k too
+    'sample: draw from the softmax probabilities': (_DRAWS, 'logits themselves', 'from the probabilities', (_TOPK,)),
+    'sample: top_k keeps the k largest, not k - 1': (_TOPK, 'k - 1 tokens', 'only the k largest logits'),
+    'sample: top_k keeps the k largest, not k + 1': (_TOPK, 'k + 1 tokens', 'only the k largest logits'),
+    'sample: top_k used': (_TOPK, 'top_k is ignored', 'set the others to -\\infty before the softmax'),
+    'sample: the same seeded generator repeats the draws': (_SAMPLES, 'not reproducible', 'same tokens every time'),
+    'sample: another seed draws other tokens': (_SAMPLES, 'different seeds gave exactly', 'another seed other tokens'),
+    'sample: each row drawn independently': (_SAMPLES, 'shares one random draw', 'drawn independently of'),
+    'sample: (B,) int64 ids': (_SAMPLES, 'int64', 'one token id per row, (b,) int64'),
+    'generate: the prompt followed by the new tokens': (_GENERATES, 'ids of shape', 'prompt followed by'),
+    'generate: (B, n + max_new_tokens) int64': (_GENERATES, 'int64', '(b, n + max_new_tokens) int64'),
+    'generate: the cache is used': (_GENERATES, 'never used', 'run the prompt through the model once'),
+    'generate: only the newest token is fed': (_GENERATES, 're-fed', 'feed only the newest token together'),
+    'generate: the model appends to the cache itself': (_GENERATES, 'appended twice', 'new keys and values itself'),
+    "generate: the last position's logits": (_GENERATES, 'last position', 'the logits at the last position'),
+    'generate: temperature passed on': (_GREEDY, 'differ from greedy decoding', 'on temperature, top_k'),
+    'generate: top_k passed on': (_SAMPLED, 'pass top_k to sample_next', 'passing on temperature, top_k'),
+    'generate: the generator passed on': (_SAMPLED, 'same seeded generator differ', 'generator repeats the same'),
+    'score: one score per head': (_PREV, 'wrong axis', 'batch. return one score per head'),
+    'score: position i on position i - 1': (_PREV, 'main diagonal', 'from position i on position i - 1'),
+    'score: positions i >= 1 only': (_PREV, 'position 0 is counted', 'over every i \\ge 1'),
+    "induction: each sequence's own first and length": (_IND, 'one offset', 'first[b] and length length[b]'),
+    'induction: the key after the earlier occurrence': (_IND, 'of the token itself', 'on the key i - \\ell + 1'),
+    'induction: not a fixed distance back': (_IND, 'previous-token head', 'a fixed distance back cannot'),
+    'induction: the last token of the second copy is not a query': (_IND, 'last token', 'copy but its last token'),
+    'induction: pooled over (sequence, query) pairs': (_IND, 'per sequence', '(sequence, query) pairs'),
+    'induction: one score per head': (_IND, 'one score per head', 'score per head, (h,). because'),
+    'q1: a uniform loss in bits': ('test_q_uniform_bits', 'nats', 'its loss on any text, in bits'),
+    'q2: nats to bits': ('test_q_bits_from_nats', 'divide by ln 2', 'what is that in bits per character'),
+    'q3: the temperature divides the logits': ('test_q_temperature_prob', 'before the softmax', 'temperature t = 0.5'),
+    'q4: keys and values': ('test_q_cache_numbers', 'keys only', 'numbers does its key-value cache hold'),
+    'q4: every layer': ('test_q_cache_numbers', 'one layer', 'l = 6 layers of width e = 512'),
+    'q5: the token after the earlier occurrence': ('test_q_induction_position', 'previous-token head',
+                                                   'which position does an induction head attend to'),
+    "q6: layer 0's previous-token head": ('test_q_prev_head', 'each position itself', 'which head of layer 0'),
+    'q6: the index as an int, not a bool': ('test_q_prev_head', 'not true or false', 'true and false are not accepted'),
+    'q7: the score with the previous-token head removed': ('test_q_induction_ablated', 'every head in place',
+                                                           'remove the previous-token head you found'),
+}.items()}
 
 
 # -- the loss ---------------------------------------------------------------------------------------------
@@ -178,12 +167,6 @@ def _ids(got: object, shape: tuple[int, ...], vocab: int, what: str) -> Tensor:
     return got
 
 
-def _draw(t: Trial, logits: Tensor, temperature: float, top_k: int | None, seed: int, what: str) -> Tensor:
-    """``sample_next`` on ``ROWS`` copies of the row ``logits`` (1, V), with a generator seeded ``seed``."""
-    draws = t.call(SAMPLE, logits.repeat(ROWS, 1), temperature, top_k, t.trusted(FIXTURES, "seeded_generator", seed))
-    return _ids(draws, (ROWS,), logits.shape[-1], what)
-
-
 def _keep_top(logits: Tensor, k: int) -> Tensor:
     kth = logits.topk(k, dim=-1).values[..., -1:]
     return logits.masked_fill(logits < kth, float("-inf"))
@@ -194,7 +177,11 @@ def _expect_sampled(t: Trial, logits: Tensor, temperature: float, top_k: int | N
     """Draws of ``ROWS`` identical rows: frequencies equal ``expected`` (a known mistake's are named), the same
     seed gives the same draws, another seed other draws, and neighbouring rows agree no more often than
     independent draws do."""
-    draws = _draw(t, logits, temperature, top_k, seed, what)
+    def draw(seed: int) -> Tensor:  # sample_next on ROWS copies of the row logits (1, V), the generator seeded seed
+        got = t.call(SAMPLE, logits.repeat(ROWS, 1), temperature, top_k, t.trusted(FIXTURES, "seeded_generator", seed))
+        return _ids(got, (ROWS,), logits.shape[-1], what)
+
+    draws = draw(seed)
     same = float((expected ** 2).sum())  # the chance that two independent draws give the same token
     if same < 0.9 and bool((draws == draws[0]).all()):
         raise CheckFailed(f"{what}: every row drew token {int(draws[0])}: {SHARED_DRAW}")
@@ -206,9 +193,9 @@ def _expect_sampled(t: Trial, logits: Tensor, temperature: float, top_k: int | N
                           "not match softmax(logits / temperature)")
     if same >= 0.9:
         return  # (nearly) one token can be drawn: the draws cannot show what the generator does
-    if not torch.equal(_draw(t, logits, temperature, top_k, seed, what), draws):
+    if not torch.equal(draw(seed), draws):
         raise CheckFailed(f"{what} is not reproducible: {NO_GENERATOR}")
-    if torch.equal(_draw(t, logits, temperature, top_k, seed + 7919, what), draws):
+    if torch.equal(draw(seed + 7919), draws):
         raise CheckFailed(f"{what}: {IGNORES_GENERATOR}")
     agree = float((draws[0::2] == draws[1::2]).double().mean())
     if abs(agree - same) > 0.04:  # about 6 standard deviations of that fraction over 6000 pairs
