@@ -242,27 +242,22 @@ LOOP_MISTAKES = {"recomputed": NEVER_USED, "dropped": NEVER_USED, "re-fed": RE_F
 
 def _loop(model: CacheProbeLM, prompt: Tensor, max_new: int, way: str,
           pick: Callable[[int, Tensor], Tensor] | None = None) -> tuple[Tensor | None, list[Tensor] | None]:
-    """Generation on the judge's copy of the model, the loop written ``way`` ("cached", or a classic mistake's of
-    ``LOOP_MISTAKES``): the tokens ``(B, n + max_new)`` and the logits ``(B, V)`` each step drew from (None, None
-    where a mistake's loop runs out of positions); ``pick(step, logits)`` gives the step's tokens ``(B, 1)`` (by
-    default the arg max; or the tokens the student's run drew)."""
+    """Generation on the judge's copy of the model, the loop written ``way``: "cached" (the newest token fed with the
+    returned cache), or a classic mistake's of ``LOOP_MISTAKES``: "recomputed" (every token, no cache), "dropped" (the
+    newest token, no cache), "re-fed" (every token with the cache), "twice" (the returned cache appended to the old).
+    The tokens ``(B, n + max_new)`` and the logits ``(B, V)`` each step drew from (None, None where a mistake's loop
+    runs out of positions); ``pick(step, logits)`` gives the step's tokens ``(B, 1)`` (by default the arg max; or the
+    tokens the student's run drew)."""
     tokens, step_input, cache, lasts = prompt, prompt, None, []
     with torch.no_grad():
         for step in range(max_new):
             try:
-                if way == "cached":
-                    logits, cache = model(step_input, cache)
-                elif way == "recomputed":
-                    logits, _ = model(tokens)
-                elif way == "dropped":
-                    logits, _ = model(step_input)
-                elif way == "re-fed":
-                    logits, cache = model(tokens, cache)
-                else:  # "twice": the returned cache concatenated onto the old one
-                    logits, new = model(step_input, cache)
-                    cache = new if cache is None else tuple(torch.cat([old, add], 1) for old, add in zip(cache, new))
+                logits, returned = model(tokens if way in ("recomputed", "re-fed") else step_input, cache)
             except ValueError:  # more positions than the model has
                 return None, None
+            if way == "twice" and cache is not None:
+                returned = tuple(torch.cat([old, new], 1) for old, new in zip(cache, returned))
+            cache = None if way in ("recomputed", "dropped") else returned
             lasts.append(logits[:, -1].double())
             step_input = logits[:, -1].argmax(-1, keepdim=True) if pick is None else pick(step, logits[:, -1])
             tokens = torch.cat([tokens, step_input], dim=1)
@@ -407,13 +402,6 @@ SUITE.questions({  # value, words (the check's description), named mistakes, poi
 INDUCTION = "induction_score"
 FIXED_OFFSET = ("one offset for every sequence: use each sequence's own first[b] and length[b] (the key of "
                 "query i in sequence b is i - length[b] + 1)")
-SAME_TOKEN = ("this is the weight on the earlier occurrence of the token itself, i - length; an induction head "
-              "attends to the token AFTER it, i - length + 1, which is what comes next")
-PREVIOUS = "this is the weight on the previous token, i - 1: a previous-token head, not an induction head"
-LAST_QUERY = ("the last token of the second copy is counted: its next token is not a copy, so the queries end at "
-              "first + 2 length - 2")
-PER_SEQUENCE = ("the scores are averaged per sequence first: average over all (sequence, query) pairs together, "
-                "so a sequence with a longer block counts for more queries")
 
 
 def _toy_weights(tokens: Tensor, head_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -479,10 +467,14 @@ def induction_check(t: Trial) -> None:
     expect_close(got, _induction(weights, first, length), what, {
         FIXED_OFFSET: _induction(weights, first[:1].expand(b), length[:1].expand(b)),
         FIXED_OFFSET + " (not the first sequence's)": _induction(weights, first, length, back=length[:1] - 1),
-        SAME_TOKEN: _induction(weights, first, length, back=length),
-        PREVIOUS: _induction(weights, first, length, back=torch.ones_like(length)),
-        LAST_QUERY: _induction(weights, first, length, last=1),
-        PER_SEQUENCE: _induction(weights, first, length, pooled=False)})
+        "this is the weight on the earlier occurrence of the token itself, i - length; an induction head attends to "
+        "the token AFTER it, i - length + 1, which is what comes next": _induction(weights, first, length, back=length),
+        "this is the weight on the previous token, i - 1: a previous-token head, not an induction head":
+            _induction(weights, first, length, back=torch.ones_like(length)),
+        "the last token of the second copy is counted: its next token is not a copy, so the queries end at "
+        "first + 2 length - 2": _induction(weights, first, length, last=1),
+        "the scores are averaged per sequence first: average over all (sequence, query) pairs together, so a sequence "
+        "with a longer block counts for more queries": _induction(weights, first, length, pooled=False)})
 
 
 @SUITE.check("test_q_prev_head", parts=["q_prev_head"])
