@@ -16,22 +16,22 @@ from autograder.judging.checks import (CheckFailed, Suite, Trial, expect_close, 
 from autograder.judging.checks.common import NAN_ROWS, expect_layer, expect_masked, random_weights, reference
 
 SUITE = Suite("03_self_attention")
-_SHAPES, _VALUES, _MASK, _PERM = (f"test_self_attention_{c}" for c in ("shapes", "values", "mask", "permutation"))
-STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
-    'attribute attn': requirement(_SHAPES, 'attn', 'in __init__, as self.attn', also=(_VALUES, _MASK, _PERM)),
-    'returns (output, weights) of the right shapes': requirement(_SHAPES, 'pair', 'shapes (b, n, e) and (b, h, n, n)',
-                                                                 also=(_VALUES, _MASK, _PERM)),
-    'x is query, key and value': requirement(_VALUES, 'residual connection', 'plays all three roles'),
-    'attn created once in __init__': requirement(_VALUES, 'in __init__', 'create the multiheadattention once',
-                                                 also=(_MASK, _PERM)),
-    'mask passed on': requirement(_MASK, 'mask is ignored', 'mask (true = may attend) on unchanged'),
-    'fully masked row gives zeros': requirement(_MASK, 'attends to every key instead', 'switch its keys back on'),
-    'permutation equivariance': requirement(_PERM, 'permutation equivariant', "depends on a position's index",
-                                            also=(_VALUES,)),
-    'design: a pair of (d, d_k) matrices': requirement('test_design_weights', 'pair', 'returns (w_q, w_k)'),
-    'design: at least 0.9 on the target': requirement('test_design_weights', 'scale', 'at least 0.9 of its weight'),
-    'design: shared targets': requirement('test_design_weights', 'share a target', 'positions may share a target'),
-}
+_SHAPES, _VALUES, _MASK, _PERM = ("test_self_attention_shapes", "test_self_attention_values",
+                                  "test_self_attention_mask", "test_self_attention_permutation")
+# requirement -> (its check(s), words of the message, words of the text that state it[, checks it fails too])
+STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
+    'attribute attn': (_SHAPES, 'attn', 'in __init__, as self.attn', (_VALUES, _MASK, _PERM)),
+    'returns (output, weights) of the right shapes': (_SHAPES, 'pair', 'shapes (b, n, e) and (b, h, n, n)',
+                                                      (_VALUES, _MASK, _PERM)),
+    'x is query, key and value': (_VALUES, 'residual connection', 'plays all three roles'),
+    'attn created once in __init__': (_VALUES, 'in __init__', 'create the multiheadattention once', (_MASK, _PERM)),
+    'mask passed on': (_MASK, 'mask is ignored', 'pass the mask (true = may attend) on unchanged'),
+    'fully masked row gives zeros': (_MASK, 'attends to every key instead', 'do not switch its keys back on'),
+    'permutation equivariance': (_PERM, 'permutation equivariant', "depends on a position's index", (_VALUES,)),
+    'design: a pair of (d, d_k) matrices': ('test_design_weights', 'pair', 'returns (w_q, w_k)'),
+    'design: at least 0.9 on the target': ('test_design_weights', 'scale', 'at least 0.9 of its weight'),
+    'design: shared targets': ('test_design_weights', 'share a target', 'several positions may share a target'),
+}.items()}
 RESIDUAL = ("a residual connection is added (x + attention): SelfAttention returns the attention output alone, "
             "attn(x, x, x); the residual belongs to the transformer block (chapter 07)")
 UNMASKED_ROWS = ("a query whose keys are all masked attends to every key instead (its row of the mask was switched "
@@ -81,10 +81,9 @@ def self_attention_mask(t: Trial) -> None:
     b, n, e, h = 2, 5, 8, 2
     obj, p = _layer(t, e, h)
     x = t.randn(b, n, e)
-    causal, per_example, padding = torch.ones(n, n, dtype=torch.bool).tril(), t.rand_mask(b, n, n, p=0.6), \
-        torch.ones(b, 1, n, dtype=torch.bool)
+    causal, per_example = torch.ones(n, n, dtype=torch.bool).tril(), t.rand_mask(b, n, n, p=0.6)
     per_example[..., 0] = True
-    padding[1] = False  # example 1 is empty: no query of it has a key to attend to
+    padding = (torch.arange(b) != 1).reshape(b, 1, 1)  # example 1 is empty: no query of it has a key to attend to
     w0 = expect_tensor(expect_pair(obj(x), SELF)[1], (b, h, n, n), "the weights of SelfAttention without a mask")
     for mask, what in [(causal, " with an (n, n) mask"), (per_example, " with a (B, n, n) mask"),
                        (causal & padding, " with a causal & padding mask where example 1 is empty")]:
@@ -126,8 +125,7 @@ def design_weights_check(t: Trial) -> None:
         result = t.call(DESIGN, x, tg)
         if not isinstance(result, (tuple, list)) or len(result) != 2:
             raise CheckFailed(f"design_weights should return a pair (W_q, W_k), got {type(result).__name__}")
-        w_q = expect_tensor(result[0], None, "W_q")
-        w_k = expect_tensor(result[1], None, "W_k")
+        w_q, w_k = expect_tensor(result[0], None, "W_q"), expect_tensor(result[1], None, "W_k")
         if w_q.dim() != 2 or w_k.dim() != 2 or w_q.shape[0] != d or w_k.shape[0] != d or w_q.shape[1] != w_k.shape[1]:
             raise CheckFailed(f"W_q and W_k must be matrices of shape (d, d_k) with the same d_k; for d={d} got "
                               f"{tuple(w_q.shape)} and {tuple(w_k.shape)}")
@@ -141,20 +139,18 @@ def design_weights_check(t: Trial) -> None:
         if bool((top == torch.arange(n)).all()) and not bool((tg == torch.arange(n)).all()):
             raise CheckFailed(f"every position attends to itself {where}: the scores must favour key targets[i] "
                               "for query i, so build the target choice into W_q (or W_k)")
-        inverse_ok = all(bool((top[tg[i]] == i)) for i in range(n))
-        if inverse_ok and not bool((top == tg).all()):
+        if all(bool(top[tg[i]] == i) for i in range(n)) and not bool((top == tg).all()):
             raise CheckFailed(f"the pattern is transposed {where}: query i (row i) must attend to key targets[i] "
                               "(column targets[i]), but position targets[i] attends to i instead")
         if bool((top == tg).all()):
             raise CheckFailed(f"each position's largest weight is on its target, but only {got.min().item():.2f} of it "
                               f"{where}: scale W_q or W_k up so the target's score beats the others by a wide margin "
                               "(the scores are divided by sqrt(d_k))")
-        shared = len(set(tg.tolist())) < n
         raise CheckFailed(f"position {int((got < 0.9).nonzero()[0])} puts only {got.min().item():.2f} of its weight "
                           f"on its target {where}; expected at least 0.9" + (
                               ". Here several positions share a target, which the text allows: a construction that "
                               "inverts the targets (argsort, a permutation matrix's transpose) assumes each target "
-                              "is used once" if shared else ""))
+                              "is used once" if len(set(tg.tolist())) < n else ""))
 
 
 # -- conceptual questions (the inputs are in the question; the answer is a value) ----------------------
