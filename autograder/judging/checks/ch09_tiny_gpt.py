@@ -1,12 +1,10 @@
-"""Checks of exercise 09_tiny_gpt. Every fixture the student's code receives (the model, the seeded generators) is
-built from :mod:`~autograder.judging.checks.trusted_lm`'s text in a namespace of its own in the student's process
-(``Trial.trusted``); every reference is computed here, on the judge's copy. Sampling is graded by its distribution
-(12 000 draws of one row) and its randomness, so any correct way of drawing passes. ``generate`` runs on
-``CacheProbeLM``, whose outputs change when a generated position is recomputed instead of read from the cache.
-
-Forgeable, as the objects live in the student's process: a ``generate`` that tampers with the grader's model (on
-purpose, in plain sight) or rebuilds the cache one token per call (a cached loop's calls), and a sampler right on
-these logits only (they are drawn per student from the grading secret)."""
+"""Checks of exercise 09_tiny_gpt. The fixtures the student's code receives (the model, the seeded generators) are
+built from :mod:`trusted_lm`'s text in a namespace of their own in the student's process (``Trial.trusted``); the
+references are computed here, on the judge's copy. Sampling is graded by the distribution of 12 000 draws and by its
+randomness, so any correct way of drawing passes; ``generate`` runs on ``CacheProbeLM``, whose outputs change when a
+generated position is recomputed. Forgeable, as those objects live in the student's process: a ``generate`` that
+tampers with the model (in plain sight) or rebuilds the cache one token per call (a cached loop's calls), and a
+sampler right on these logits only (they are drawn per student from the grading secret)."""
 
 from __future__ import annotations
 
@@ -18,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from autograder.judging.checks import (CheckFailed, Obj, Suite, Trial, choice, expect_close, expect_number,
+from autograder.judging.checks import (CheckFailed, Suite, Trial, choice, expect_close, expect_number,
                                        expect_tensor, fail_if_named, number, requirement, trusted_lm)
 from autograder.judging.checks.trusted_lm import CacheProbeLM
 
@@ -227,11 +225,10 @@ def sample_distribution(t: Trial) -> None:
     logits = (t.randn(1, 6).abs() + 0.3) * torch.tensor([[1.0, 2.5, 0.5, 3.0, 1.5, 0.8]])  # positive, distinct
     l64 = logits.double()[0]
     for temperature in (0.5, 2.5):
-        _expect_sampled(t, logits, temperature, None, int(temperature * 10), f"sample_next at temperature {temperature}",
-                        torch.softmax(l64 / temperature, -1), {
-                            TEMP_AFTER: torch.softmax(l64, -1),
-                            FROM_LOGITS: (l64 / temperature) / (l64 / temperature).sum(),
-                            TEMP_TIMES: torch.softmax(l64 * temperature, -1)})
+        scaled, what = l64 / temperature, f"sample_next at temperature {temperature}"
+        _expect_sampled(t, logits, temperature, None, int(temperature * 10), what, torch.softmax(scaled, -1), {
+            TEMP_AFTER: torch.softmax(l64, -1), FROM_LOGITS: scaled / scaled.sum(),
+            TEMP_TIMES: torch.softmax(l64 * temperature, -1)})
 
 
 # -- generation ---------------------------------------------------------------------------------------------
@@ -285,11 +282,10 @@ def _model(t: Trial, prompt: Tensor, max_new: int) -> tuple[int, CacheProbeLM, T
 def _generated(t: Trial, seed: int, prompt: Tensor, max_new: int, temperature: float, top_k: int | None,
                generator_seed: int | None, what: str) -> Tensor:
     """The student's ``generate`` on a fresh copy of the grader's model (and generator) in the student's process."""
-    model = t.trusted(FIXTURES, "CacheProbeLM", prompt.shape[1], seed=seed)
-    generator = None if generator_seed is None else t.trusted(FIXTURES, "seeded_generator", generator_seed)
     b, n = prompt.shape
-    out = _ids(t.call(GENERATE, model, prompt, max_new, temperature, top_k, generator), (b, n + max_new),
-               VOCAB, what)
+    model = t.trusted(FIXTURES, "CacheProbeLM", n, seed=seed)
+    generator = None if generator_seed is None else t.trusted(FIXTURES, "seeded_generator", generator_seed)
+    out = _ids(t.call(GENERATE, model, prompt, max_new, temperature, top_k, generator), (b, n + max_new), VOCAB, what)
     if not torch.equal(out[:, :n], prompt):
         raise CheckFailed(f"{what}: the result should start with the prompt")
     return out
