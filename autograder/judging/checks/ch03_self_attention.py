@@ -168,26 +168,20 @@ SUITE.questions({
         "(0, 1, 2, 3) says every row changes, but output i depends on x_i and on the *set* of all inputs, and "
         "swapping two inputs leaves that set unchanged": (0, 1, 2, 3),
         "(1, 3) lists the rows that stay the same; the question asks for the rows that change": (1, 3),
-        "(0,) forgets that the swap moves two inputs": (0,),
-        "(2,) forgets that the swap moves two inputs": (2,)}, prepare=row_set),
+        **{f"{(row,)} forgets that the swap moves two inputs": (row,) for row in (0, 2)}}, prepare=row_set),
     "q_weights_memory": number(MB * MH * MN * MN * 4 / MIB, "MiB of float32 attention weights (B, H, n, n) for B = 1, "
-                               "H = 16, n = 4096.", {
-        f"{MH * MN * MN / MIB:g} counts the entries (in Mi); a float32 takes 4 bytes": MH * MN * MN / MIB,
-        f"{MN * MN * 4 / MIB:g} MiB is one head; there are {MH} heads, each with its own n x n weights":
-            MN * MN * 4 / MIB,
-        f"{MB * MH * MN * MN * 4 / 1e6:g} is in MB (10^6 bytes); the question asks for MiB (2^20 bytes)":
-            MB * MH * MN * MN * 4 / 1e6,
-        f"{MH * MN * 4 / MIB:g} grows linearly with n; the weights hold one number per (query, key) pair, "
-        "n x n per head": MH * MN * 4 / MIB,
-        f"{MB * MH * MN * MN * 8 / MIB:g} uses 8 bytes per entry; float32 takes 4": MB * MH * MN * MN * 8 / MIB}),
+                               "H = 16, n = 4096.", {f"{wrong:g} {why}": wrong for wrong, why in [
+        (MH * MN * MN / MIB, "counts the entries (in Mi); a float32 takes 4 bytes"),
+        (MN * MN * 4 / MIB, f"MiB is one head; there are {MH} heads, each with its own n x n weights"),
+        (MB * MH * MN * MN * 4 / 1e6, "is in MB (10^6 bytes); the question asks for MiB (2^20 bytes)"),
+        (MH * MN * 4 / MIB, "grows linearly with n; the weights hold one number per (query, key) pair, n x n per head"),
+        (MB * MH * MN * MN * 8 / MIB, "uses 8 bytes per entry; float32 takes 4")]}),
     "q_scores_flops": number(2 * FN * FN * FD, "FLOPs of Q K^T for one head, n = 1024 and d = 64, a multiply-add "
-                             "counted as 2.", {
-        f"{FN * FN * FD} counts multiply-adds; the question counts each as 2 FLOPs": FN * FN * FD,
-        f"{2 * FN * FD * FD} is the cost of a projection (n x d)(d x d); the scores are (n x d)(d x n)":
-            2 * FN * FD * FD,
-        f"{FN * FN} is the number of scores; each is a dot product of length d": FN * FN,
-        f"{2 * FN * FD} is the cost of one query's row of scores; there are n = {FN} queries": 2 * FN * FD},
-        rel=0, abs_tol=0.5),
+                             "counted as 2.", {f"{wrong} {why}": wrong for wrong, why in [
+        (FN * FN * FD, "counts multiply-adds; the question counts each as 2 FLOPs"),
+        (2 * FN * FD * FD, "is the cost of a projection (n x d)(d x d); the scores are (n x d)(d x n)"),
+        (FN * FN, "is the number of scores; each is a dot product of length d"),
+        (2 * FN * FD, f"is the cost of one query's row of scores; there are n = {FN} queries")]}, rel=0, abs_tol=0.5),
     "q_margin": number(math.log(TARGET / (1 - TARGET) * OTHERS), "The smallest score margin that puts weight 0.9 on "
                        "one key out of four (the others scoring 0).", {
         f"ln(0.9 / 0.1) = {math.log(9):.3f} is the margin against one other key; here three other keys share "
