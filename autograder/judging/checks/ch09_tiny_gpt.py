@@ -31,34 +31,21 @@ WRONG_WAY = ("the targets are shifted the wrong way: logits[:, i] predicts token
              "with tokens[:, 1:], not logits[:, 1:] with tokens[:, :-1]")
 SUMMED = "the loss is summed over the predictions: return the mean (F.cross_entropy's default reduction)"
 IN_BITS = "the loss is in bits: return it in nats (natural logarithm, what F.cross_entropy gives)"
-NOT_SCALAR = ("return one number, the mean over the B (n - 1) predictions, as a scalar tensor (shape ()), not one "
-              "loss per prediction")
-TEMP_AFTER = ("the temperature is applied after the softmax: dividing probabilities by T changes nothing once they "
-              "are normalised again; divide the logits by T before the softmax")
-FROM_LOGITS = ("the tokens are drawn in proportion to the logits themselves: turn them into probabilities with a "
-               "softmax first")
-TEMP_TIMES = "the logits are multiplied by the temperature: divide them by T (T < 1 sharpens, T > 1 flattens)"
 TOP_K_LESS = "top-k keeps k - 1 tokens: keep every logit >= the k-th largest (topk(k).values[:, -1:])"
 TOP_K_MORE = "top-k keeps k + 1 tokens: keep only the k largest logits (>= the k-th largest, topk(k).values[:, -1:])"
 NO_TOP_K = "top_k is ignored: set every logit below the k-th largest to -inf before the softmax"
-NO_GENERATOR = ("two runs with the same seeded generator gave different tokens: pass generator= to "
-                "torch.multinomial (or whatever draws the sample)")
 IGNORES_GENERATOR = ("two different seeds gave exactly the same tokens: the draws do not depend (or hardly depend) on "
                      "the generator passed in (no randomness at all, or torch's global generator reseeded); draw each "
                      "row with generator=generator")
 NOT_INDEPENDENT = ("the rows are not drawn independently: draw each row with its own random number (torch.multinomial "
                    "does, or torch.rand(B, 1, generator=generator) for an inverse-CDF draw)")
 SHARED_DRAW = "every row shares one random draw: " + NOT_INDEPENDENT
-INT64 = ("the stated type is int64 (torch.long), what argmax and torch.multinomial return; convert with .long() if "
-         "your way of drawing gives another")
 NEVER_USED = ("the cache is never used: each step runs without the cache the model returned, so every step recomputes "
               "the whole sequence (or forgets it); pass the returned cache back in and feed only the newest token")
 RE_FED = ("the prompt is re-fed every step: together with the cache, feed only the newest token; the cache already "
           "holds the keys and values of everything before it")
 TWICE = ("the cache is appended twice: the model already appends the new keys and values to the cache it returns, "
          "so use that cache as it is instead of concatenating it onto the old one")
-WRONG_AXIS = ("the scores are averaged over the wrong axis: average over the batch and the positions, keeping one "
-              "score per head, shape (H,)")
 SELF_DIAG = ("this is the weight of each position on itself (the main diagonal): the previous token is the "
              "diagonal below it, weights[..., i, i - 1] (diagonal offset -1)")
 NEXT_DIAG = ("this reads the diagonal above the main one (position i on i + 1, always 0 under a causal mask): "
@@ -130,7 +117,8 @@ def _ce(logits: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
 
 def _scalar(got: object, expected: Tensor, what: str, wrong: dict[str, Tensor]) -> None:
     if isinstance(got, Tensor) and got.numel() != 1:
-        raise CheckFailed(f"{what} has shape {tuple(got.shape)}: {NOT_SCALAR}")
+        raise CheckFailed(f"{what} has shape {tuple(got.shape)}: return one number, the mean over the B (n - 1) "
+                          "predictions, as a scalar tensor (shape ()), not one loss per prediction")
     expect_close(expect_tensor(got.reshape(()) if isinstance(got, Tensor) else got, (), what), expected, what, wrong)
 
 
@@ -159,7 +147,8 @@ def _ids(got: object, shape: tuple[int, ...], vocab: int, what: str) -> Tensor:
     if got.is_floating_point() or got.dtype == torch.bool:
         raise CheckFailed(f"{what} returned {got.dtype}: return integer token ids, int64")
     if got.dtype != torch.int64:
-        raise CheckFailed(f"{what} returned {got.dtype} token ids: {INT64}")
+        raise CheckFailed(f"{what} returned {got.dtype} token ids: the stated type is int64 (torch.long), what argmax "
+                          "and torch.multinomial return; convert with .long() if your way of drawing gives another")
     if got.numel() and (got.min() < 0 or got.max() >= vocab):
         raise CheckFailed(f"{what} returned ids outside 0..{vocab - 1}")
     return got
@@ -192,7 +181,8 @@ def _expect_sampled(t: Trial, logits: Tensor, temperature: float, top_k: int | N
     if same >= 0.9:
         return  # (nearly) one token can be drawn: the draws cannot show what the generator does
     if not torch.equal(draw(seed), draws):
-        raise CheckFailed(f"{what} is not reproducible: {NO_GENERATOR}")
+        raise CheckFailed(f"{what} is not reproducible: two runs with the same seeded generator gave different "
+                          "tokens: pass generator= to torch.multinomial (or whatever draws the sample)")
     if torch.equal(draw(seed + 7919), draws):
         raise CheckFailed(f"{what}: {IGNORES_GENERATOR}")
     agree = float((draws[0::2] == draws[1::2]).double().mean())
@@ -206,10 +196,9 @@ def sample_greedy_topk(t: Trial) -> None:
     """Temperature 0 is the arg max; top-k draws exactly the k largest logits, in the right proportions, at random:
     the same seed gives the same tokens, another seed others."""
     logits = t.randn(5, 9, scale=2.0)
-    what = "sample_next with temperature 0"
-    got = _ids(t.call(SAMPLE, logits, 0.0, None, None), (5,), 9, what)
+    got = _ids(t.call(SAMPLE, logits, 0.0, None, None), (5,), 9, "sample_next with temperature 0")
     if got.tolist() != logits.argmax(-1).tolist():
-        raise CheckFailed(f"{what} should return the arg max of each row (greedy decoding)")
+        raise CheckFailed("sample_next with temperature 0 should return the arg max of each row (greedy decoding)")
     row = t.randn(1, 8, scale=1.5)
     for k in (3, 6, 1):
         right, less, more, every = [torch.softmax(_keep_top(row.double(), j), -1)[0]
@@ -227,8 +216,12 @@ def sample_distribution(t: Trial) -> None:
     for temperature in (0.5, 2.5):
         scaled, what = l64 / temperature, f"sample_next at temperature {temperature}"
         _expect_sampled(t, logits, temperature, None, int(temperature * 10), what, torch.softmax(scaled, -1), {
-            TEMP_AFTER: torch.softmax(l64, -1), FROM_LOGITS: scaled / scaled.sum(),
-            TEMP_TIMES: torch.softmax(l64 * temperature, -1)})
+            "the temperature is applied after the softmax: dividing probabilities by T changes nothing once they are "
+            "normalised again; divide the logits by T before the softmax": torch.softmax(l64, -1),
+            "the tokens are drawn in proportion to the logits themselves: turn them into probabilities with a softmax "
+            "first": scaled / scaled.sum(),
+            "the logits are multiplied by the temperature: divide them by T (T < 1 sharpens, T > 1 flattens)":
+                torch.softmax(l64 * temperature, -1)})
 
 
 # -- generation ---------------------------------------------------------------------------------------------
@@ -240,11 +233,10 @@ LOOP_MISTAKES = {"recomputed": NEVER_USED, "dropped": NEVER_USED, "re-fed": RE_F
 def _loop(model: CacheProbeLM, prompt: Tensor, max_new: int, way: str,
           pick: Callable[[int, Tensor], Tensor] | None = None) -> tuple[Tensor | None, list[Tensor] | None]:
     """Generation on the judge's copy of the model, the loop written ``way``: "cached" (the newest token fed with the
-    returned cache), or a classic mistake's of ``LOOP_MISTAKES``: "recomputed" (every token, no cache), "dropped" (the
-    newest token, no cache), "re-fed" (every token with the cache), "twice" (the returned cache appended to the old).
-    The tokens ``(B, n + max_new)`` and the logits ``(B, V)`` each step drew from (None, None where a mistake's loop
-    runs out of positions); ``pick(step, logits)`` gives the step's tokens ``(B, 1)`` (by default the arg max; or the
-    tokens the student's run drew)."""
+    returned cache), or a mistake's of ``LOOP_MISTAKES``: "recomputed" (every token, no cache), "dropped" (the newest
+    token, no cache), "re-fed" (every token with the cache), "twice" (the returned cache appended to the old). The
+    tokens ``(B, n + max_new)`` and the logits ``(B, V)`` each step drew from (None, None where a mistake's loop runs
+    out of positions); ``pick(step, logits)``: the step's tokens ``(B, 1)`` (the arg max, or the student's tokens)."""
     tokens, step_input, cache, lasts = prompt, prompt, None, []
     with torch.no_grad():
         for step in range(max_new):
@@ -267,9 +259,8 @@ def _greedy_tokens(model: CacheProbeLM, prompt: Tensor, max_new: int, way: str) 
 
 
 def _model(t: Trial, prompt: Tensor, max_new: int) -> tuple[int, CacheProbeLM, Tensor]:
-    """A model seed for which recomputing gives other greedy tokens than using the cache (almost every seed
-    does), so that a loop without the cache cannot pass by chance; the judge's own copy of that model, and its
-    greedy tokens with the cache."""
+    """A model seed for which recomputing gives other greedy tokens than the cache (almost every seed does), so that a
+    loop without the cache cannot pass by chance; the judge's copy of that model, and its greedy tokens."""
     for _ in range(50):
         seed = int(t.randint(0, 1 << 30, (1,)))
         model = CacheProbeLM(prompt.shape[1], seed=seed)
@@ -352,7 +343,8 @@ def score_check(t: Trial) -> None:
     what = "previous_token_score on weights (B, H, n, n) = (3, 4, 7, 7)"
     if isinstance(got, Tensor) and tuple(got.shape) != (h,):
         if got.numel() == 1 or tuple(got.shape) in ((b,), (n - 1,), (b, h), (h, n - 1), (b, n - 1)):
-            raise CheckFailed(f"{what} returned shape {tuple(got.shape)}: {WRONG_AXIS}")
+            raise CheckFailed(f"{what} returned shape {tuple(got.shape)}: the scores are averaged over the wrong "
+                              "axis: average over the batch and the positions, keeping one score per head, shape (H,)")
     self_diag = weights.double().diagonal(dim1=-2, dim2=-1)
     with_first = torch.cat([torch.zeros(b, h, 1, dtype=torch.float64), diag], dim=-1).mean(dim=(0, 2))
     expect_close(got, diag.mean(dim=(0, 2)), what, {
@@ -401,10 +393,9 @@ FIXED_OFFSET = ("one offset for every sequence: use each sequence's own first[b]
 
 
 def _toy_weights(tokens: Tensor, head_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """The attention weights (B, 2, n, n) of layers 0 and 1 of the exercise's hand-set ``CopyToy()`` (vocabulary
-    16 + a start token, 20 positions, sharpness 12): layer 0 head 1 looks one back and writes the previous token,
-    which layer 1 head 0 matches with the current one. Its logits are not needed: only layer 0 head 1's output
-    reaches a weight, so ``head_mask[0, 1]`` is the only entry that changes one."""
+    """The attention weights (B, 2, n, n) of layers 0 and 1 of the exercise's hand-set ``CopyToy()`` (vocabulary 16
+    and a start token, 20 positions, sharpness 12). Its logits are not needed: only the output of layer 0 head 1 (the
+    previous-token head) reaches a weight, so ``head_mask[0, 1]`` is the only entry that changes one."""
     n, eye = tokens.shape[1], torch.eye(20)
     causal = torch.ones(n, n, dtype=torch.bool).tril()
 

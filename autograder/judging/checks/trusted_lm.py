@@ -11,26 +11,21 @@ import torch
 
 
 class CacheProbeLM(torch.nn.Module):
-    """The notebook's ``TinyLM`` (one causal attention layer, learned positions, a key-value cache) with a mark
-    that shows whether the cache was used. ``model(tokens, cache=None) -> (logits, cache)``: ``tokens`` ``(B, s)``
-    are the ``s`` positions after the ``t`` that ``cache`` holds, ``logits`` ``(B, s, V)``; the returned cache,
-    ``(keys, values)`` each ``(B, t + s, D)``, holds all ``t + s`` positions.
-
-    The mark: a generated position ``p >= prompt_len`` fed alone (as a cached loop does: its token is known only
-    once the logits at ``p - 1`` are) gets the positional vector ``pos[p]``; computed in a call of several tokens
-    (everything recomputed without the cache, or the token fed again with others) it gets ``recomputed[p]``, and
-    the tokens drawn after it change. Prompt positions get ``pos[p]`` however they are fed, so a cached loop gives
-    the tokens of recomputing everything on ``TinyLM`` and a recomputing loop others. ``call_log()`` lists ``(s, t)``
-    of every call, to help a student debug; nothing is graded from it (it lives in the student's process)."""
+    """The notebook's ``TinyLM`` (``model(tokens, cache=None) -> (logits, cache)``: one causal attention layer,
+    learned positions, a key-value cache) with a mark that shows whether the cache was used. A generated position
+    ``p >= prompt_len`` fed alone (as a cached loop does: its token is known only once the logits at ``p - 1`` are)
+    gets the positional vector ``pos[p]``; computed in a call of several tokens (recomputed without the cache, or fed
+    again with others) it gets ``recomputed[p]``, and the tokens drawn after it change. Prompt positions get ``pos[p]``
+    however they are fed. ``call_log()`` lists ``(s, t)`` of every call for a student to debug with (not graded: it
+    lives in the student's process)."""
 
     def __init__(self, prompt_len: int, vocab_size: int = 12, dim: int = 16, max_len: int = 64, seed: int = 0) -> None:
         super().__init__()
         g = torch.Generator().manual_seed(int(seed))
         self.prompt_len, self.max_len = int(prompt_len), int(max_len)
         self.embed = torch.nn.Parameter(torch.randn(vocab_size, dim, generator=g))
-        pos = torch.randn(max_len, dim, generator=g)
-        self.pos = torch.nn.Parameter(pos)
-        self.recomputed = torch.nn.Parameter(pos + 2.0 * torch.randn(max_len, dim, generator=g))
+        self.pos = torch.nn.Parameter(torch.randn(max_len, dim, generator=g))
+        self.recomputed = torch.nn.Parameter(self.pos.detach() + 2.0 * torch.randn(max_len, dim, generator=g))
         self.proj = torch.nn.Parameter(torch.randn(3, dim, dim, generator=g) / math.sqrt(dim))
         # logits of order 1: sampling with a temperature near 1 has several likely tokens to draw from
         self.out = torch.nn.Parameter(torch.randn(dim, vocab_size, generator=g) / math.sqrt(dim))
