@@ -1,7 +1,6 @@
 """Checks of exercise 03_self_attention. ``SelfAttention`` gets weights drawn here (under ``attn.``) and is compared
 with ``nn.MultiheadAttention`` on ``(x, x, x)``, its mask with its own unmasked weights renormalised; ``design_weights``
-by the attention its matrices produce on fresh orthonormal embeddings and targets. Not stated, not graded: the dtype
-and the device."""
+by the attention its matrices make on fresh orthonormal rows and targets. Not stated, not graded: dtype, device."""
 
 from __future__ import annotations
 

@@ -154,16 +154,14 @@ def _ids(got: object, shape: tuple[int, ...], vocab: int, what: str) -> Tensor:
     return got
 
 
-def _keep_top(logits: Tensor, k: int) -> Tensor:
-    kth = logits.topk(k, dim=-1).values[..., -1:]
-    return logits.masked_fill(logits < kth, float("-inf"))
+def _keep_top(logits: Tensor, k: int) -> Tensor:  # every logit below the k-th largest set to -inf
+    return logits.masked_fill(logits < logits.topk(k, dim=-1).values[..., -1:], float("-inf"))
 
 
 def _expect_sampled(t: Trial, logits: Tensor, temperature: float, top_k: int | None, seed: int, what: str,
                     expected: Tensor, mistakes: dict[str, Tensor]) -> None:
-    """Draws of ``ROWS`` identical rows: frequencies equal ``expected`` (a known mistake's are named), the same
-    seed gives the same draws, another seed other draws, and neighbouring rows agree no more often than
-    independent draws do."""
+    """Draws of ``ROWS`` identical rows: frequencies equal ``expected`` (a known mistake's are named), the same seed
+    gives the same draws, another seed other draws, and neighbouring rows agree no more often than independent draws."""
     def draw(seed: int) -> Tensor:  # sample_next on ROWS copies of the row logits (1, V), the generator seeded seed
         got = t.call(SAMPLE, logits.repeat(ROWS, 1), temperature, top_k, t.trusted(FIXTURES, "seeded_generator", seed))
         return _ids(got, (ROWS,), logits.shape[-1], what)
@@ -346,10 +344,9 @@ def score_check(t: Trial) -> None:
             raise CheckFailed(f"{what} returned shape {tuple(got.shape)}: the scores are averaged over the wrong "
                               "axis: average over the batch and the positions, keeping one score per head, shape (H,)")
     self_diag = weights.double().diagonal(dim1=-2, dim2=-1)
-    with_first = torch.cat([torch.zeros(b, h, 1, dtype=torch.float64), diag], dim=-1).mean(dim=(0, 2))
     expect_close(got, diag.mean(dim=(0, 2)), what, {
         SELF_DIAG: self_diag.mean(dim=(0, 2)), SELF_DIAG + " (from position 1 on)": self_diag[..., 1:].mean(dim=(0, 2)),
-        NEXT_DIAG: torch.zeros(h, dtype=torch.float64), WITH_FIRST: with_first})
+        NEXT_DIAG: torch.zeros(h, dtype=torch.float64), WITH_FIRST: diag.sum(dim=(0, 2)) / (b * n)})
 
 
 # -- conceptual questions -----------------------------------------------------------------------------------
@@ -410,13 +407,12 @@ def _toy_weights(tokens: Tensor, head_mask: Tensor | None = None) -> tuple[Tenso
     return torch.stack([w00.expand(batch), w01.expand(batch)], 1), torch.stack([w10, w11.expand(batch)], 1)
 
 
-def _make_repeats(batch: int, n: int = 20, vocab_size: int = 16, lengths: tuple[int, int] = (3, 8),
-                  seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, vocab_size, (batch, n), generator=g)
-    tokens[:, 0] = vocab_size
-    length = torch.randint(lengths[0], lengths[1] + 1, (batch,), generator=g)
-    first = torch.stack([torch.randint(1, n - 2 * int(l) + 1, (1,), generator=g)[0] for l in length])
+def _make_repeats(batch: int) -> tuple[Tensor, Tensor, Tensor]:  # make_repeats(batch) with its defaults
+    g = torch.Generator().manual_seed(0)  # n = 20 tokens of a vocabulary of 16, a block of 3 to 8 repeated
+    tokens = torch.randint(0, 16, (batch, 20), generator=g)
+    tokens[:, 0] = 16
+    length = torch.randint(3, 8 + 1, (batch,), generator=g)
+    first = torch.stack([torch.randint(1, 20 - 2 * int(l) + 1, (1,), generator=g)[0] for l in length])
     for b in range(batch):
         f, l = int(first[b]), int(length[b])
         tokens[b, f + l:f + 2 * l] = tokens[b, f:f + l]
