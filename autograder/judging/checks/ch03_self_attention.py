@@ -1,11 +1,6 @@
-"""Graded checks for exercise 03_self_attention: ``SelfAttention``, the "design the weights" task and four
-conceptual questions; the requirements the exercise states are ``STATED_REQUIREMENTS`` (``python -m
-autograder.judging.checks --requirements 03``). Not stated, not graded: the dtype and the device.
-
-``SelfAttention`` gets weights drawn here (under ``attn.``) and is compared with ``nn.MultiheadAttention`` on
-``(x, x, x)`` (test_self_attention_values); the mask check compares with its own unmasked weights renormalised.
-``design_weights`` is graded by the attention its matrices produce on fresh orthonormal embeddings and targets.
-"""
+"""Checks of exercise 03_self_attention. ``SelfAttention`` gets weights drawn here (under ``attn.``) and is compared
+with ``nn.MultiheadAttention`` on ``(x, x, x)``, its mask with its own unmasked weights renormalised; ``design_weights``
+by the attention its matrices make on fresh orthonormal rows and targets. Not stated, not graded: dtype, device."""
 
 from __future__ import annotations
 
@@ -20,30 +15,22 @@ from autograder.judging.checks import (CheckFailed, Suite, Trial, expect_close, 
 from autograder.judging.checks.common import NAN_ROWS, expect_layer, expect_masked, random_weights, reference
 
 SUITE = Suite("03_self_attention")
-STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
-    'attribute attn': requirement('test_self_attention_shapes', 'attn', 'in __init__, as self.attn',
-        also=('test_self_attention_values', 'test_self_attention_mask', 'test_self_attention_permutation')),
-    'returns (output, weights) of the right shapes': requirement('test_self_attention_shapes', 'pair',
-        'returning (output, weights) with shapes (b, n, e) and (b, h, n, n)',
-        also=('test_self_attention_values', 'test_self_attention_mask', 'test_self_attention_permutation')),
-    'x is query, key and value': requirement('test_self_attention_values', 'residual connection',
-        'plays all three roles: the queries, the keys and the values'),
-    'attn created once in __init__': requirement('test_self_attention_values', 'in __init__',
-        'create the multiheadattention once, in __init__',
-        also=('test_self_attention_mask', 'test_self_attention_permutation')),
-    'mask passed on': requirement('test_self_attention_mask', 'mask is ignored',
-        'pass the mask (true = may attend) on unchanged'),
-    'fully masked row gives zeros': requirement('test_self_attention_mask', 'attends to every key instead',
-        'do not switch its keys back on'),
-    'permutation equivariance': requirement('test_self_attention_permutation', 'permutation equivariant',
-        "add no positional encoding and nothing else that depends on a position's index",
-        also=('test_self_attention_values',)),
-    'design: a pair of (d, d_k) matrices': requirement('test_design_weights', 'pair', 'returns (w_q, w_k)'),
-    'design: at least 0.9 on the target': requirement('test_design_weights', 'scale',
-        'at least 0.9 of its weight on position targets[i]'),
-    'design: shared targets': requirement('test_design_weights', 'share a target',
-        'several positions may share a target'),
-}
+_SHAPES, _VALUES, _MASK, _PERM = ("test_self_attention_shapes", "test_self_attention_values",
+                                  "test_self_attention_mask", "test_self_attention_permutation")
+# requirement -> (its check(s), words of the message, words of the text that state it[, checks it fails too])
+STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
+    'attribute attn': (_SHAPES, 'attn', 'in __init__, as self.attn', (_VALUES, _MASK, _PERM)),
+    'returns (output, weights) of the right shapes': (_SHAPES, 'pair', 'shapes (b, n, e) and (b, h, n, n)',
+                                                      (_VALUES, _MASK, _PERM)),
+    'x is query, key and value': (_VALUES, 'residual connection', 'plays all three roles'),
+    'attn created once in __init__': (_VALUES, 'in __init__', 'create the multiheadattention once', (_MASK, _PERM)),
+    'mask passed on': (_MASK, 'mask is ignored', 'pass the mask (true = may attend) on unchanged'),
+    'fully masked row gives zeros': (_MASK, 'attends to every key instead', 'do not switch its keys back on'),
+    'permutation equivariance': (_PERM, 'permutation equivariant', "depends on a position's index", (_VALUES,)),
+    'design: a pair of (d, d_k) matrices': ('test_design_weights', 'pair', 'returns (w_q, w_k)'),
+    'design: at least 0.9 on the target': ('test_design_weights', 'scale', 'at least 0.9 of its weight'),
+    'design: shared targets': ('test_design_weights', 'share a target', 'several positions may share a target'),
+}.items()}
 RESIDUAL = ("a residual connection is added (x + attention): SelfAttention returns the attention output alone, "
             "attn(x, x, x); the residual belongs to the transformer block (chapter 07)")
 UNMASKED_ROWS = ("a query whose keys are all masked attends to every key instead (its row of the mask was switched "
@@ -58,12 +45,6 @@ def _layer(t: Trial, e: int, h: int):
     p = random_weights(t, e)
     return twin(t, SELF, e, h, reference=p, names=lambda k: f"attn.{k}", hint=" (SelfAttention needs its "
                 "MultiHeadAttention in an attribute named attn)")[0], p
-
-
-def _run(t: Trial, obj, p, x: Tensor, h: int, what: str = ""):
-    out, w = expect_pair(obj(x), SELF)
-    right_out, right_w = reference(p, x, x, x, h)
-    expect_layer(out, w, p, x, x, x, h, None, f"SelfAttention{what}", also={RESIDUAL: (right_out + x.double(), right_w)})
 
 
 @SUITE.check("test_self_attention_shapes", parts=[SELF])
@@ -83,12 +64,14 @@ def self_attention_values(t: Trial) -> None:
         obj, p = _layer(t, e, h)
         x = t.randn(b, n, e)
         first, _ = expect_pair(obj(x), SELF)
-        again, _ = expect_pair(obj(x), SELF)
-        if isinstance(first, Tensor) and isinstance(again, Tensor) and first.shape == again.shape \
-                and not torch.allclose(first, again):
+        out, w = expect_pair(obj(x), SELF)
+        if isinstance(first, Tensor) and isinstance(out, Tensor) and first.shape == out.shape \
+                and not torch.allclose(first, out):
             raise CheckFailed("the output changes between two calls on the same input: create the "
                               "MultiHeadAttention once in __init__ (as self.attn), not in forward")
-        _run(t, obj, p, x, h, what=f" (E={e}, H={h}, n={n})")
+        right_out, right_w = reference(p, x, x, x, h)
+        expect_layer(out, w, p, x, x, x, h, None, f"SelfAttention (E={e}, H={h}, n={n})",
+                     also={RESIDUAL: (right_out + x.double(), right_w)})
 
 
 @SUITE.check("test_self_attention_mask", parts=[SELF])
@@ -97,12 +80,10 @@ def self_attention_mask(t: Trial) -> None:
     b, n, e, h = 2, 5, 8, 2
     obj, p = _layer(t, e, h)
     x = t.randn(b, n, e)
-    causal, per_example, padding = torch.ones(n, n, dtype=torch.bool).tril(), t.rand_mask(b, n, n, p=0.6), \
-        torch.ones(b, 1, n, dtype=torch.bool)
+    causal, per_example = torch.ones(n, n, dtype=torch.bool).tril(), t.rand_mask(b, n, n, p=0.6)
     per_example[..., 0] = True
-    padding[1] = False  # example 1 is empty: no query of it has a key to attend to
-    _, w0 = expect_pair(obj(x), SELF)
-    expect_tensor(w0, (b, h, n, n), "the weights of SelfAttention without a mask")
+    padding = (torch.arange(b) != 1).reshape(b, 1, 1)  # example 1 is empty: no query of it has a key to attend to
+    w0 = expect_tensor(expect_pair(obj(x), SELF)[1], (b, h, n, n), "the weights of SelfAttention without a mask")
     for mask, what in [(causal, " with an (n, n) mask"), (per_example, " with a (B, n, n) mask"),
                        (causal & padding, " with a causal & padding mask where example 1 is empty")]:
         out, w = expect_pair(obj(x, mask), SELF)
@@ -132,36 +113,23 @@ def self_attention_permutation(t: Trial) -> None:
 # -- design the weights ----------------------------------------------------------------------------
 
 
-def orthonormal_rows(t: Trial, n: int, d: int) -> Tensor:
-    """``(n, d)`` with orthonormal rows (n <= d), random."""
-    a = torch.randn(d, n, generator=t.gen, dtype=torch.float64)
-    qmat, r = torch.linalg.qr(a)  # (d, n)
-    return (qmat * torch.sign(torch.diagonal(r))).T.contiguous().float()  # (n, d)
-
-
-def attention_of(x: Tensor, w_q: Tensor, w_k: Tensor) -> Tensor:
-    """Weights ``softmax((x W_q)(x W_k)^T / sqrt(d))`` of single-head self-attention, in float64."""
-    x64 = x.double()
-    q, k = x64 @ w_q.double(), x64 @ w_k.double()  # (n, d_k)
-    return ref_softmax(q @ k.T / math.sqrt(q.shape[-1]))  # (n, n)
-
-
 @SUITE.check("test_design_weights", parts=[DESIGN])
 def design_weights_check(t: Trial) -> None:
     """The designed W_q, W_k make position i put at least 0.9 of its weight on targets[i], for fresh embeddings and targets."""
     cases = [(4, 4, [1, 2, 3, 0]), (5, 8, None), (6, 6, None), (6, 10, [2, 2, 2, 5, 5, 0])]
     for n, d, targets in cases:
-        x = orthonormal_rows(t, n, d)
+        qmat, r = torch.linalg.qr(torch.randn(d, n, generator=t.gen, dtype=torch.float64))  # (d, n)
+        x = (qmat * torch.sign(torch.diagonal(r))).T.contiguous().float()  # (n, d) with orthonormal rows, random
         tg = torch.tensor(targets) if targets is not None else torch.randint(0, n, (n,), generator=t.gen)
         result = t.call(DESIGN, x, tg)
         if not isinstance(result, (tuple, list)) or len(result) != 2:
             raise CheckFailed(f"design_weights should return a pair (W_q, W_k), got {type(result).__name__}")
-        w_q = expect_tensor(result[0], None, "W_q")
-        w_k = expect_tensor(result[1], None, "W_k")
+        w_q, w_k = expect_tensor(result[0], None, "W_q"), expect_tensor(result[1], None, "W_k")
         if w_q.dim() != 2 or w_k.dim() != 2 or w_q.shape[0] != d or w_k.shape[0] != d or w_q.shape[1] != w_k.shape[1]:
             raise CheckFailed(f"W_q and W_k must be matrices of shape (d, d_k) with the same d_k; for d={d} got "
                               f"{tuple(w_q.shape)} and {tuple(w_k.shape)}")
-        w = attention_of(x, w_q, w_k)  # (n, n)
+        q, k = x.double() @ w_q.double(), x.double() @ w_k.double()  # (n, d_k)
+        w = ref_softmax(q @ k.T / math.sqrt(q.shape[-1]))  # (n, n): the head's weights, in float64
         got = w[torch.arange(n), tg]  # (n,) the weight each position puts on its target
         if bool((got >= 0.9).all()):
             continue
@@ -170,20 +138,18 @@ def design_weights_check(t: Trial) -> None:
         if bool((top == torch.arange(n)).all()) and not bool((tg == torch.arange(n)).all()):
             raise CheckFailed(f"every position attends to itself {where}: the scores must favour key targets[i] "
                               "for query i, so build the target choice into W_q (or W_k)")
-        inverse_ok = all(bool((top[tg[i]] == i)) for i in range(n))
-        if inverse_ok and not bool((top == tg).all()):
+        if all(bool(top[tg[i]] == i) for i in range(n)) and not bool((top == tg).all()):
             raise CheckFailed(f"the pattern is transposed {where}: query i (row i) must attend to key targets[i] "
                               "(column targets[i]), but position targets[i] attends to i instead")
         if bool((top == tg).all()):
             raise CheckFailed(f"each position's largest weight is on its target, but only {got.min().item():.2f} of it "
                               f"{where}: scale W_q or W_k up so the target's score beats the others by a wide margin "
                               "(the scores are divided by sqrt(d_k))")
-        shared = len(set(tg.tolist())) < n
         raise CheckFailed(f"position {int((got < 0.9).nonzero()[0])} puts only {got.min().item():.2f} of its weight "
                           f"on its target {where}; expected at least 0.9" + (
                               ". Here several positions share a target, which the text allows: a construction that "
                               "inverts the targets (argsort, a permutation matrix's transpose) assumes each target "
-                              "is used once" if shared else ""))
+                              "is used once" if len(set(tg.tolist())) < n else ""))
 
 
 # -- conceptual questions (the inputs are in the question; the answer is a value) ----------------------
@@ -201,26 +167,20 @@ SUITE.questions({
         "(0, 1, 2, 3) says every row changes, but output i depends on x_i and on the *set* of all inputs, and "
         "swapping two inputs leaves that set unchanged": (0, 1, 2, 3),
         "(1, 3) lists the rows that stay the same; the question asks for the rows that change": (1, 3),
-        "(0,) forgets that the swap moves two inputs": (0,),
-        "(2,) forgets that the swap moves two inputs": (2,)}, prepare=row_set),
+        **{f"{(row,)} forgets that the swap moves two inputs": (row,) for row in (0, 2)}}, prepare=row_set),
     "q_weights_memory": number(MB * MH * MN * MN * 4 / MIB, "MiB of float32 attention weights (B, H, n, n) for B = 1, "
-                               "H = 16, n = 4096.", {
-        f"{MH * MN * MN / MIB:g} counts the entries (in Mi); a float32 takes 4 bytes": MH * MN * MN / MIB,
-        f"{MN * MN * 4 / MIB:g} MiB is one head; there are {MH} heads, each with its own n x n weights":
-            MN * MN * 4 / MIB,
-        f"{MB * MH * MN * MN * 4 / 1e6:g} is in MB (10^6 bytes); the question asks for MiB (2^20 bytes)":
-            MB * MH * MN * MN * 4 / 1e6,
-        f"{MH * MN * 4 / MIB:g} grows linearly with n; the weights hold one number per (query, key) pair, "
-        "n x n per head": MH * MN * 4 / MIB,
-        f"{MB * MH * MN * MN * 8 / MIB:g} uses 8 bytes per entry; float32 takes 4": MB * MH * MN * MN * 8 / MIB}),
+                               "H = 16, n = 4096.", {f"{wrong:g} {why}": wrong for wrong, why in [
+        (MH * MN * MN / MIB, "counts the entries (in Mi); a float32 takes 4 bytes"),
+        (MN * MN * 4 / MIB, f"MiB is one head; there are {MH} heads, each with its own n x n weights"),
+        (MB * MH * MN * MN * 4 / 1e6, "is in MB (10^6 bytes); the question asks for MiB (2^20 bytes)"),
+        (MH * MN * 4 / MIB, "grows linearly with n; the weights hold one number per (query, key) pair, n x n per head"),
+        (MB * MH * MN * MN * 8 / MIB, "uses 8 bytes per entry; float32 takes 4")]}),
     "q_scores_flops": number(2 * FN * FN * FD, "FLOPs of Q K^T for one head, n = 1024 and d = 64, a multiply-add "
-                             "counted as 2.", {
-        f"{FN * FN * FD} counts multiply-adds; the question counts each as 2 FLOPs": FN * FN * FD,
-        f"{2 * FN * FD * FD} is the cost of a projection (n x d)(d x d); the scores are (n x d)(d x n)":
-            2 * FN * FD * FD,
-        f"{FN * FN} is the number of scores; each is a dot product of length d": FN * FN,
-        f"{2 * FN * FD} is the cost of one query's row of scores; there are n = {FN} queries": 2 * FN * FD},
-        rel=0, abs_tol=0.5),
+                             "counted as 2.", {f"{wrong} {why}": wrong for wrong, why in [
+        (FN * FN * FD, "counts multiply-adds; the question counts each as 2 FLOPs"),
+        (2 * FN * FD * FD, "is the cost of a projection (n x d)(d x d); the scores are (n x d)(d x n)"),
+        (FN * FN, "is the number of scores; each is a dot product of length d"),
+        (2 * FN * FD, f"is the cost of one query's row of scores; there are n = {FN} queries")]}, rel=0, abs_tol=0.5),
     "q_margin": number(math.log(TARGET / (1 - TARGET) * OTHERS), "The smallest score margin that puts weight 0.9 on "
                        "one key out of four (the others scoring 0).", {
         f"ln(0.9 / 0.1) = {math.log(9):.3f} is the margin against one other key; here three other keys share "

@@ -1,31 +1,10 @@
-"""Graded checks for exercise 09_tiny_gpt: ``lm_loss``, ``sample_next``, ``generate``, ``previous_token_score``,
-``induction_score`` and seven conceptual questions; the requirements the exercise states are ``STATED_REQUIREMENTS``
-(``python -m autograder.judging.checks --requirements 09``).
-
-Every fixture the student's code receives is the grader's: the model and the seeded generators come from
-:mod:`autograder.judging.checks.trusted_lm`, whose text is executed in the student's process in a namespace of its
-own (``Trial.trusted``), never looked up among the student's names; every reference is computed here, on the judge's
-own copy of the same model. Sampling is graded by its distribution (12 000 draws of the same row against
-``softmax(logits / T)`` and the classic mistakes' distributions) and its randomness (same seed, same draws; other
-seed, other draws; neighbouring rows agreeing as often as independent draws), so any correct way of drawing passes.
-``generate`` runs on :class:`~autograder.judging.checks.trusted_lm.CacheProbeLM`, whose outputs change when a
-generated position is recomputed instead of read from the cache; its greedy tokens are compared with the judge's
-own cached loop and the classic mistakes' loops (the model's seed drawn until recomputing gives other tokens).
-
-What a student who read this module can still forge (the objects live in the student's process, so
-anything done to them there is the student's):
-
-- change the model handed to ``generate`` before using it (copy ``pos`` into ``recomputed``, or replace
-  its ``forward``) and then recompute everything at every step: that passes. It takes reading this
-  module and tampering with the grader's object on purpose, which a reader of the submission sees.
-- rebuild the cache from the first token at every step, one token per call: each call is then exactly
-  the one a cached loop makes, so the outputs cannot tell it apart. That loop does the work of a cached
-  loop (and more).
-- sampling: a sampler that draws each row with its own random numbers from ``generator`` and the right
-  distribution passes, whatever it is written with; the checks cannot tell a sampler that matches the
-  distribution on these logits and is wrong on others it is never shown (the logits are drawn per
-  student from the grading secret, so it must be right on logits it cannot know in advance).
-"""
+"""Checks of exercise 09_tiny_gpt. The fixtures the student's code receives (the model, the seeded generators) are
+built from :mod:`trusted_lm`'s text in a namespace of their own in the student's process (``Trial.trusted``); the
+references are computed here, on the judge's copy. Sampling is graded by the distribution of 12 000 draws and by its
+randomness, so any correct way of drawing passes; ``generate`` runs on ``CacheProbeLM``, whose outputs change when a
+generated position is recomputed. Forgeable, as those objects live in the student's process: a ``generate`` that
+tampers with the model (in plain sight) or rebuilds the cache one token per call (a cached loop's calls), and a
+sampler right on these logits only (they are drawn per student from the grading secret)."""
 
 from __future__ import annotations
 
@@ -37,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from autograder.judging.checks import (CheckFailed, Obj, Suite, Trial, choice, expect_close, expect_number,
+from autograder.judging.checks import (CheckFailed, Suite, Trial, choice, expect_close, expect_number,
                                        expect_tensor, fail_if_named, number, requirement, trusted_lm)
 from autograder.judging.checks.trusted_lm import CacheProbeLM
 
@@ -52,134 +31,81 @@ WRONG_WAY = ("the targets are shifted the wrong way: logits[:, i] predicts token
              "with tokens[:, 1:], not logits[:, 1:] with tokens[:, :-1]")
 SUMMED = "the loss is summed over the predictions: return the mean (F.cross_entropy's default reduction)"
 IN_BITS = "the loss is in bits: return it in nats (natural logarithm, what F.cross_entropy gives)"
-NOT_SCALAR = ("return one number, the mean over the B (n - 1) predictions, as a scalar tensor (shape ()), not one "
-              "loss per prediction")
-TEMP_AFTER = ("the temperature is applied after the softmax: dividing probabilities by T changes nothing once they "
-              "are normalised again; divide the logits by T before the softmax")
-FROM_LOGITS = ("the tokens are drawn in proportion to the logits themselves: turn them into probabilities with a "
-               "softmax first")
-TEMP_TIMES = "the logits are multiplied by the temperature: divide them by T (T < 1 sharpens, T > 1 flattens)"
 TOP_K_LESS = "top-k keeps k - 1 tokens: keep every logit >= the k-th largest (topk(k).values[:, -1:])"
 TOP_K_MORE = "top-k keeps k + 1 tokens: keep only the k largest logits (>= the k-th largest, topk(k).values[:, -1:])"
 NO_TOP_K = "top_k is ignored: set every logit below the k-th largest to -inf before the softmax"
-NO_GENERATOR = ("two runs with the same seeded generator gave different tokens: pass generator= to "
-                "torch.multinomial (or whatever draws the sample)")
 IGNORES_GENERATOR = ("two different seeds gave exactly the same tokens: the draws do not depend (or hardly depend) on "
                      "the generator passed in (no randomness at all, or torch's global generator reseeded); draw each "
                      "row with generator=generator")
 NOT_INDEPENDENT = ("the rows are not drawn independently: draw each row with its own random number (torch.multinomial "
                    "does, or torch.rand(B, 1, generator=generator) for an inverse-CDF draw)")
 SHARED_DRAW = "every row shares one random draw: " + NOT_INDEPENDENT
-INT64 = ("the stated type is int64 (torch.long), what argmax and torch.multinomial return; convert with .long() if "
-         "your way of drawing gives another")
-NEVER_USED = ("the cache is never used: each step runs without the cache the model returned, so every step "
-              "recomputes the whole sequence (or forgets it); pass the returned cache back in and feed only the newest token")
+NEVER_USED = ("the cache is never used: each step runs without the cache the model returned, so every step recomputes "
+              "the whole sequence (or forgets it); pass the returned cache back in and feed only the newest token")
 RE_FED = ("the prompt is re-fed every step: together with the cache, feed only the newest token; the cache already "
           "holds the keys and values of everything before it")
 TWICE = ("the cache is appended twice: the model already appends the new keys and values to the cache it returns, "
          "so use that cache as it is instead of concatenating it onto the old one")
-WRONG_AXIS = ("the scores are averaged over the wrong axis: average over the batch and the positions, keeping one "
-              "score per head, shape (H,)")
 SELF_DIAG = ("this is the weight of each position on itself (the main diagonal): the previous token is the "
              "diagonal below it, weights[..., i, i - 1] (diagonal offset -1)")
 NEXT_DIAG = ("this reads the diagonal above the main one (position i on i + 1, always 0 under a causal mask): "
              "the previous token is weights[..., i, i - 1], offset -1")
 WITH_FIRST = ("position 0 is counted, although it has no previous token: average over positions 1..n-1 only")
 
-# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words
-# of the exercise text that state it); tests/test_stated_requirements.py and test_ch09_grading.py read it
-_SAMPLES = ("test_sample_next_greedy_topk", "test_sample_next_distribution")
-_GENERATES = ("test_generate_greedy", "test_generate_sampling")
-STATED_REQUIREMENTS = {
-    'loss: logits[:, i] predicts tokens[:, i + 1]': requirement('test_lm_loss', 'not shifted',
-                'the predictions logits[:, i] are compared with the targets tokens[:, i + 1]'),
-    'loss: the shift goes forward': requirement('test_lm_loss', 'wrong way',
-                'the last position has no target and the first token is never predicted'),
-    'loss: the mean, not the sum': requirement('test_lm_loss', 'summed',
-                'return the mean cross-entropy in nats'),
-    'loss: in nats': requirement('test_lm_loss', 'in bits',
-                'return the mean cross-entropy in nats'),
-    'loss: a scalar tensor': requirement('test_lm_loss', 'scalar tensor',
-                'in nats (a scalar tensor) over those b (n - 1) predictions'),
-    'sample: temperature 0 is the arg max': requirement('test_sample_next_greedy_topk', 'arg max of each row',
-                'temperature == 0 means greedy: the arg max of each row'),
-    'sample: temperature divides the logits before the softmax': requirement('test_sample_next_distribution',
-                'after the softmax', 'divide the logits by temperature before the softmax'),
-    'sample: divide by the temperature, not multiply': requirement('test_sample_next_distribution', 'multiplied',
-                'divide the logits by temperature before the softmax'),
-    'sample: draw from the softmax probabilities': requirement('test_sample_next_distribution', 'logits themselves',
-                'draw from the probabilities with torch.multinomial',
-                also=('test_sample_next_greedy_topk',)),  # logits below 0, or -inf outside the top k, are no weights
-    'sample: top_k keeps the k largest, not k - 1': requirement('test_sample_next_greedy_topk', 'k - 1 tokens',
-                'only the k largest logits of each row may be drawn'),
-    'sample: top_k keeps the k largest, not k + 1': requirement('test_sample_next_greedy_topk', 'k + 1 tokens',
-                'only the k largest logits of each row may be drawn'),
-    'sample: top_k used': requirement('test_sample_next_greedy_topk', 'top_k is ignored',
-                'set the others to -\\infty before the softmax'),
-    'sample: the same seeded generator repeats the draws': requirement(_SAMPLES, 'not reproducible',
-                'a seeded generator gives the same tokens every time'),
-    'sample: another seed draws other tokens': requirement(_SAMPLES, 'two different seeds gave exactly the same tokens',
-                'another seed other tokens'),
-    'sample: each row drawn independently': requirement(_SAMPLES, 'shares one random draw',
-                'each row is drawn independently of the others'),
-    'sample: (B,) int64 ids': requirement(_SAMPLES, 'int64',
-                'returns one token id per row, (b,) int64'),
-    'generate: the prompt followed by the new tokens': requirement(_GENERATES, 'should return token ids of shape',
-                'returns the prompt followed by max_new_tokens new tokens'),
-    'generate: (B, n + max_new_tokens) int64': requirement(_GENERATES, 'int64',
-                '(b, n + max_new_tokens) int64'),
-    'generate: the cache is used': requirement(_GENERATES, 'never used',
-                'use the cache: run the prompt through the model once (cache=none)'),
-    'generate: only the newest token is fed': requirement(_GENERATES, 're-fed',
-                'feed only the newest token together with the cache the model returned last time'),
-    'generate: the model appends to the cache itself': requirement(_GENERATES, 'appended twice',
-                'the model appends the new keys and values itself'),
-    "generate: the last position's logits": requirement(_GENERATES, 'last position',
-                'draw each new token from the logits at the last position'),
-    'generate: temperature passed on': requirement('test_generate_greedy', 'differ from greedy decoding',
-                'passing on temperature, top_k and generator'),
-    'generate: top_k passed on': requirement('test_generate_sampling', 'pass top_k to sample_next',
-                'passing on temperature, top_k and generator'),
-    'generate: the generator passed on': requirement('test_generate_sampling', 'same seeded generator differ',
-                'a seeded generator repeats the same tokens'),
-    'score: one score per head': requirement('test_previous_token_score', 'wrong axis',
-                'every sequence of the batch. return one score per head, (h,)'),
-    'score: position i on position i - 1': requirement('test_previous_token_score', 'main diagonal',
-                'its average weight from position i on position i - 1'),
-    'score: positions i >= 1 only': requirement('test_previous_token_score', 'position 0 is counted',
-                'over every i \\ge 1'),
-    "induction: each sequence's own first and length": requirement('test_induction_score', 'one offset',
-                'for each sequence b its block start first[b] and length length[b]'),
-    'induction: the key after the earlier occurrence': requirement('test_induction_score',
-                'earlier occurrence of the token itself',
-                'on the key i - \\ell + 1'),
-    'induction: not a fixed distance back': requirement('test_induction_score', 'previous-token head',
-                'a fixed distance back cannot score high'),
-    'induction: the last token of the second copy is not a query': requirement('test_induction_score', 'last token',
-                'the second copy but its last token'),
-    'induction: pooled over (sequence, query) pairs': requirement('test_induction_score', 'per sequence',
-                'averaged over all those (sequence, query) pairs together'),
-    'induction: one score per head': requirement('test_induction_score', 'one score per head',
-                'score per head, (h,). because every sequence has its own offset'),
-    'q1: a uniform loss in bits': requirement('test_q_uniform_bits', 'nats',
-                'what is its loss on any text, in bits per character'),
-    'q2: nats to bits': requirement('test_q_bits_from_nats', 'divide by ln 2',
-                '(natural logarithm, nats per character). what is that in bits per character'),
-    'q3: the temperature divides the logits': requirement('test_q_temperature_prob', 'before the softmax',
-                'with temperature t = 0.5 (and no top-k), what probability does sample_next give token 0'),
-    'q4: keys and values': requirement('test_q_cache_numbers', 'keys only',
-                'how many numbers does its key-value cache hold'),
-    'q4: every layer': requirement('test_q_cache_numbers', 'one layer',
-                'l = 6 layers of width e = 512'),
-    'q5: the token after the earlier occurrence': requirement('test_q_induction_position', 'previous-token head',
-                'which position does an induction head attend to most'),
-    "q6: layer 0's previous-token head": requirement('test_q_prev_head', 'attends to each position itself',
-                'which head of layer 0 is the previous-token head'),
-    'q6: the index as an int, not a bool': requirement('test_q_prev_head', 'not true or false',
-                'as an int (true and false are not accepted)'),
-    'q7: the score with the previous-token head removed': requirement('test_q_induction_ablated', 'every head in place',
-                'remove the previous-token head you found in q6'),
-}
+# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, words of the
+# exercise text that state it[, checks it fails too]); tests/test_stated_requirements.py, test_ch09_grading.py read it
+_LM, _TOPK, _DRAWS = "test_lm_loss", "test_sample_next_greedy_topk", "test_sample_next_distribution"
+_GREEDY, _SAMPLED, _PREV, _IND = ("test_generate_greedy", "test_generate_sampling", "test_previous_token_score",
+                                  "test_induction_score")
+_SAMPLES, _GENERATES = (_TOPK, _DRAWS), (_GREEDY, _SAMPLED)
+STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
+    'loss: logits[:, i] predicts tokens[:, i + 1]': (_LM, 'not shifted', 'the targets tokens[:, i + 1]'),
+    'loss: the shift goes forward': (_LM, 'wrong way', 'the first token is never predicted'),
+    'loss: the mean, not the sum': (_LM, 'summed', 'return the mean cross-entropy'),
+    'loss: in nats': (_LM, 'in bits', 'the mean cross-entropy in nats'),
+    'loss: a scalar tensor': (_LM, 'scalar tensor', 'in nats (a scalar tensor)'),
+    'sample: temperature 0 is the arg max': (_TOPK, 'arg max of each row', 'means greedy: the arg max'),
+    'sample: temperature divides the logits before the softmax': (_DRAWS, 'after the softmax', 'by temperature before'),
+    'sample: divide by the temperature, not multiply': (_DRAWS, 'multiplied', 'logits by temperature'),
+    # logits below 0, or -inf outside the top k, are no weights: drawing in proportion to them fails top-k too
+    'sample: draw from the softmax probabilities': (_DRAWS, 'logits themselves', 'from the probabilities', (_TOPK,)),
+    'sample: top_k keeps the k largest, not k - 1': (_TOPK, 'k - 1 tokens', 'only the k largest logits'),
+    'sample: top_k keeps the k largest, not k + 1': (_TOPK, 'k + 1 tokens', 'only the k largest logits'),
+    'sample: top_k used': (_TOPK, 'top_k is ignored', 'set the others to -\\infty before the softmax'),
+    'sample: the same seeded generator repeats the draws': (_SAMPLES, 'not reproducible', 'same tokens every time'),
+    'sample: another seed draws other tokens': (_SAMPLES, 'different seeds gave exactly', 'another seed other tokens'),
+    'sample: each row drawn independently': (_SAMPLES, 'shares one random draw', 'drawn independently of'),
+    'sample: (B,) int64 ids': (_SAMPLES, 'int64', 'one token id per row, (b,) int64'),
+    'generate: the prompt followed by the new tokens': (_GENERATES, 'ids of shape', 'prompt followed by'),
+    'generate: (B, n + max_new_tokens) int64': (_GENERATES, 'int64', '(b, n + max_new_tokens) int64'),
+    'generate: the cache is used': (_GENERATES, 'never used', 'run the prompt through the model once'),
+    'generate: only the newest token is fed': (_GENERATES, 're-fed', 'feed only the newest token together'),
+    'generate: the model appends to the cache itself': (_GENERATES, 'appended twice', 'new keys and values itself'),
+    "generate: the last position's logits": (_GENERATES, 'last position', 'the logits at the last position'),
+    'generate: temperature passed on': (_GREEDY, 'differ from greedy decoding', 'on temperature, top_k'),
+    'generate: top_k passed on': (_SAMPLED, 'pass top_k to sample_next', 'passing on temperature, top_k'),
+    'generate: the generator passed on': (_SAMPLED, 'same seeded generator differ', 'generator repeats the same'),
+    'score: one score per head': (_PREV, 'wrong axis', 'batch. return one score per head'),
+    'score: position i on position i - 1': (_PREV, 'main diagonal', 'from position i on position i - 1'),
+    'score: positions i >= 1 only': (_PREV, 'position 0 is counted', 'over every i \\ge 1'),
+    "induction: each sequence's own first and length": (_IND, 'one offset', 'first[b] and length length[b]'),
+    'induction: the key after the earlier occurrence': (_IND, 'of the token itself', 'on the key i - \\ell + 1'),
+    'induction: not a fixed distance back': (_IND, 'previous-token head', 'a fixed distance back cannot'),
+    'induction: the last token of the second copy is not a query': (_IND, 'last token', 'copy but its last token'),
+    'induction: pooled over (sequence, query) pairs': (_IND, 'per sequence', '(sequence, query) pairs'),
+    'induction: one score per head': (_IND, 'one score per head', 'score per head, (h,). because'),
+    'q1: a uniform loss in bits': ('test_q_uniform_bits', 'nats', 'its loss on any text, in bits'),
+    'q2: nats to bits': ('test_q_bits_from_nats', 'divide by ln 2', 'what is that in bits per character'),
+    'q3: the temperature divides the logits': ('test_q_temperature_prob', 'before the softmax', 'temperature t = 0.5'),
+    'q4: keys and values': ('test_q_cache_numbers', 'keys only', 'numbers does its key-value cache hold'),
+    'q4: every layer': ('test_q_cache_numbers', 'one layer', 'l = 6 layers of width e = 512'),
+    'q5: the token after the earlier occurrence': ('test_q_induction_position', 'previous-token head',
+                                                   'which position does an induction head attend to'),
+    "q6: layer 0's previous-token head": ('test_q_prev_head', 'each position itself', 'which head of layer 0'),
+    'q6: the index as an int, not a bool': ('test_q_prev_head', 'not true or false', 'true and false are not accepted'),
+    'q7: the score with the previous-token head removed': ('test_q_induction_ablated', 'every head in place',
+                                                           'remove the previous-token head you found'),
+}.items()}
 
 
 # -- the loss ---------------------------------------------------------------------------------------------
@@ -191,7 +117,8 @@ def _ce(logits: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
 
 def _scalar(got: object, expected: Tensor, what: str, wrong: dict[str, Tensor]) -> None:
     if isinstance(got, Tensor) and got.numel() != 1:
-        raise CheckFailed(f"{what} has shape {tuple(got.shape)}: {NOT_SCALAR}")
+        raise CheckFailed(f"{what} has shape {tuple(got.shape)}: return one number, the mean over the B (n - 1) "
+                          "predictions, as a scalar tensor (shape ()), not one loss per prediction")
     expect_close(expect_tensor(got.reshape(()) if isinstance(got, Tensor) else got, (), what), expected, what, wrong)
 
 
@@ -212,11 +139,6 @@ SUITE.oracle("test_lm_loss", LOSS, "The mean next-token cross-entropy on random 
 ROWS = 12000
 
 
-def _generator(t: Trial, seed: int) -> Obj:
-    """A seeded generator built from the grader's own code in the student's process (never the notebook's)."""
-    return t.trusted(FIXTURES, "seeded_generator", seed)
-
-
 def _ids(got: object, shape: tuple[int, ...], vocab: int, what: str) -> Tensor:
     """``got`` must be int64 token ids of ``shape``, each in ``0 .. vocab - 1``."""
     if not isinstance(got, Tensor) or tuple(got.shape) != shape:
@@ -225,29 +147,26 @@ def _ids(got: object, shape: tuple[int, ...], vocab: int, what: str) -> Tensor:
     if got.is_floating_point() or got.dtype == torch.bool:
         raise CheckFailed(f"{what} returned {got.dtype}: return integer token ids, int64")
     if got.dtype != torch.int64:
-        raise CheckFailed(f"{what} returned {got.dtype} token ids: {INT64}")
+        raise CheckFailed(f"{what} returned {got.dtype} token ids: the stated type is int64 (torch.long), what argmax "
+                          "and torch.multinomial return; convert with .long() if your way of drawing gives another")
     if got.numel() and (got.min() < 0 or got.max() >= vocab):
         raise CheckFailed(f"{what} returned ids outside 0..{vocab - 1}")
     return got
 
 
-def _draw(t: Trial, logits: Tensor, temperature: float, top_k: int | None, seed: int, what: str) -> Tensor:
-    """``sample_next`` on ``ROWS`` copies of the row ``logits`` (1, V), with a generator seeded ``seed``."""
-    draws = t.call(SAMPLE, logits.repeat(ROWS, 1), temperature, top_k, _generator(t, seed))
-    return _ids(draws, (ROWS,), logits.shape[-1], what)
-
-
-def _keep_top(logits: Tensor, k: int) -> Tensor:
-    kth = logits.topk(k, dim=-1).values[..., -1:]
-    return logits.masked_fill(logits < kth, float("-inf"))
+def _keep_top(logits: Tensor, k: int) -> Tensor:  # every logit below the k-th largest set to -inf
+    return logits.masked_fill(logits < logits.topk(k, dim=-1).values[..., -1:], float("-inf"))
 
 
 def _expect_sampled(t: Trial, logits: Tensor, temperature: float, top_k: int | None, seed: int, what: str,
                     expected: Tensor, mistakes: dict[str, Tensor]) -> None:
-    """Draws of ``ROWS`` identical rows: frequencies equal ``expected`` (a known mistake's are named), the same
-    seed gives the same draws, another seed other draws, and neighbouring rows agree no more often than
-    independent draws do."""
-    draws = _draw(t, logits, temperature, top_k, seed, what)
+    """Draws of ``ROWS`` identical rows: frequencies equal ``expected`` (a known mistake's are named), the same seed
+    gives the same draws, another seed other draws, and neighbouring rows agree no more often than independent draws."""
+    def draw(seed: int) -> Tensor:  # sample_next on ROWS copies of the row logits (1, V), the generator seeded seed
+        got = t.call(SAMPLE, logits.repeat(ROWS, 1), temperature, top_k, t.trusted(FIXTURES, "seeded_generator", seed))
+        return _ids(got, (ROWS,), logits.shape[-1], what)
+
+    draws = draw(seed)
     same = float((expected ** 2).sum())  # the chance that two independent draws give the same token
     if same < 0.9 and bool((draws == draws[0]).all()):
         raise CheckFailed(f"{what}: every row drew token {int(draws[0])}: {SHARED_DRAW}")
@@ -259,9 +178,10 @@ def _expect_sampled(t: Trial, logits: Tensor, temperature: float, top_k: int | N
                           "not match softmax(logits / temperature)")
     if same >= 0.9:
         return  # (nearly) one token can be drawn: the draws cannot show what the generator does
-    if not torch.equal(_draw(t, logits, temperature, top_k, seed, what), draws):
-        raise CheckFailed(f"{what} is not reproducible: {NO_GENERATOR}")
-    if torch.equal(_draw(t, logits, temperature, top_k, seed + 7919, what), draws):
+    if not torch.equal(draw(seed), draws):
+        raise CheckFailed(f"{what} is not reproducible: two runs with the same seeded generator gave different "
+                          "tokens: pass generator= to torch.multinomial (or whatever draws the sample)")
+    if torch.equal(draw(seed + 7919), draws):
         raise CheckFailed(f"{what}: {IGNORES_GENERATOR}")
     agree = float((draws[0::2] == draws[1::2]).double().mean())
     if abs(agree - same) > 0.04:  # about 6 standard deviations of that fraction over 6000 pairs
@@ -274,18 +194,15 @@ def sample_greedy_topk(t: Trial) -> None:
     """Temperature 0 is the arg max; top-k draws exactly the k largest logits, in the right proportions, at random:
     the same seed gives the same tokens, another seed others."""
     logits = t.randn(5, 9, scale=2.0)
-    what = "sample_next with temperature 0"
-    got = _ids(t.call(SAMPLE, logits, 0.0, None, None), (5,), 9, what)
+    got = _ids(t.call(SAMPLE, logits, 0.0, None, None), (5,), 9, "sample_next with temperature 0")
     if got.tolist() != logits.argmax(-1).tolist():
-        raise CheckFailed(f"{what} should return the arg max of each row (greedy decoding)")
+        raise CheckFailed("sample_next with temperature 0 should return the arg max of each row (greedy decoding)")
     row = t.randn(1, 8, scale=1.5)
     for k in (3, 6, 1):
-        mistakes = {NO_TOP_K: torch.softmax(row.double(), -1)[0]}
-        if k > 1:
-            mistakes[TOP_K_LESS] = torch.softmax(_keep_top(row.double(), k - 1), -1)[0]
-        mistakes[TOP_K_MORE] = torch.softmax(_keep_top(row.double(), k + 1), -1)[0]
-        _expect_sampled(t, row, 1.0, k, 11 + k, f"sample_next with top_k={k}",
-                        torch.softmax(_keep_top(row.double(), k), -1)[0], mistakes)
+        right, less, more, every = [torch.softmax(_keep_top(row.double(), j), -1)[0]
+                                    for j in (k, max(k - 1, 1), k + 1, 8)]  # 8: every one of the 8 tokens
+        _expect_sampled(t, row, 1.0, k, 11 + k, f"sample_next with top_k={k}", right,
+                        {NO_TOP_K: every, **({TOP_K_LESS: less} if k > 1 else {}), TOP_K_MORE: more})
 
 
 @SUITE.check("test_sample_next_distribution", parts=[SAMPLE])
@@ -295,61 +212,53 @@ def sample_distribution(t: Trial) -> None:
     logits = (t.randn(1, 6).abs() + 0.3) * torch.tensor([[1.0, 2.5, 0.5, 3.0, 1.5, 0.8]])  # positive, distinct
     l64 = logits.double()[0]
     for temperature in (0.5, 2.5):
-        _expect_sampled(t, logits, temperature, None, int(temperature * 10), f"sample_next at temperature {temperature}",
-                        torch.softmax(l64 / temperature, -1), {
-                            TEMP_AFTER: torch.softmax(l64, -1),
-                            FROM_LOGITS: (l64 / temperature) / (l64 / temperature).sum(),
-                            TEMP_TIMES: torch.softmax(l64 * temperature, -1)})
+        scaled, what = l64 / temperature, f"sample_next at temperature {temperature}"
+        _expect_sampled(t, logits, temperature, None, int(temperature * 10), what, torch.softmax(scaled, -1), {
+            "the temperature is applied after the softmax: dividing probabilities by T changes nothing once they are "
+            "normalised again; divide the logits by T before the softmax": torch.softmax(l64, -1),
+            "the tokens are drawn in proportion to the logits themselves: turn them into probabilities with a softmax "
+            "first": scaled / scaled.sum(),
+            "the logits are multiplied by the temperature: divide them by T (T < 1 sharpens, T > 1 flattens)":
+                torch.softmax(l64 * temperature, -1)})
 
 
 # -- generation ---------------------------------------------------------------------------------------------
 
 VOCAB = 12  # CacheProbeLM's default vocabulary, which the prompts are drawn from
-LOOPS = ("cached", "recomputed", "dropped", "re-fed", "twice")  # the right loop, then the classic mistakes'
 LOOP_MISTAKES = {"recomputed": NEVER_USED, "dropped": NEVER_USED, "re-fed": RE_FED, "twice": TWICE}
 
 
 def _loop(model: CacheProbeLM, prompt: Tensor, max_new: int, way: str,
-          pick: Callable[[int, Tensor], Tensor]) -> tuple[Tensor, list[Tensor]]:
-    """Generation on the judge's copy of the model, the loop written ``way`` (one of ``LOOPS``): the tokens
-    ``(B, n + max_new)`` and the logits ``(B, V)`` each step drew from; ``pick(step, logits)`` gives the
-    step's tokens ``(B, 1)`` (the arg max, or the tokens the student's run drew)."""
+          pick: Callable[[int, Tensor], Tensor] | None = None) -> tuple[Tensor | None, list[Tensor] | None]:
+    """Generation on the judge's copy of the model, the loop written ``way``: "cached" (the newest token fed with the
+    returned cache), or a mistake's of ``LOOP_MISTAKES``: "recomputed" (every token, no cache), "dropped" (the newest
+    token, no cache), "re-fed" (every token with the cache), "twice" (the returned cache appended to the old). The
+    tokens ``(B, n + max_new)`` and the logits ``(B, V)`` each step drew from (None, None where a mistake's loop runs
+    out of positions); ``pick(step, logits)``: the step's tokens ``(B, 1)`` (the arg max, or the student's tokens)."""
     tokens, step_input, cache, lasts = prompt, prompt, None, []
     with torch.no_grad():
         for step in range(max_new):
-            if way == "cached":
-                logits, cache = model(step_input, cache)
-            elif way == "recomputed":
-                logits, _ = model(tokens)
-            elif way == "dropped":
-                logits, _ = model(step_input)
-            elif way == "re-fed":
-                logits, cache = model(tokens, cache)
-            else:  # "twice": the returned cache concatenated onto the old one
-                logits, new = model(step_input, cache)
-                cache = new if cache is None else (torch.cat([cache[0], new[0]], 1), torch.cat([cache[1], new[1]], 1))
+            try:
+                logits, returned = model(tokens if way in ("recomputed", "re-fed") else step_input, cache)
+            except ValueError:  # more positions than the model has
+                return None, None
+            if way == "twice" and cache is not None:
+                returned = tuple(torch.cat([old, new], 1) for old, new in zip(cache, returned))
+            cache = None if way in ("recomputed", "dropped") else returned
             lasts.append(logits[:, -1].double())
-            step_input = pick(step, logits[:, -1])
+            step_input = logits[:, -1].argmax(-1, keepdim=True) if pick is None else pick(step, logits[:, -1])
             tokens = torch.cat([tokens, step_input], dim=1)
     return tokens, lasts
 
 
-def _greedy(step: int, logits: Tensor) -> Tensor:
-    return logits.argmax(-1, keepdim=True)
-
-
 def _greedy_tokens(model: CacheProbeLM, prompt: Tensor, max_new: int, way: str) -> Tensor | None:
-    """Greedy tokens of the loop ``way`` of ``LOOPS``; None where a mistake's loop runs out of positions."""
-    try:
-        return _loop(model, prompt, max_new, way, _greedy)[0]
-    except ValueError:
-        return None
+    """Greedy tokens of the loop ``way``; None where a mistake's loop runs out of positions."""
+    return _loop(model, prompt, max_new, way)[0]
 
 
 def _model(t: Trial, prompt: Tensor, max_new: int) -> tuple[int, CacheProbeLM, Tensor]:
-    """A model seed for which recomputing gives other greedy tokens than using the cache (almost every seed
-    does), so that a loop without the cache cannot pass by chance; the judge's own copy of that model, and its
-    greedy tokens with the cache."""
+    """A model seed for which recomputing gives other greedy tokens than the cache (almost every seed does), so that a
+    loop without the cache cannot pass by chance; the judge's copy of that model, and its greedy tokens."""
     for _ in range(50):
         seed = int(t.randint(0, 1 << 30, (1,)))
         model = CacheProbeLM(prompt.shape[1], seed=seed)
@@ -362,11 +271,10 @@ def _model(t: Trial, prompt: Tensor, max_new: int) -> tuple[int, CacheProbeLM, T
 def _generated(t: Trial, seed: int, prompt: Tensor, max_new: int, temperature: float, top_k: int | None,
                generator_seed: int | None, what: str) -> Tensor:
     """The student's ``generate`` on a fresh copy of the grader's model (and generator) in the student's process."""
-    model = t.trusted(FIXTURES, "CacheProbeLM", prompt.shape[1], seed=seed)
-    generator = None if generator_seed is None else _generator(t, generator_seed)
     b, n = prompt.shape
-    out = _ids(t.call(GENERATE, model, prompt, max_new, temperature, top_k, generator), (b, n + max_new),
-               VOCAB, what)
+    model = t.trusted(FIXTURES, "CacheProbeLM", n, seed=seed)
+    generator = None if generator_seed is None else t.trusted(FIXTURES, "seeded_generator", generator_seed)
+    out = _ids(t.call(GENERATE, model, prompt, max_new, temperature, top_k, generator), (b, n + max_new), VOCAB, what)
     if not torch.equal(out[:, :n], prompt):
         raise CheckFailed(f"{what}: the result should start with the prompt")
     return out
@@ -407,12 +315,7 @@ def generate_sampling(t: Trial) -> None:
                              if not (logits.topk(k, dim=-1).indices == first[:, n + i:n + i + 1]).any(-1).all()]
     _, lasts = _loop(model, prompt, max_new, "cached", forced)
     if outside(lasts):
-        def steps(way: str) -> list[Tensor] | None:  # None where this mistake's loop runs out of positions
-            try:
-                return _loop(model, prompt, max_new, way, forced)[1]
-            except ValueError:
-                return None
-        fail_if_named(None, ((m, steps(w)) for w, m in LOOP_MISTAKES.items()), what,
+        fail_if_named(None, ((m, _loop(model, prompt, max_new, w, forced)[1]) for w, m in LOOP_MISTAKES.items()), what,
                       lambda _, wrong: wrong is not None and not outside(wrong))
         raise CheckFailed(f"{what}: token {n + outside(lasts)[0]} is not among the {k} most likely of its step: pass "
                           "top_k to sample_next, and sample from the logits of the last position")
@@ -438,12 +341,12 @@ def score_check(t: Trial) -> None:
     what = "previous_token_score on weights (B, H, n, n) = (3, 4, 7, 7)"
     if isinstance(got, Tensor) and tuple(got.shape) != (h,):
         if got.numel() == 1 or tuple(got.shape) in ((b,), (n - 1,), (b, h), (h, n - 1), (b, n - 1)):
-            raise CheckFailed(f"{what} returned shape {tuple(got.shape)}: {WRONG_AXIS}")
+            raise CheckFailed(f"{what} returned shape {tuple(got.shape)}: the scores are averaged over the wrong "
+                              "axis: average over the batch and the positions, keeping one score per head, shape (H,)")
     self_diag = weights.double().diagonal(dim1=-2, dim2=-1)
-    with_first = torch.cat([torch.zeros(b, h, 1, dtype=torch.float64), diag], dim=-1).mean(dim=(0, 2))
     expect_close(got, diag.mean(dim=(0, 2)), what, {
         SELF_DIAG: self_diag.mean(dim=(0, 2)), SELF_DIAG + " (from position 1 on)": self_diag[..., 1:].mean(dim=(0, 2)),
-        NEXT_DIAG: torch.zeros(h, dtype=torch.float64), WITH_FIRST: with_first})
+        NEXT_DIAG: torch.zeros(h, dtype=torch.float64), WITH_FIRST: diag.sum(dim=(0, 2)) / (b * n)})
 
 
 # -- conceptual questions -----------------------------------------------------------------------------------
@@ -478,66 +381,38 @@ SUITE.questions({  # value, words (the check's description), named mistakes, poi
 
 
 # -- the induction circuit ----------------------------------------------------------------------------------
-# The grader's own copy of the exercise's CopyToy and make_repeats (its setup cell): the answers to Q6 and Q7
-# are recomputed here, never read from the student's objects.
+# The answers to Q6 and Q7 are recomputed here from the exercise's setup cell (CopyToy, make_repeats), never read
+# from the student's objects.
 
 INDUCTION = "induction_score"
 FIXED_OFFSET = ("one offset for every sequence: use each sequence's own first[b] and length[b] (the key of "
                 "query i in sequence b is i - length[b] + 1)")
-SAME_TOKEN = ("this is the weight on the earlier occurrence of the token itself, i - length; an induction head "
-              "attends to the token AFTER it, i - length + 1, which is what comes next")
-PREVIOUS = "this is the weight on the previous token, i - 1: a previous-token head, not an induction head"
-LAST_QUERY = ("the last token of the second copy is counted: its next token is not a copy, so the queries end at "
-              "first + 2 length - 2")
-PER_SEQUENCE = ("the scores are averaged per sequence first: average over all (sequence, query) pairs together, "
-                "so a sequence with a longer block counts for more queries")
 
 
-class _CopyToy:
-    """The exercise's hand-set 2-layer circuit: layer 0 head 1 looks one back, layer 1 head 0 copies."""
+def _toy_weights(tokens: Tensor, head_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The attention weights (B, 2, n, n) of layers 0 and 1 of the exercise's hand-set ``CopyToy()`` (vocabulary 16
+    and a start token, 20 positions, sharpness 12). Its logits are not needed: only the output of layer 0 head 1 (the
+    previous-token head) reaches a weight, so ``head_mask[0, 1]`` is the only entry that changes one."""
+    n, eye = tokens.shape[1], torch.eye(20)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
 
-    def __init__(self, vocab_size: int = 16, max_len: int = 20, sharpness: float = 12.0) -> None:
-        V1, n = vocab_size + 1, max_len
-        self.V1, self.max_len, self.beta = V1, n, sharpness
-        self.tok, self.pos = slice(0, V1), slice(V1, V1 + n)
-        self.prev, self.copy = slice(V1 + n, 2 * V1 + n), slice(2 * V1 + n, 3 * V1 + n)
-        self.dim = 3 * V1 + n
+    def attend(q: Tensor, k: Tensor) -> Tensor:
+        return torch.softmax((12.0 * q @ k.transpose(-2, -1)).masked_fill(~causal, float("-inf")), -1)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        n = q.shape[1]
-        causal = torch.ones(n, n, dtype=torch.bool).tril()
-        weights = torch.softmax((self.beta * q @ k.transpose(1, 2)).masked_fill(~causal, float("-inf")), -1)
-        return weights @ v, weights
-
-    def __call__(self, tokens: Tensor, head_mask: Tensor | None = None) -> tuple[Tensor, list[Tensor]]:
-        B, n = tokens.shape
-        mask = torch.ones(2, 2) if head_mask is None else head_mask
-        x = torch.zeros(B, n, self.dim)
-        x[..., self.tok] = F.one_hot(tokens, self.V1).float()
-        x[..., self.pos] = torch.eye(self.max_len)[:n]
-        pos, nothing = x[..., self.pos], torch.zeros_like(x)
-        out00, w00 = self._attend(pos, pos, nothing)
-        v01 = torch.zeros_like(x)
-        v01[..., self.prev] = x[..., self.tok]
-        out01, w01 = self._attend(pos.roll(-1, dims=-1), pos, v01)
-        x = x + mask[0, 0] * out00 + mask[0, 1] * out01
-        v10 = torch.zeros_like(x)
-        v10[..., self.copy] = x[..., self.tok]
-        out10, w10 = self._attend(x[..., self.tok], x[..., self.prev], v10)
-        first = torch.zeros(B, n, 1)
-        first[:, 0] = 1
-        out11, w11 = self._attend(torch.ones(B, n, 1), first, nothing)
-        x = x + mask[1, 0] * out10 + mask[1, 1] * out11
-        return 8.0 * x[..., self.copy], [torch.stack([w00, w01], 1), torch.stack([w10, w11], 1)]
+    tok, pos = F.one_hot(tokens, 17).float(), eye[:n]
+    w00, w01 = attend(pos, pos), attend(pos.roll(-1, dims=-1), pos)  # on the positions alone: the same in each row
+    prev = (1.0 if head_mask is None else head_mask[0, 1]) * (w01 @ tok)  # the previous-token slot after layer 0
+    w10, w11 = attend(tok, prev), attend(torch.ones(n, 1), eye[:n, :1])  # the induction head, and one on position 0
+    batch = (tokens.shape[0], n, n)
+    return torch.stack([w00.expand(batch), w01.expand(batch)], 1), torch.stack([w10, w11.expand(batch)], 1)
 
 
-def _make_repeats(batch: int, n: int = 20, vocab_size: int = 16, lengths: tuple[int, int] = (3, 8),
-                  seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, vocab_size, (batch, n), generator=g)
-    tokens[:, 0] = vocab_size
-    length = torch.randint(lengths[0], lengths[1] + 1, (batch,), generator=g)
-    first = torch.stack([torch.randint(1, n - 2 * int(l) + 1, (1,), generator=g)[0] for l in length])
+def _make_repeats(batch: int) -> tuple[Tensor, Tensor, Tensor]:  # make_repeats(batch) with its defaults
+    g = torch.Generator().manual_seed(0)  # n = 20 tokens of a vocabulary of 16, a block of 3 to 8 repeated
+    tokens = torch.randint(0, 16, (batch, 20), generator=g)
+    tokens[:, 0] = 16
+    length = torch.randint(3, 8 + 1, (batch,), generator=g)
+    first = torch.stack([torch.randint(1, 20 - 2 * int(l) + 1, (1,), generator=g)[0] for l in length])
     for b in range(batch):
         f, l = int(first[b]), int(length[b])
         tokens[b, f + l:f + 2 * l] = tokens[b, f:f + l]
@@ -575,18 +450,20 @@ def induction_check(t: Trial) -> None:
     expect_close(got, _induction(weights, first, length), what, {
         FIXED_OFFSET: _induction(weights, first[:1].expand(b), length[:1].expand(b)),
         FIXED_OFFSET + " (not the first sequence's)": _induction(weights, first, length, back=length[:1] - 1),
-        SAME_TOKEN: _induction(weights, first, length, back=length),
-        PREVIOUS: _induction(weights, first, length, back=torch.ones_like(length)),
-        LAST_QUERY: _induction(weights, first, length, last=1),
-        PER_SEQUENCE: _induction(weights, first, length, pooled=False)})
+        "this is the weight on the earlier occurrence of the token itself, i - length; an induction head attends to "
+        "the token AFTER it, i - length + 1, which is what comes next": _induction(weights, first, length, back=length),
+        "this is the weight on the previous token, i - 1: a previous-token head, not an induction head":
+            _induction(weights, first, length, back=torch.ones_like(length)),
+        "the last token of the second copy is counted: its next token is not a copy, so the queries end at "
+        "first + 2 length - 2": _induction(weights, first, length, last=1),
+        "the scores are averaged per sequence first: average over all (sequence, query) pairs together, so a sequence "
+        "with a longer block counts for more queries": _induction(weights, first, length, pooled=False)})
 
 
 @SUITE.check("test_q_prev_head", parts=["q_prev_head"])
 def q_prev_head(t: Trial) -> None:
     """Layer 0's previous-token head of the hand-set circuit, recomputed here."""
-    tokens, _, _ = _make_repeats(256)
-    _, weights = _CopyToy()(tokens)
-    scores = weights[0].diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))  # (2,)
+    scores = _toy_weights(_make_repeats(256)[0])[0].diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))  # (2,)
     expected = int(scores.argmax())
     if isinstance(t.value("q_prev_head"), bool):  # the text asks for an int; True == 1 is not an index
         raise CheckFailed("q_prev_head is a bool: assign the head's index as the int 0 or 1, not True or False")
@@ -600,18 +477,13 @@ def q_prev_head(t: Trial) -> None:
 def q_induction_ablated(t: Trial) -> None:
     """The induction score of layer 1 head 0 with the previous-token head removed, recomputed on the same data."""
     tokens, first, length = _make_repeats(256)
-    toy = _CopyToy()
-
-    def score(layer: int, head: int) -> float:
-        mask = torch.ones(2, 2)
-        mask[layer, head] = 0
-        return float(_induction(toy(tokens, mask)[1][1], first, length)[0])
-
-    intact = float(_induction(toy(tokens)[1][1], first, length)[0])
-    prev_head = int(toy(tokens)[1][0].diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2)).argmax())
-    expect_number(t.value("q_induction_ablated"), score(0, prev_head), "q_induction_ablated", {
-        f"that is the score with every head in place ({intact:.3f}), or with a head removed that the "
-        "induction head does not depend on: remove the previous-token head of Q6": intact,
+    layer0, layer1 = _toy_weights(tokens)
+    knock_out = torch.ones(2, 2)
+    knock_out[0, int(layer0.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2)).argmax())] = 0
+    intact = _induction(layer1, first, length).tolist()  # head 1 of layer 1 does not depend on layer 0
+    ablated = float(_induction(_toy_weights(tokens, knock_out)[1], first, length)[0])
+    expect_number(t.value("q_induction_ablated"), ablated, "q_induction_ablated", {
+        f"that is the score with every head in place ({intact[0]:.3f}), or with a head removed that the "
+        "induction head does not depend on: remove the previous-token head of Q6": intact[0],
         "that is head 1 of layer 1, which never attends after an earlier occurrence: the induction head is "
-        "layer 1, head 0": float(_induction(toy(tokens, torch.tensor([[1.0, 0.0], [1.0, 1.0]]))[1][1],
-                                          first, length)[1])}, rel=2e-3, abs_tol=1e-4)
+        "layer 1, head 0": intact[1]}, rel=2e-3, abs_tol=1e-4)

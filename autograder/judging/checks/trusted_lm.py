@@ -1,14 +1,7 @@
-"""Exercise 09's fixtures: a language model whose outputs show whether it was used with a cache, and a generator.
-
-The checks of ``autograder/judging/checks/ch09_tiny_gpt.py`` use this module twice: they run it here, in the
-judge's process, to compute every reference (greedy tokens, the logits of each step), and they send
-its text into the student's process (``Trial.trusted``), where it is executed into a fresh namespace
-of its own; the objects built there are what the student's ``generate`` and ``sample_next`` receive.
-Nothing is looked up by name among the student's definitions, so a ``TinyLM`` or ``seeded_generator``
-redefined in a cell changes nothing.
-
-It imports only ``math`` and ``torch``: it runs in the sandbox too.
-"""
+"""Exercise 09's fixtures, run twice: here, in the judge, for every reference, and from this text in a fresh namespace
+of their own in the student's process (``Trial.trusted``), where they are what the student's ``generate`` and
+``sample_next`` receive (a ``TinyLM`` or ``seeded_generator`` redefined in a cell changes nothing). It imports only
+``math`` and ``torch``: it runs in the sandbox too."""
 
 from __future__ import annotations
 
@@ -18,34 +11,21 @@ import torch
 
 
 class CacheProbeLM(torch.nn.Module):
-    """The notebook's ``TinyLM`` (one causal attention layer, learned positions, a key-value cache), marked
-    so that its outputs show whether the cache was used.
-
-    ``model(tokens, cache=None) -> (logits, cache)`` as ``TinyLM``: ``tokens`` ``(B, s)`` are the ``s``
-    positions after the ``t`` whose keys and values ``cache`` holds; ``logits`` ``(B, s, V)``; the cache
-    returned, ``(keys, values)`` each ``(B, t + s, D)``, holds all ``t + s`` positions.
-
-    The mark: a token at a position ``p >= prompt_len`` (a generated one) is known only once the logits
-    at ``p - 1`` are, so a loop that uses the cache feeds it alone, in a call of one token. Such a call
-    gives it the positional vector ``pos[p]``. A call of several tokens that computes such a position
-    (the whole sequence recomputed without the cache, the token fed again together with others) gives it
-    ``recomputed[p]``, a different vector: its key, value and logits change, and so do the tokens drawn
-    after it. Prompt positions get ``pos[p]`` however the prompt is fed (at once, in pieces, a token at
-    a time). So greedy generation that uses the cache gives the same tokens as recomputing everything on
-    ``TinyLM``, and a loop that recomputes gives other tokens.
-
-    ``call_log()`` lists ``(s, t)`` of every call, as ``TinyLM``'s does, to help a student debug; nothing
-    is graded from it (it lives in the student's process).
-    """
+    """The notebook's ``TinyLM`` (``model(tokens, cache=None) -> (logits, cache)``: one causal attention layer,
+    learned positions, a key-value cache) with a mark that shows whether the cache was used. A generated position
+    ``p >= prompt_len`` fed alone (as a cached loop does: its token is known only once the logits at ``p - 1`` are)
+    gets the positional vector ``pos[p]``; computed in a call of several tokens (recomputed without the cache, or fed
+    again with others) it gets ``recomputed[p]``, and the tokens drawn after it change. Prompt positions get ``pos[p]``
+    however they are fed. ``call_log()`` lists ``(s, t)`` of every call for a student to debug with (not graded: it
+    lives in the student's process)."""
 
     def __init__(self, prompt_len: int, vocab_size: int = 12, dim: int = 16, max_len: int = 64, seed: int = 0) -> None:
         super().__init__()
         g = torch.Generator().manual_seed(int(seed))
         self.prompt_len, self.max_len = int(prompt_len), int(max_len)
         self.embed = torch.nn.Parameter(torch.randn(vocab_size, dim, generator=g))
-        pos = torch.randn(max_len, dim, generator=g)
-        self.pos = torch.nn.Parameter(pos)
-        self.recomputed = torch.nn.Parameter(pos + 2.0 * torch.randn(max_len, dim, generator=g))
+        self.pos = torch.nn.Parameter(torch.randn(max_len, dim, generator=g))
+        self.recomputed = torch.nn.Parameter(self.pos.detach() + 2.0 * torch.randn(max_len, dim, generator=g))
         self.proj = torch.nn.Parameter(torch.randn(3, dim, dim, generator=g) / math.sqrt(dim))
         # logits of order 1: sampling with a temperature near 1 has several likely tokens to draw from
         self.out = torch.nn.Parameter(torch.randn(dim, vocab_size, generator=g) / math.sqrt(dim))
