@@ -37,6 +37,20 @@ def test_question_table_row_names_a_nan_and_keeps_the_answer_secret():
     assert "0.25" not in str(e.value)
 
 
+def test_a_check_description_is_its_docstrings_whole_first_paragraph():
+    """A first sentence that wraps is shown whole beside the score, not cut at the line's end."""
+    suite = Suite("xx_test")
+
+    @suite.check("test_wrapped", parts=["f"])
+    def wrapped(t):
+        """f keeps the sum of the values it is given,
+        whatever their order.
+
+        How it is checked: not shown."""
+
+    assert suite.checks["test_wrapped"].doc == "f keeps the sum of the values it is given, whatever their order."
+
+
 def test_oracle_runs_each_case_and_names_the_mistake():
     suite = Suite("xx_test")
     suite.oracle("test_double", "double", "double(x) is 2 x.", cases=[(2, 3), (4,)],

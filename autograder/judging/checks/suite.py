@@ -41,9 +41,10 @@ class Suite:
         self.checks[grade_id] = Check(grade_id, fn, tuple(parts), doc, points)
 
     def check(self, grade_id: str, parts: Iterable[str]) -> Callable[[Callable[[Trial], None]], Callable[[Trial], None]]:
-        """Decorator: the function is the check of ``grade_id``; its docstring's first line says what property."""
+        """Decorator: the function is the check of ``grade_id``; its docstring's first paragraph (a sentence that
+        may wrap) says what property."""
         def register(fn: Callable[[Trial], None]) -> Callable[[Trial], None]:
-            self.add(grade_id, parts, fn, (fn.__doc__ or grade_id).strip().splitlines()[0])
+            self.add(grade_id, parts, fn, " ".join((fn.__doc__ or grade_id).strip().split("\n\n")[0].split()))
             return fn
 
         return register
