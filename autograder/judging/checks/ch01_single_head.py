@@ -20,32 +20,29 @@ from autograder.judging.checks.common import (ATTENTION_MISTAKES, expect_distrib
                                               hidden_keys_changed)
 
 SUITE = Suite("01_single_head")
-AFTER_SHAPES = ('test_sdpa_values', 'test_sdpa_batch_dims', 'test_sdpa_mask', 'test_sdpa_fully_masked',
-                'test_sdpa_dtype_stability')  # the attention checks that a wrong pair or shape fails too
+_BASIC, _DIM, _STABLE = (f"test_softmax_{c}" for c in ("basic", "dim", "stable"))
+_SHAPES, _VALUES, _BATCH, _MASK, _FULL, _DTYPE = (f"test_sdpa_{c}" for c in (
+    "shapes", "values", "batch_dims", "mask", "fully_masked", "dtype_stability"))
 STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
-    'softmax along dim': requirement('test_softmax_dim', 'dim', 'along the axis dim'),
-    'softmax stable near 1e4': requirement('test_softmax_stable', 'overflow', 'subtract the maximum'),
-    'softmax of an all -inf slice is zero': requirement('test_softmax_stable', 'entirely -inf',
-        'must give zeros, not nan'),
-    'softmax keeps shape and dtype': requirement('test_softmax_basic', 'dtype', 'shape and dtype of x'),
-    'attention returns a pair': requirement('test_sdpa_shapes', 'pair', 'returning (output, weights)',
-        also=AFTER_SHAPES),
-    'shapes with n != m and d_v != d_k': requirement('test_sdpa_shapes', 'wrong operand',
-        'of shapes (..., n, d_v) and (..., n, m)', also=AFTER_SHAPES),
-    'any number of leading dimensions': requirement('test_sdpa_batch_dims', 'leading dimension',
-        'leading batch dimensions'),
-    'scale 1/sqrt(d_k)': requirement('test_sdpa_values', 'not scaled', 'softmax(q k^t / sqrt(d_k)) v'),
-    'softmax over the keys': requirement('test_sdpa_values', 'over the keys',
-        'weights of the visible keys still sum to 1', also=('test_sdpa_batch_dims', 'test_sdpa_mask', 'test_sdpa_fully_masked')),
-    'mask True means may attend': requirement('test_sdpa_mask', 'polarity', 'true means "may attend"',
-        also=('test_sdpa_fully_masked',)),
-    'mask before the softmax': requirement('test_sdpa_mask', 'after the softmax', 'becomes -inf before the softmax'),
-    'mask broadcast, per-example mask': requirement('test_sdpa_mask', 'per-example (B, n, m) mask',
-        'broadcastable to (..., n_queries, n_keys)'),
-    'fully masked row gives zeros': requirement('test_sdpa_fully_masked', 'zeros', 'a zero output row, never nan'),
-    'float64 in, float64 out': requirement('test_sdpa_dtype_stability', 'float64', 'float64 in, float64 out'),
-    'large scores stay finite': requirement('test_sdpa_dtype_stability', 'overflow', 'stable for large scores',
-        also=('test_sdpa_fully_masked',)),
+    'softmax along dim': requirement(_DIM, 'dim', 'along the axis dim'),
+    'softmax stable near 1e4': requirement(_STABLE, 'overflow', 'subtract the maximum'),
+    'softmax of an all -inf slice is zero': requirement(_STABLE, 'entirely -inf', 'must give zeros, not nan'),
+    'softmax keeps shape and dtype': requirement(_BASIC, 'dtype', 'shape and dtype of x'),
+    # a wrong pair or shape fails every attention check
+    'attention returns a pair': requirement(_SHAPES, 'pair', 'returning (output, weights)',
+                                            also=(_VALUES, _BATCH, _MASK, _FULL, _DTYPE)),
+    'shapes with n != m and d_v != d_k': requirement(_SHAPES, 'wrong operand', '(..., n, d_v) and (..., n, m)',
+                                                     also=(_VALUES, _BATCH, _MASK, _FULL, _DTYPE)),
+    'any number of leading dimensions': requirement(_BATCH, 'leading dimension', 'leading batch dimensions'),
+    'scale 1/sqrt(d_k)': requirement(_VALUES, 'not scaled', 'softmax(q k^t / sqrt(d_k)) v'),
+    'softmax over the keys': requirement(_VALUES, 'over the keys', 'weights of the visible keys still sum to 1',
+                                         also=(_BATCH, _MASK, _FULL)),
+    'mask True means may attend': requirement(_MASK, 'polarity', 'true means "may attend"', also=(_FULL,)),
+    'mask before the softmax': requirement(_MASK, 'after the softmax', 'becomes -inf before the softmax'),
+    'mask broadcast, per-example mask': requirement(_MASK, 'per-example (B, n, m) mask', 'to (..., n_queries, n_keys)'),
+    'fully masked row gives zeros': requirement(_FULL, 'zeros', 'a zero output row, never nan'),
+    'float64 in, float64 out': requirement(_DTYPE, 'float64', 'float64 in, float64 out'),
+    'large scores stay finite': requirement(_DTYPE, 'overflow', 'stable for large scores', also=(_FULL,)),
 }
 SOFTMAX, SDPA = "softmax", "scaled_dot_product_attention"
 KQ = ("the wrong operand is transposed: your scores are K Q^T, of shape (..., m, n); they must be "
@@ -70,7 +67,7 @@ def _softmax_mistakes(x: torch.Tensor, dim: int) -> dict[str, torch.Tensor]:
     }
 
 
-@SUITE.check("test_softmax_basic", parts=[SOFTMAX])
+@SUITE.check(_BASIC, parts=[SOFTMAX])
 def softmax_basic(t: Trial) -> None:
     """Softmax of a hand-computed row and of random matrices; rows sum to 1."""
     x = torch.tensor([[0.0, math.log(2.0)], [1.0, 1.0]])
@@ -87,13 +84,13 @@ def softmax_basic(t: Trial) -> None:
     expect_close(y, ref_softmax(x), "softmax of a float64 tensor", atol=1e-10, rtol=1e-10)
 
 
-SUITE.oracle("test_softmax_dim", SOFTMAX, "The ``dim`` argument chooses the axis, for every axis of a 3-D tensor.",
+SUITE.oracle(_DIM, SOFTMAX, "The ``dim`` argument chooses the axis, for every axis of a 3-D tensor.",
              cases=[0, 1, 2, -2], draw=lambda t, dim: args(t.randn(3, 4, 5, scale=2.0), dim=dim),
              reference=lambda x, dim: ref_softmax(x, dim=dim), mistakes=lambda x, dim: _softmax_mistakes(x, dim),
              what=lambda x, dim: f"softmax(x, dim={dim})")
 
 
-@SUITE.check("test_softmax_stable", parts=[SOFTMAX])
+@SUITE.check(_STABLE, parts=[SOFTMAX])
 def softmax_stable(t: Trial) -> None:
     """Large scores (around 1e4, positive and negative) give finite, exact results."""
     x = torch.tensor([[1e4, 1e4 - 1.0, 1e4 - 2.0], [-1e4, -1e4 + 1.0, -1e4 + 3.0]])
@@ -168,7 +165,7 @@ def _own(t: Trial, q, k, v, mask=None, what: str = "") -> tuple:
         raise (CheckFailed(f"{str(e).rstrip('.')}. {hint}") if hint else e) from None
 
 
-@SUITE.check("test_sdpa_shapes", parts=[SDPA])
+@SUITE.check(_SHAPES, parts=[SDPA])
 def sdpa_shapes(t: Trial) -> None:
     """Returns (output, weights) with shapes (B, n, d_v) and (B, n, m), for n != m and d_v != d_k."""
     for b, n, m, dk, dv in [(2, 3, 5, 4, 6), (1, 7, 2, 3, 1)]:
@@ -176,7 +173,7 @@ def sdpa_shapes(t: Trial) -> None:
         _own(t, q, k, v, what=f"attention for query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}")
 
 
-@SUITE.check("test_sdpa_values", parts=[SDPA])
+@SUITE.check(_VALUES, parts=[SDPA])
 def sdpa_values(t: Trial) -> None:
     """Output and weights equal torch.nn.functional.scaled_dot_product_attention on random inputs."""
     for b, n, m, dk, dv in [(2, 4, 6, 8, 8), (3, 5, 3, 4, 7)]:
@@ -189,7 +186,7 @@ def sdpa_values(t: Trial) -> None:
         expect_close(out, F.scaled_dot_product_attention(q, k, v), "the attention output", mistakes.outputs(wrong))
 
 
-@SUITE.check("test_sdpa_batch_dims", parts=[SDPA])
+@SUITE.check(_BATCH, parts=[SDPA])
 def sdpa_batch_dims(t: Trial) -> None:
     """Any number of leading dimensions, none (n, d) to two (B, H, n, d), each a batch dimension (scored with your own scale)."""
     for lead in [(), (2, 3), (2, 1, 2)]:
@@ -202,7 +199,7 @@ def sdpa_batch_dims(t: Trial) -> None:
         expect_close(w, exp_w, f"the weights for inputs of shape {tuple(q.shape)}")
 
 
-@SUITE.check("test_sdpa_mask", parts=[SDPA])
+@SUITE.check(_MASK, parts=[SDPA])
 def sdpa_mask(t: Trial) -> None:
     """A boolean mask (True = may attend), (n, m) over the batch or (B, n, m) per example, hides its keys before the softmax."""
     b, n, m, d = 2, 5, 6, 4
@@ -220,7 +217,7 @@ def sdpa_mask(t: Trial) -> None:
                      "may see must not reach the output)")
 
 
-@SUITE.check("test_sdpa_fully_masked", parts=[SDPA])
+@SUITE.check(_FULL, parts=[SDPA])
 def sdpa_fully_masked(t: Trial) -> None:
     """A query row with no allowed key gives zero weights and a zero output row, not NaN; the other rows are unchanged."""
     q, k, v = t.randn(1, 3, 4), t.randn(1, 5, 4), t.randn(1, 5, 2)
@@ -241,7 +238,7 @@ def sdpa_fully_masked(t: Trial) -> None:
     expect_close(out[:, rest], out2, "the output of the other rows (a fully masked row must not change them)")
 
 
-@SUITE.check("test_sdpa_dtype_stability", parts=[SDPA])
+@SUITE.check(_DTYPE, parts=[SDPA])
 def sdpa_dtype_stability(t: Trial) -> None:
     """float64 in gives float64 out; large scores (1e4 after scaling) stay finite, equal to the float64 answer."""
     q, k, v = t.randn(2, 3, 4), t.randn(2, 5, 4), t.randn(2, 5, 3)

@@ -20,44 +20,38 @@ from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Tr
 from autograder.judging.checks.common import expect_masked, hidden_keys_changed
 
 SUITE = Suite("05_cross_attention")
-CROSS_OTHERS = ('test_cross_attention_mask', 'test_cross_attention_properties')  # fail with shapes and values
-ERRORS = ('test_source_padding_mask_errors',)
+_SHAPES, _VALUES, _MASK, _PROPS = (f"test_cross_attention_{c}" for c in ("shapes", "values", "mask", "properties"))
+_SOURCE, _ERRORS = "test_source_padding_mask", "test_source_padding_mask_errors"
+_SUBLAYER, _PADDING = "test_decoder_cross_attention", "test_decoder_cross_attention_padding"
 STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
-    'CrossAttention holds self.attn': requirement('test_cross_attention_shapes', 'self.attn',
-        'one attribute attn, a multiheadattention', also=('test_cross_attention_values', *CROSS_OTHERS)),
-    'n and m unrelated': requirement('test_cross_attention_mask', 'different lengths',
-        'assume that x and context have the same length'),
-    'keys and values from the context': requirement('test_cross_attention_values', 'keys are taken from x',
-        'keys and values from a second sequence context', also=('test_cross_attention_shapes', *CROSS_OTHERS)),
-    'context_mask on the keys axis': requirement('test_cross_attention_mask', 'wrong axis', 'along the keys axis'),
-    'context_mask True = real token': requirement('test_cross_attention_mask', 'polarity', 'true marks the real'),
-    'fully padded context: zero weights, no NaN': requirement('test_cross_attention_mask', 'all padding',
-        'its weights must be zeros, not nan'),
-    'source mask: True at the first lengths[b]': requirement('test_source_padding_mask', 'j <= length',
-        'true at positions 0 .. lengths[b] - 1', also=ERRORS),
-    'source mask: True marks real tokens': requirement('test_source_padding_mask', 'true marks padding',
-        'and false after (the padding)', also=ERRORS),
-    'source mask: length 0 is all False': requirement('test_source_padding_mask', 'length 0',
-        'a length of 0 (an empty source) gives a row of false', also=ERRORS),
-    'source mask: shape (B, m)': requirement('test_source_padding_mask', '(B, m)',
-        'the bool (b, m) mask that crossattention takes', also=ERRORS),
-    'source mask: bool dtype': requirement('test_source_padding_mask', 'bool', 'returns the bool (b, m) mask'),
-    'source mask: ValueError for bad lengths': requirement(ERRORS, 'should raise a ValueError',
-        'a length below 0 or above m cannot describe'),
-    'source mask: ValueError, not another exception': requirement(ERRORS, 'IndexError',
-        'm positions: raise a valueerror that says so'),
-    'sublayer: norm and cross attributes': requirement('test_decoder_cross_attention', 'self.norm',
-        'holds self.norm = nn.layernorm(embed_dim) and self.cross', also=('test_decoder_cross_attention_padding',)),
-    'sublayer: the residual': requirement('test_decoder_cross_attention', 'residual is missing',
-        'adds the result back (the residual connection)'),
-    'sublayer: only x is normalised': requirement('test_decoder_cross_attention', 'memory is normalised',
-        'only x is normalised here'),
-    'sublayer: pre-norm': requirement('test_decoder_cross_attention', 'post-norm',
-        'in a pre-norm decoder block (chapter 07)'),
-    'sublayer: memory_lengths hide padding': requirement('test_decoder_cross_attention_padding',
-        'memory_lengths is ignored', 'how many of the m memory positions are real'),
-    'sublayer: empty source, no NaN': requirement('test_decoder_cross_attention_padding', 'all padding',
-        'an empty source gets zero weights and no nan'),
+    'CrossAttention holds self.attn': requirement(_SHAPES, 'self.attn', 'one attribute attn',
+                                                  also=(_VALUES, _MASK, _PROPS)),
+    'n and m unrelated': requirement(_MASK, 'different lengths', 'assume that x and context have the same length'),
+    'keys and values from the context': requirement(_VALUES, 'keys are taken from x', 'from a second sequence context',
+                                                    also=(_SHAPES, _MASK, _PROPS)),
+    'context_mask on the keys axis': requirement(_MASK, 'wrong axis', 'along the keys axis'),
+    'context_mask True = real token': requirement(_MASK, 'polarity', 'true marks the real context tokens'),
+    'fully padded context: zero weights, no NaN': requirement(_MASK, 'all padding', 'must be zeros, not nan'),
+    'source mask: True at the first lengths[b]': requirement(_SOURCE, 'j <= length', 'positions 0 .. lengths[b] - 1',
+                                                             also=(_ERRORS,)),
+    'source mask: True marks real tokens': requirement(_SOURCE, 'true marks padding', 'and false after (the padding)',
+                                                       also=(_ERRORS,)),
+    'source mask: length 0 is all False': requirement(_SOURCE, 'length 0', 'a length of 0 (an empty source)',
+                                                      also=(_ERRORS,)),
+    'source mask: shape (B, m)': requirement(_SOURCE, '(B, m)', 'mask that crossattention takes', also=(_ERRORS,)),
+    'source mask: bool dtype': requirement(_SOURCE, 'bool', 'returns the bool (b, m) mask'),
+    'source mask: ValueError for bad lengths': requirement(_ERRORS, 'should raise a ValueError',
+                                                           'above m cannot describe'),
+    'source mask: ValueError, not another exception': requirement(_ERRORS, 'IndexError',
+                                                                  'raise a valueerror that says so'),
+    'sublayer: norm and cross attributes': requirement(_SUBLAYER, 'self.norm', 'holds self.norm = nn.layernorm',
+                                                       also=(_PADDING,)),
+    'sublayer: the residual': requirement(_SUBLAYER, 'residual is missing', 'adds the result back'),
+    'sublayer: only x is normalised': requirement(_SUBLAYER, 'memory is normalised', 'only x is normalised here'),
+    'sublayer: pre-norm': requirement(_SUBLAYER, 'post-norm', 'in a pre-norm decoder block'),
+    'sublayer: memory_lengths hide padding': requirement(_PADDING, 'memory_lengths is ignored',
+                                                         'memory positions are real'),
+    'sublayer: empty source, no NaN': requirement(_PADDING, 'all padding', 'an empty source gets zero weights'),
 }
 CROSS, SOURCE_MASK, DECODER = "CrossAttention", "source_padding_mask", "DecoderCrossAttention"
 N_EQUALS_M = ("something uses x's length n where the context length m belongs (a reshape, an expand or a mask "
@@ -127,14 +121,7 @@ def _with_unequal_lengths(fn: Callable, hint: str = "keys and values must both c
         raise CheckFailed(f"{str(err).rstrip('.')}, when x and context have different lengths: {hint}") from None
 
 
-def _keep(t: Trial, b: int, m: int) -> Tensor:
-    keep = t.rand_mask(b, m, p=0.6)
-    keep[:, 0] = True  # every example has at least one real context token
-    keep[0, -1] = False  # and at least one padded one
-    return keep
-
-
-@SUITE.check("test_cross_attention_shapes", parts=[CROSS])
+@SUITE.check(_SHAPES, parts=[CROSS])
 def cross_attention_shapes(t: Trial) -> None:
     """Output (B, n, E) and weights (B, H, n, m) for n == m, n < m and n > m; the module holds self.attn."""
     obj, _ = _module(t, 8, 2)
@@ -148,7 +135,7 @@ def cross_attention_shapes(t: Trial) -> None:
                               + N_EQUALS_M)
 
 
-@SUITE.check("test_cross_attention_values", parts=[CROSS])
+@SUITE.check(_VALUES, parts=[CROSS])
 def cross_attention_values(t: Trial) -> None:
     """With copied weights, equals attention with queries from x and keys and values from the context."""
     obj, ref = _module(t, 8, 2)
@@ -169,12 +156,10 @@ def _expect_mask_property(obj: Obj, part: str, x: Tensor, ctx: Tensor, keep: Ten
     def call(c: Tensor, *mask: Tensor) -> tuple:
         return expect_pair(obj(x, c, *map(given, mask)), part)
 
-    _, w0 = call(ctx)
-    _expect_shapes(*call(ctx), b, n, m, e, 2, what + " without the mask")
+    out0, w0 = call(ctx)
+    _expect_shapes(out0, w0, b, n, m, e, 2, what + " without the mask")
     out, w = call(ctx, keep)
-    for value, kind in ((out, "output"), (w, "weights")):
-        if isinstance(value, Tensor) and value.is_floating_point() and not torch.isfinite(value).all():
-            raise CheckFailed(f"the {kind}{what} contain NaN: {FULLY_PADDED}")
+    mistakes.expect_no_nan({"output": out, "weights": w}, what, f": {FULLY_PADDED}")
     _expect_shapes(out, w, b, n, m, e, 2, what)
     full = keep[:, None, None, :].expand_as(w)
     wrong = {WRONG_AXIS: keep[:, None, :, None].expand_as(w)} if n == m else {}
@@ -184,13 +169,14 @@ def _expect_mask_property(obj: Obj, part: str, x: Tensor, ctx: Tensor, keep: Ten
                      "padded token must not reach the output)")
 
 
-@SUITE.check("test_cross_attention_mask", parts=[CROSS])
+@SUITE.check(_MASK, parts=[CROSS])
 def cross_attention_mask(t: Trial) -> None:
     """A (B, m) context mask hides padded context tokens from every query (n == m and n != m); a fully padded
     example gives zero weights and no NaN."""
     obj, _ = _module(t, 8, 2)
     for b, n, m in [(3, 5, 5), (2, 3, 6), (3, 7, 4), (2, 3, 4)]:
-        x, ctx, keep = t.randn(b, n, 8), t.randn(b, m, 8), _keep(t, b, m)
+        x, ctx, keep = t.randn(b, n, 8), t.randn(b, m, 8), t.rand_mask(b, m, p=0.6)
+        keep[:, 0], keep[0, -1] = True, False  # every example has a real context token, and one has a padded one
         if (b, n, m) == (2, 3, 4):
             keep[0] = False  # example 0: nothing but padding
         what = f" for x {(b, n, 8)} and context {(b, m, 8)}" + (" whose example 0 is all padding" if not keep[0].any()
@@ -199,7 +185,7 @@ def cross_attention_mask(t: Trial) -> None:
                               WRONG_AXIS + "; or " + N_EQUALS_M)
 
 
-@SUITE.check("test_cross_attention_properties", parts=[CROSS])
+@SUITE.check(_PROPS, parts=[CROSS])
 def cross_attention_properties(t: Trial) -> None:
     """Reordering the context changes nothing; output row i depends on x row i only (no mask: the mask has its own check)."""
     obj, _ = _module(t, 8, 4)
@@ -225,7 +211,7 @@ def _ref_source_mask(lengths: Tensor, m: int) -> Tensor:
     return torch.arange(m)[None, :] < lengths[:, None]  # (B, m)
 
 
-@SUITE.check("test_source_padding_mask", parts=[SOURCE_MASK])
+@SUITE.check(_SOURCE, parts=[SOURCE_MASK])
 def source_padding_mask_check(t: Trial) -> None:
     """source_padding_mask(lengths, m) is a bool (B, m) tensor, True at the first lengths[b] positions;
     a length of 0 gives a row of False."""
@@ -256,7 +242,7 @@ def source_padding_mask_check(t: Trial) -> None:
         raise CheckFailed(f"mistake in {what}: row b should be True at positions 0 .. lengths[b] - 1 and False after")
 
 
-@SUITE.check("test_source_padding_mask_errors", parts=[SOURCE_MASK])
+@SUITE.check(_ERRORS, parts=[SOURCE_MASK])
 def source_padding_mask_errors(t: Trial) -> None:
     """A length longer than m or negative raises a ValueError (it cannot describe a source of m positions)."""
     expect_value_error(lambda: t.call(SOURCE_MASK, torch.tensor([2, 5]), 4), "source_padding_mask(lengths=[2, 5], m=4)",
@@ -293,7 +279,7 @@ def _decoder(t: Trial, e: int, h: int) -> tuple[Obj, _RefDecoderCross]:
                 "self.norm = nn.LayerNorm(embed_dim) and self.cross = CrossAttention(embed_dim, num_heads)")[0], ref
 
 
-@SUITE.check("test_decoder_cross_attention", parts=[DECODER])
+@SUITE.check(_SUBLAYER, parts=[DECODER])
 def decoder_cross_attention(t: Trial) -> None:
     """With copied weights, equals x + attnkit's CrossAttention(norm(x), memory) (pre-norm), for n != m."""
     for b, n, m, e, h in [(2, 3, 5, 8, 2), (1, 6, 2, 12, 3)]:
@@ -314,7 +300,7 @@ def decoder_cross_attention(t: Trial) -> None:
                     (ref.norm(x + post), post_w)}, what, weights_first=True)
 
 
-@SUITE.check("test_decoder_cross_attention_padding", parts=[DECODER])
+@SUITE.check(_PADDING, parts=[DECODER])
 def decoder_cross_attention_padding(t: Trial) -> None:
     """memory_lengths hide each example's padded source positions; an empty source (length 0) gives zero weights
     and no NaN (its queries read nothing)."""

@@ -16,32 +16,27 @@ from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, 
                                        expect_value_error, number, requirement)
 
 SUITE = Suite("06_positional_encoding")
+_PE_SHAPE, _PE_VALUES, _PE_ODD = (f"test_sinusoidal_{c}" for c in ("shape", "values", "odd_dim"))
+_SHIFT, _LEARNED, _MAX_LEN = "test_shift_matrix_property", "test_learned_embedding", "test_learned_embedding_max_len"
+_ROPE, _ROPE_ODD, _RELATIVE = (f"test_rotary_{c}" for c in ("values", "odd_dim", "relative"))
 STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
-    'table: float32': requirement('test_sinusoidal_shape', 'float32', 'return a float32 tensor of shape'),
-    'table: values': requirement('test_sinusoidal_values', 'swapped', 'p[i, 2j] = \\sin(i\\, w_j)'),
-    'table: odd dim raises ValueError': requirement('test_sinusoidal_odd_dim', 'ValueError',
-        'an odd dim cannot be split into pairs'),
-    'table: ValueError, not another exception': requirement('test_sinusoidal_odd_dim', 'TypeError',
-        'raise a valueerror that says so'),
-    'shift: row-vector direction': requirement('test_shift_matrix_property', 'wrong way',
-        'row vector multiplied on the left'),
-    'learned: x + table[:n]': requirement('test_learned_embedding', 'without adding x', 'returns x plus row p'),
-    'learned: ValueError past max_len': requirement('test_learned_embedding_max_len', 'ValueError', 'if n > max_len'),
-    'learned: the ValueError names max_len': requirement('test_learned_embedding_max_len', 'does not name max_len',
-        'raise a valueerror that names max_len'),
-    'rope: rotation direction': requirement('test_rotary_values', 'wrong way',
-        'x_{2j}\\sin(p w_j) + x_{2j+1}\\cos(p w_j)'),
-    'rope: neighbouring pairs': requirement('test_rotary_values', 'rotate half', 'the column pair (x_{2j}, x_{2j+1})'),
-    'rope: frequencies': requirement('test_rotary_values', 'factor 2', 'w_j = 10000^{-2j/d} as in the table'),
-    'rope: default positions from 0': requirement('test_rotary_values', 'start at 1', 'by default 0 .. n-1'),
-    'rope: given positions used': requirement('test_rotary_values', 'positions argument is ignored',
-        '1-d tensor of the n rows'),
-    "rope: x's dtype": requirement('test_rotary_values', "return x's dtype", 'shape and dtype (a float64 x'),
-    'rope: odd d raises ValueError': requirement('test_rotary_odd_dim', 'ValueError', 'an odd d cannot be split'),
-    'rope: depends on i - j only': requirement('test_rotary_relative', 'offset only', 'depends on q, k and i - j only',
-        also=('test_rotary_values',)),
-    'rope: a rotation keeps lengths': requirement('test_rotary_relative', 'length',
-        'rotates each query and key by an angle', also=('test_rotary_values',)),
+    'table: float32': requirement(_PE_SHAPE, 'float32', 'return a float32 tensor of shape'),
+    'table: values': requirement(_PE_VALUES, 'swapped', 'p[i, 2j] = \\sin(i\\, w_j)'),
+    'table: odd dim raises ValueError': requirement(_PE_ODD, 'ValueError', 'an odd dim cannot be split into pairs'),
+    'table: ValueError, not another exception': requirement(_PE_ODD, 'TypeError', 'raise a valueerror that says so'),
+    'shift: row-vector direction': requirement(_SHIFT, 'wrong way', 'row vector multiplied on the left'),
+    'learned: x + table[:n]': requirement(_LEARNED, 'without adding x', 'returns x plus row p'),
+    'learned: ValueError past max_len': requirement(_MAX_LEN, 'ValueError', 'if n > max_len'),
+    'learned: the ValueError names max_len': requirement(_MAX_LEN, 'does not name max_len', 'that names max_len'),
+    'rope: rotation direction': requirement(_ROPE, 'wrong way', 'x_{2j}\\sin(p w_j) + x_{2j+1}\\cos(p w_j)'),
+    'rope: neighbouring pairs': requirement(_ROPE, 'rotate half', 'the column pair (x_{2j}, x_{2j+1})'),
+    'rope: frequencies': requirement(_ROPE, 'factor 2', 'w_j = 10000^{-2j/d} as in the table'),
+    'rope: default positions from 0': requirement(_ROPE, 'start at 1', 'by default 0 .. n-1'),
+    'rope: given positions used': requirement(_ROPE, 'positions argument is ignored', '1-d tensor of the n rows'),
+    "rope: x's dtype": requirement(_ROPE, "return x's dtype", 'shape and dtype (a float64 x'),
+    'rope: odd d raises ValueError': requirement(_ROPE_ODD, 'ValueError', 'an odd d cannot be split'),
+    'rope: depends on i - j only': requirement(_RELATIVE, 'offset only', 'on q, k and i - j only', also=(_ROPE,)),
+    'rope: a rotation keeps lengths': requirement(_RELATIVE, 'length', 'rotates each query and key', also=(_ROPE,)),
 }
 PE, SHIFT, LEARNED = "sinusoidal_positional_encoding", "position_shift_matrix", "LearnedPositionalEmbedding"
 ROPE = "apply_rotary_embedding"
@@ -88,7 +83,7 @@ def _pe_mistakes(n: int, d: int) -> dict[str, torch.Tensor]:
     }
 
 
-@SUITE.check("test_sinusoidal_shape", parts=[PE])
+@SUITE.check(_PE_SHAPE, parts=[PE])
 def sinusoidal_shape(t: Trial) -> None:
     """Shape (num_positions, dim), float32 (the values are test_sinusoidal_values')."""
     for n, d in [(5, 4), (1, 2), (17, 10)]:
@@ -99,13 +94,13 @@ def sinusoidal_shape(t: Trial) -> None:
                               "into float64). Compute in float64 if you like, then .float()")
 
 
-SUITE.oracle("test_sinusoidal_values", PE, "Every entry equals sin(i w_j) / cos(i w_j) with w_j = 10000^(-2j/dim), "
+SUITE.oracle(_PE_VALUES, PE, "Every entry equals sin(i w_j) / cos(i w_j) with w_j = 10000^(-2j/dim), "
              "for several sizes.", cases=[(12, 8), (60, 32), (7, 6)],
              reference=lambda n, d: ref_pe(n, d, dtype=torch.float64), mistakes=lambda n, d: _pe_mistakes(n, d),
              atol=2e-4)
 
 
-@SUITE.check("test_sinusoidal_odd_dim", parts=[PE])
+@SUITE.check(_PE_ODD, parts=[PE])
 def sinusoidal_odd_dim(t: Trial) -> None:
     """An odd dim raises a ValueError (the columns come in sin/cos pairs)."""
     for d in (5, 1):
@@ -149,7 +144,7 @@ def shift_matrix_shape(t: Trial) -> None:
                           "sin/cos pair (columns 2j, 2j+1) rotates on its own")
 
 
-@SUITE.check("test_shift_matrix_property", parts=[SHIFT])
+@SUITE.check(_SHIFT, parts=[SHIFT])
 def shift_matrix_property(t: Trial) -> None:
     """P[i + delta] = P[i] @ M for every position i, several offsets (including negative) and widths."""
     for delta, d in [(1, 4), (5, 16), (-3, 8), (int(t.randint(10, 60, (1,))), 12)]:
@@ -186,7 +181,7 @@ def _learned_mistakes(x: torch.Tensor, table: torch.Tensor) -> dict[str, torch.T
     }
 
 
-@SUITE.check("test_learned_embedding", parts=[LEARNED])
+@SUITE.check(_LEARNED, parts=[LEARNED])
 def learned_embedding(t: Trial) -> None:
     """forward(x) = x + table[:n] for (B, n, dim) inputs, with the module's own table and with loaded weights."""
     max_len, dim = 12, 6
@@ -203,7 +198,7 @@ def learned_embedding(t: Trial) -> None:
                  "module's own learned table)", _learned_mistakes(x, new))
 
 
-@SUITE.check("test_learned_embedding_max_len", parts=[LEARNED])
+@SUITE.check(_MAX_LEN, parts=[LEARNED])
 def learned_embedding_max_len(t: Trial) -> None:
     """Sequences up to max_len work; a longer one raises a ValueError (there is no learned row for it)."""
     obj = t.new(LEARNED, 5, 4)
@@ -273,7 +268,7 @@ def _call_rope(t: Trial, x: torch.Tensor, positions: torch.Tensor | None, what: 
     return expect_tensor(got, tuple(x.shape), what)
 
 
-@SUITE.check("test_rotary_values", parts=[ROPE])
+@SUITE.check(_ROPE, parts=[ROPE])
 def rotary_values(t: Trial) -> None:
     """Equals attnkit's RoPE for default and given positions, several shapes; keeps x's dtype (float32, float64)."""
     cases = [((2, 5, 8), None), ((3, 2, 6, 4), None), ((1, 4, 16), torch.tensor([7, 3, 12, 0])),
@@ -292,14 +287,14 @@ def rotary_values(t: Trial) -> None:
             raise CheckFailed(f"apply_rotary_embedding on a {dtype} x returned {got.dtype}: return x's dtype{how}")
 
 
-@SUITE.check("test_rotary_odd_dim", parts=[ROPE])
+@SUITE.check(_ROPE_ODD, parts=[ROPE])
 def rotary_odd_dim(t: Trial) -> None:
     """An odd last dimension raises a ValueError (columns are rotated in pairs)."""
     expect_value_error(lambda: t.call(ROPE, t.randn(1, 3, 5)), "apply_rotary_embedding(x of shape (1, 3, 5))",
                         "With an odd width the last column has no partner to rotate with: check x.shape[-1] % 2")
 
 
-@SUITE.check("test_rotary_relative", parts=[ROPE])
+@SUITE.check(_RELATIVE, parts=[ROPE])
 def rotary_relative(t: Trial) -> None:
     """The score rope(q)_i . rope(k)_j depends on i - j only (same q, k at every position); norms are kept."""
     n, d = 9, 8
