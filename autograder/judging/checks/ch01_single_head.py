@@ -126,20 +126,11 @@ def _mistakes(q, k, v, mask=None) -> mistakes.Pairs:
     return mistakes.named(mistakes.wrong_attention(q, k, v, mask), ATTENTION_MISTAKES)
 
 
-def _answer(t: Trial, q, k, v, mask=None, what: str = "") -> tuple:
-    """The student's (output, weights) on these inputs, of the right shapes when ``what`` names the call."""
-    out, w = expect_pair(t.call(SDPA, *((q, k, v) if mask is None else (q, k, v, mask))), SDPA)
-    if what:
-        expect_tensor(w, (*q.shape[:-1], k.shape[-2]), f"the weights of {what}")
-        expect_tensor(out, (*q.shape[:-1], v.shape[-1]), f"the output of {what}")
-    return out, w
-
-
 def _why_it_failed(t: Trial, lead: tuple[int, ...]) -> str:
     """Probe the student's attention to explain a failure on inputs with ``lead`` leading dims and n != m."""
     def runs(q, k, v) -> tuple | None:  # (output, weights) of the right shapes, or None
         try:
-            return _answer(t, q, k, v, what="attention")
+            return _own(t, q, k, v, what="attention", explain=False)
         except CheckFailed:
             return None
 
@@ -156,13 +147,18 @@ def _why_it_failed(t: Trial, lead: tuple[int, ...]) -> str:
             "shape (..., m, n) where the keys' length m belongs")
 
 
-def _own(t: Trial, q, k, v, mask=None, what: str = "") -> tuple:
-    """``_answer``, with an error explained when probing finds why."""
+def _own(t: Trial, q, k, v, mask=None, what: str = "", explain: bool = True) -> tuple:
+    """The student's (output, weights) on these inputs, of the right shapes when ``what`` names the call; with
+    ``explain``, an error is explained when probing finds why."""
     try:
-        return _answer(t, q, k, v, mask, what)
+        out, w = expect_pair(t.call(SDPA, *((q, k, v) if mask is None else (q, k, v, mask))), SDPA)
+        if what:
+            expect_tensor(w, (*q.shape[:-1], k.shape[-2]), f"the weights of {what}")
+            expect_tensor(out, (*q.shape[:-1], v.shape[-1]), f"the output of {what}")
     except CheckFailed as e:
-        hint = "" if str(e).startswith("not implemented") else _why_it_failed(t, tuple(q.shape[:-2]))
+        hint = "" if not explain or str(e).startswith("not implemented") else _why_it_failed(t, tuple(q.shape[:-2]))
         raise (CheckFailed(f"{str(e).rstrip('.')}. {hint}") if hint else e) from None
+    return out, w
 
 
 @SUITE.check(_SHAPES, parts=[SDPA])
