@@ -1,11 +1,8 @@
-"""Graded checks for exercise 01_single_head: ``softmax``, ``scaled_dot_product_attention`` and four
-conceptual questions. The requirements the exercise states are ``STATED_REQUIREMENTS`` (data); print them with
-``python -m autograder.judging.checks --requirements 01``. Not graded, on purpose: "use your softmax" in the
-attention is advice (torch's softmax is allowed there); the device (the judge's inputs arrive on the CPU).
-
+"""Graded checks for exercise 01_single_head: ``softmax``, ``scaled_dot_product_attention`` and four questions.
 Each attention check tests one property: test_sdpa_values the formula (scale, softmax axis, values); the others
-compare the student's answer with the student's own answer on related inputs (a 3-D batch, the unmasked
-weights renormalised, the rows without the masked one, float64), so a wrong scale costs test_sdpa_values alone.
+compare the student's answer with the student's own answer on related inputs (a 3-D batch, the unmasked weights
+renormalised, the rows without the masked one, float64), so a wrong scale costs test_sdpa_values alone. Not graded,
+on purpose: "use your softmax" in the attention is advice (torch's softmax is allowed there); the device.
 """
 
 from __future__ import annotations
@@ -23,33 +20,29 @@ from autograder.judging.checks.common import (ATTENTION_MISTAKES, expect_distrib
                                               hidden_keys_changed)
 
 SUITE = Suite("01_single_head")
+_BASIC, _DIM, _STABLE = (f"test_softmax_{c}" for c in ("basic", "dim", "stable"))
+_SHAPES, _VALUES, _BATCH, _MASK, _FULL, _DTYPE = (f"test_sdpa_{c}" for c in (
+    "shapes", "values", "batch_dims", "mask", "fully_masked", "dtype_stability"))
 STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
-    'softmax along dim': requirement('test_softmax_dim', 'dim', 'along the axis dim'),
-    'softmax stable near 1e4': requirement('test_softmax_stable', 'overflow', 'subtract the maximum'),
-    'softmax of an all -inf slice is zero': requirement('test_softmax_stable', 'entirely -inf',
-        'entirely -inf (every key masked) must give zeros'),
-    'softmax keeps shape and dtype': requirement('test_softmax_basic', 'dtype', 'shape and dtype of x'),
-    'attention returns a pair': requirement('test_sdpa_shapes', 'pair', 'returning (output, weights)',
-        also=('test_sdpa_values', 'test_sdpa_batch_dims', 'test_sdpa_mask', 'test_sdpa_fully_masked', 'test_sdpa_dtype_stability')),
-    'shapes with n != m and d_v != d_k': requirement('test_sdpa_shapes', 'wrong operand',
-        'return (output, weights) of shapes (..., n, d_v) and (..., n, m)',
-        also=('test_sdpa_values', 'test_sdpa_batch_dims', 'test_sdpa_mask', 'test_sdpa_fully_masked', 'test_sdpa_dtype_stability')),
-    'any number of leading dimensions': requirement('test_sdpa_batch_dims', 'leading dimension',
-        'any number of leading batch dimensions'),
-    'scale 1/sqrt(d_k)': requirement('test_sdpa_values', 'not scaled', 'softmax(q k^t / sqrt(d_k)) v'),
-    'softmax over the keys': requirement('test_sdpa_values', 'over the keys',
-        'weights of the visible keys still sum to 1', also=('test_sdpa_batch_dims', 'test_sdpa_mask', 'test_sdpa_fully_masked')),
-    'mask True means may attend': requirement('test_sdpa_mask', 'polarity', 'true means "may attend"',
-        also=('test_sdpa_fully_masked',)),
-    'mask before the softmax': requirement('test_sdpa_mask', 'after the softmax',
-        'the score becomes -inf before the softmax'),
-    'mask broadcast, per-example mask': requirement('test_sdpa_mask', 'per-example (B, n, m) mask',
-        'broadcastable to (..., n_queries, n_keys)'),
-    'fully masked row gives zeros': requirement('test_sdpa_fully_masked', 'zeros',
-        'gets zero weights and a zero output row, never nan'),
-    'float64 in, float64 out': requirement('test_sdpa_dtype_stability', 'float64', 'float64 in, float64 out'),
-    'large scores stay finite': requirement('test_sdpa_dtype_stability', 'overflow', 'stable for large scores',
-        also=('test_sdpa_fully_masked',)),
+    'softmax along dim': requirement(_DIM, 'dim', 'along the axis dim'),
+    'softmax stable near 1e4': requirement(_STABLE, 'overflow', 'subtract the maximum'),
+    'softmax of an all -inf slice is zero': requirement(_STABLE, 'entirely -inf', 'must give zeros, not nan'),
+    'softmax keeps shape and dtype': requirement(_BASIC, 'dtype', 'shape and dtype of x'),
+    # a wrong pair or shape fails every attention check
+    'attention returns a pair': requirement(_SHAPES, 'pair', 'returning (output, weights)',
+                                            also=(_VALUES, _BATCH, _MASK, _FULL, _DTYPE)),
+    'shapes with n != m and d_v != d_k': requirement(_SHAPES, 'wrong operand', '(..., n, d_v) and (..., n, m)',
+                                                     also=(_VALUES, _BATCH, _MASK, _FULL, _DTYPE)),
+    'any number of leading dimensions': requirement(_BATCH, 'leading dimension', 'leading batch dimensions'),
+    'scale 1/sqrt(d_k)': requirement(_VALUES, 'not scaled', 'softmax(q k^t / sqrt(d_k)) v'),
+    'softmax over the keys': requirement(_VALUES, 'over the keys', 'weights of the visible keys still sum to 1',
+                                         also=(_BATCH, _MASK, _FULL)),
+    'mask True means may attend': requirement(_MASK, 'polarity', 'true means "may attend"', also=(_FULL,)),
+    'mask before the softmax': requirement(_MASK, 'after the softmax', 'becomes -inf before the softmax'),
+    'mask broadcast, per-example mask': requirement(_MASK, 'per-example (B, n, m) mask', 'to (..., n_queries, n_keys)'),
+    'fully masked row gives zeros': requirement(_FULL, 'zeros', 'a zero output row, never nan'),
+    'float64 in, float64 out': requirement(_DTYPE, 'float64', 'float64 in, float64 out'),
+    'large scores stay finite': requirement(_DTYPE, 'overflow', 'stable for large scores', also=(_FULL,)),
 }
 SOFTMAX, SDPA = "softmax", "scaled_dot_product_attention"
 KQ = ("the wrong operand is transposed: your scores are K Q^T, of shape (..., m, n); they must be "
@@ -74,7 +67,7 @@ def _softmax_mistakes(x: torch.Tensor, dim: int) -> dict[str, torch.Tensor]:
     }
 
 
-@SUITE.check("test_softmax_basic", parts=[SOFTMAX])
+@SUITE.check(_BASIC, parts=[SOFTMAX])
 def softmax_basic(t: Trial) -> None:
     """Softmax of a hand-computed row and of random matrices; rows sum to 1."""
     x = torch.tensor([[0.0, math.log(2.0)], [1.0, 1.0]])
@@ -91,13 +84,13 @@ def softmax_basic(t: Trial) -> None:
     expect_close(y, ref_softmax(x), "softmax of a float64 tensor", atol=1e-10, rtol=1e-10)
 
 
-SUITE.oracle("test_softmax_dim", SOFTMAX, "The ``dim`` argument chooses the axis, for every axis of a 3-D tensor.",
+SUITE.oracle(_DIM, SOFTMAX, "The ``dim`` argument chooses the axis, for every axis of a 3-D tensor.",
              cases=[0, 1, 2, -2], draw=lambda t, dim: args(t.randn(3, 4, 5, scale=2.0), dim=dim),
              reference=lambda x, dim: ref_softmax(x, dim=dim), mistakes=lambda x, dim: _softmax_mistakes(x, dim),
              what=lambda x, dim: f"softmax(x, dim={dim})")
 
 
-@SUITE.check("test_softmax_stable", parts=[SOFTMAX])
+@SUITE.check(_STABLE, parts=[SOFTMAX])
 def softmax_stable(t: Trial) -> None:
     """Large scores (around 1e4, positive and negative) give finite, exact results."""
     x = torch.tensor([[1e4, 1e4 - 1.0, 1e4 - 2.0], [-1e4, -1e4 + 1.0, -1e4 + 3.0]])
@@ -133,61 +126,42 @@ def _mistakes(q, k, v, mask=None) -> mistakes.Pairs:
     return mistakes.named(mistakes.wrong_attention(q, k, v, mask), ATTENTION_MISTAKES)
 
 
-def _runs(t: Trial, q, k, v) -> tuple | None:
-    """(output, weights) of the student's attention on these inputs, or None if it raises or gives wrong shapes."""
-    try:
-        out, w = expect_pair(t.call(SDPA, q, k, v), SDPA)
-        expect_tensor(out, (*q.shape[:-1], v.shape[-1]), "the output")
-        expect_tensor(w, (*q.shape[:-1], k.shape[-2]), "the weights")
-        return out, w
-    except CheckFailed:
-        return None
-
-
 def _why_it_failed(t: Trial, lead: tuple[int, ...]) -> str:
     """Probe the student's attention to explain a failure on inputs with ``lead`` leading dims and n != m."""
-    if len(lead) != 1 and _runs(t, t.randn(2, 4, 5), t.randn(2, 6, 5), t.randn(2, 6, 3)) is not None:
+    def runs(q, k, v) -> tuple | None:  # (output, weights) of the right shapes, or None
+        try:
+            return _own(t, q, k, v, what="attention", explain=False)
+        except CheckFailed:
+            return None
+
+    if len(lead) != 1 and runs(t.randn(2, 4, 5), t.randn(2, 6, 5), t.randn(2, 6, 3)) is not None:
         return (f"Inputs with {len(lead)} leading dimension(s) must work too (3-D ones do): use transpose(-2, -1) "
                 "and @ (or matmul), not bmm or transpose(1, 2)")
-    q, k, v = t.randn(2, 5, 4), t.randn(2, 5, 4), t.randn(2, 5, 3)
-    square = _runs(t, q, k, v)
+    q, k = t.randn(2, 5, 4), t.randn(2, 5, 4)
+    square = runs(q, k, t.randn(2, 5, 3))
     if square is None:
         return ""
-    w = square[1]
-    if isinstance(w, torch.Tensor) and close(w, ref_softmax(k @ q.transpose(-2, -1) / math.sqrt(4))):
+    if close(square[1], ref_softmax(k @ q.transpose(-2, -1) / math.sqrt(4))):
         return KQ[0].upper() + KQ[1:]
     return ("It works when there are as many keys as queries (n == m): something uses the query length n or a "
             "shape (..., m, n) where the keys' length m belongs")
 
 
-def _explained(t: Trial, q, e: CheckFailed) -> CheckFailed:
-    """``e`` with the reason found by probing, when there is one."""
-    if str(e).startswith("not implemented"):
-        return e
-    hint = _why_it_failed(t, tuple(q.shape[:-2]))
-    return CheckFailed(f"{str(e).rstrip('.')}. {hint}") if hint else e
-
-
-def _pair(t: Trial, q, *args):
-    """The student's (output, weights) for (q, *args); an error is explained when probing finds why."""
-    try:
-        return expect_pair(t.call(SDPA, q, *args), SDPA)
-    except CheckFailed as e:
-        raise _explained(t, q, e) from None
-
-
-def _own(t: Trial, q, k, v, mask=None, what: str = "attention"):
-    """The student's (output, weights) on these inputs, of the right shapes (an error explained by probing)."""
+def _own(t: Trial, q, k, v, mask=None, what: str = "", explain: bool = True) -> tuple:
+    """The student's (output, weights) on these inputs, of the right shapes when ``what`` names the call; with
+    ``explain``, an error is explained when probing finds why."""
     try:
         out, w = expect_pair(t.call(SDPA, *((q, k, v) if mask is None else (q, k, v, mask))), SDPA)
-        expect_tensor(w, (*q.shape[:-1], k.shape[-2]), f"the weights of {what}")
-        expect_tensor(out, (*q.shape[:-1], v.shape[-1]), f"the output of {what}")
+        if what:
+            expect_tensor(w, (*q.shape[:-1], k.shape[-2]), f"the weights of {what}")
+            expect_tensor(out, (*q.shape[:-1], v.shape[-1]), f"the output of {what}")
     except CheckFailed as e:
-        raise _explained(t, q, e) from None
+        hint = "" if not explain or str(e).startswith("not implemented") else _why_it_failed(t, tuple(q.shape[:-2]))
+        raise (CheckFailed(f"{str(e).rstrip('.')}. {hint}") if hint else e) from None
     return out, w
 
 
-@SUITE.check("test_sdpa_shapes", parts=[SDPA])
+@SUITE.check(_SHAPES, parts=[SDPA])
 def sdpa_shapes(t: Trial) -> None:
     """Returns (output, weights) with shapes (B, n, d_v) and (B, n, m), for n != m and d_v != d_k."""
     for b, n, m, dk, dv in [(2, 3, 5, 4, 6), (1, 7, 2, 3, 1)]:
@@ -195,7 +169,7 @@ def sdpa_shapes(t: Trial) -> None:
         _own(t, q, k, v, what=f"attention for query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}")
 
 
-@SUITE.check("test_sdpa_values", parts=[SDPA])
+@SUITE.check(_VALUES, parts=[SDPA])
 def sdpa_values(t: Trial) -> None:
     """Output and weights equal torch.nn.functional.scaled_dot_product_attention on random inputs."""
     for b, n, m, dk, dv in [(2, 4, 6, 8, 8), (3, 5, 3, 4, 7)]:
@@ -208,26 +182,20 @@ def sdpa_values(t: Trial) -> None:
         expect_close(out, F.scaled_dot_product_attention(q, k, v), "the attention output", mistakes.outputs(wrong))
 
 
-def own_scale_query(q, k, w):
-    """``q`` rescaled so that the reference's ``Q K^T / sqrt(d_k)`` is the student's own scaled scores
-    (``common.fitted_scale``): a wrong scale costs test_sdpa_values alone."""
-    c = fitted_scale(q @ k.transpose(-2, -1), w)
-    return q if c is None else q * (c * math.sqrt(q.shape[-1]))
-
-
-@SUITE.check("test_sdpa_batch_dims", parts=[SDPA])
+@SUITE.check(_BATCH, parts=[SDPA])
 def sdpa_batch_dims(t: Trial) -> None:
     """Any number of leading dimensions, none (n, d) to two (B, H, n, d), each a batch dimension (scored with your own scale)."""
     for lead in [(), (2, 3), (2, 1, 2)]:
         q, k, v = t.randn(*lead, 4, 5), t.randn(*lead, 6, 5), t.randn(*lead, 6, 3)
         out, w = _own(t, q, k, v, what=f"attention on {len(lead) + 2}-D inputs")
-        q = own_scale_query(q, k, w)
+        c = fitted_scale(q @ k.transpose(-2, -1), w)  # the student's scale: a wrong one costs test_sdpa_values alone
+        q = q if c is None else q * (c * math.sqrt(q.shape[-1]))  # the reference's Q K^T / sqrt(d_k) at that scale
         exp_out, exp_w = ref_attention(q, k, v)
         expect_close(out, exp_out, f"the output for inputs of shape {tuple(q.shape)}", mistakes.outputs(_mistakes(q, k, v)))
         expect_close(w, exp_w, f"the weights for inputs of shape {tuple(q.shape)}")
 
 
-@SUITE.check("test_sdpa_mask", parts=[SDPA])
+@SUITE.check(_MASK, parts=[SDPA])
 def sdpa_mask(t: Trial) -> None:
     """A boolean mask (True = may attend), (n, m) over the batch or (B, n, m) per example, hides its keys before the softmax."""
     b, n, m, d = 2, 5, 6, 4
@@ -245,13 +213,13 @@ def sdpa_mask(t: Trial) -> None:
                      "may see must not reach the output)")
 
 
-@SUITE.check("test_sdpa_fully_masked", parts=[SDPA])
+@SUITE.check(_FULL, parts=[SDPA])
 def sdpa_fully_masked(t: Trial) -> None:
     """A query row with no allowed key gives zero weights and a zero output row, not NaN; the other rows are unchanged."""
     q, k, v = t.randn(1, 3, 4), t.randn(1, 5, 4), t.randn(1, 5, 2)
     mask = torch.ones(3, 5, dtype=torch.bool)
     mask[1] = False
-    out, w = _pair(t, q, k, v, mask)
+    out, w = _own(t, q, k, v, mask)
     mistakes.expect_no_nan({"weights": w, "output": out}, "", " for a query whose keys are all masked: softmax over a "
                            "row of -inf divides 0 by 0. The contract asks for a zero row instead (for example, replace "
                            "the row's max by 0 when it is -inf and divide by the sum only where it is positive)")
@@ -266,17 +234,17 @@ def sdpa_fully_masked(t: Trial) -> None:
     expect_close(out[:, rest], out2, "the output of the other rows (a fully masked row must not change them)")
 
 
-@SUITE.check("test_sdpa_dtype_stability", parts=[SDPA])
+@SUITE.check(_DTYPE, parts=[SDPA])
 def sdpa_dtype_stability(t: Trial) -> None:
     """float64 in gives float64 out; large scores (1e4 after scaling) stay finite, equal to the float64 answer."""
     q, k, v = t.randn(2, 3, 4), t.randn(2, 5, 4), t.randn(2, 5, 3)
     out32, w32 = _own(t, q, k, v, what="attention on float32 inputs")
-    out, w = _pair(t, q.double(), k.double(), v.double())
+    out, w = _own(t, q.double(), k.double(), v.double())
     expect_tensor(out, tuple(out32.shape), "the output for float64 inputs", dtype=torch.float64)
     expect_tensor(w, tuple(w32.shape), "the weights for float64 inputs", dtype=torch.float64)
     expect_close(out, out32, "the output for float64 inputs (it should equal the float32 answer to float32's precision)")
     q, k, v = t.randn(2, 3, 4, scale=100.0), t.randn(2, 6, 4, scale=100.0), t.randn(2, 6, 3)
-    out, w = _pair(t, q, k, v)
+    out, w = _own(t, q, k, v)
     if isinstance(w, torch.Tensor) and not torch.isfinite(w).all():
         raise CheckFailed("the weights overflow to NaN/inf for large scores (around 1e4): use a numerically stable "
                           "softmax that subtracts the row maximum")
@@ -285,11 +253,9 @@ def sdpa_dtype_stability(t: Trial) -> None:
     expect_close(out, out64, "the output for large scores (it should equal your float64 answer)", atol=1e-3)
 
 
-# -- conceptual questions (the inputs are in the question; the answer is a value) ----------------------
-# The right values are computed here from the question's inputs, so a reader can check them. q_score_variance and
-# q_variance_over_dk: q and k have D_K independent entries of mean 0, variance 1. q_weight: d_k = 4, one query
-# q = (2, 0, 0, 0), keys k1 = (1, 0, 0, 0), k2 = (0, 0, 0, 0). q_output_shape: query (8, 3, 5, 16), key
-# (8, 3, 7, 16), value (8, 3, 7, 32).
+# -- conceptual questions: the right values computed from the question's inputs ----------------------------
+# q_score_variance, q_variance_over_dk: q and k have D_K independent entries of mean 0, variance 1. q_weight: d_k = 4,
+# one query q = (2, 0, 0, 0), keys k1 = (1, 0, 0, 0), k2 = (0, 0, 0, 0).
 
 D_K = 64
 S1, S2 = 2.0 / math.sqrt(4), 0.0  # q_weight's scaled scores of the two keys

@@ -1,14 +1,14 @@
-"""Graded checks for exercise 05_cross_attention: ``CrossAttention`` built on a given ``MultiHeadAttention``, a
-source padding mask from per-example lengths, the decoder's cross-attention sublayer, four conceptual questions;
-the requirements the exercise states are ``STATED_REQUIREMENTS`` (``python -m autograder.judging.checks
---requirements 05``). Not graded: source_padding_mask's device (the judge runs the code on the CPU; the visible
-test checks it on a GPU). The mask checks compare with the student's own unmasked weights renormalised
-(``common.expect_masked``), so a wrong source of keys or a missing residual costs the value checks alone.
+"""Graded checks for exercise 05_cross_attention: ``CrossAttention`` over a given ``MultiHeadAttention``,
+``source_padding_mask`` (per-example lengths -> a (B, m) mask), the decoder's cross-attention sublayer and four
+questions. The mask checks compare with the student's own unmasked weights renormalised (``common.expect_masked``),
+so a wrong source of keys or a missing residual costs the value checks alone. Not graded: source_padding_mask's
+device (the judge runs the code on the CPU; the visible test checks it on a GPU).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -20,55 +20,46 @@ from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Tr
 from autograder.judging.checks.common import expect_masked, hidden_keys_changed
 
 SUITE = Suite("05_cross_attention")
+_SHAPES, _VALUES, _MASK, _PROPS = (f"test_cross_attention_{c}" for c in ("shapes", "values", "mask", "properties"))
+_SOURCE, _ERRORS = "test_source_padding_mask", "test_source_padding_mask_errors"
+_SUBLAYER, _PADDING = "test_decoder_cross_attention", "test_decoder_cross_attention_padding"
 STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
-    'CrossAttention holds self.attn': requirement('test_cross_attention_shapes', 'self.attn',
-        'an nn.module with one attribute attn, a multiheadattention(embed_dim, num_heads)',
-        also=('test_cross_attention_values', 'test_cross_attention_mask', 'test_cross_attention_properties')),
-    'n and m unrelated': requirement('test_cross_attention_mask', 'different lengths',
-        'nothing in your code should assume that x and context have the same length'),
-    'keys and values from the context': requirement('test_cross_attention_values', 'keys are taken from x',
-        'the keys and values from a second sequence context (b, m, e)',
-        also=('test_cross_attention_shapes', 'test_cross_attention_mask', 'test_cross_attention_properties')),
-    'context_mask on the keys axis': requirement('test_cross_attention_mask', 'wrong axis',
-        'the padding lies along the keys axis (the last one)'),
-    'context_mask True = real token': requirement('test_cross_attention_mask', 'polarity',
-        'true marks the real context tokens'),
-    'fully padded context: zero weights, no NaN': requirement('test_cross_attention_mask', 'all padding',
-        "if an example's mask is all false, its weights must be zeros, not nan"),
-    'source mask: True at the first lengths[b]': requirement('test_source_padding_mask', 'j <= length',
-        'row b is true at positions 0 .. lengths[b] - 1 (the real tokens)', also=('test_source_padding_mask_errors',)),
-    'source mask: True marks real tokens': requirement('test_source_padding_mask', 'true marks padding',
-        '(the real tokens) and false after (the padding)', also=('test_source_padding_mask_errors',)),
-    'source mask: length 0 is all False': requirement('test_source_padding_mask', 'length 0',
-        'a length of 0 (an empty source) gives a row of false', also=('test_source_padding_mask_errors',)),
-    'source mask: shape (B, m)': requirement('test_source_padding_mask', '(B, m)',
-        'returns the bool (b, m) mask that crossattention takes', also=('test_source_padding_mask_errors',)),
-    'source mask: bool dtype': requirement('test_source_padding_mask', 'bool', 'returns the bool (b, m) mask'),
-    'source mask: ValueError for bad lengths': requirement('test_source_padding_mask_errors',
-        'should raise a ValueError', 'a length below 0 or above m cannot describe a source of m positions'),
-    'source mask: ValueError, not another exception': requirement('test_source_padding_mask_errors', 'IndexError',
-        'cannot describe a source of m positions: raise a valueerror that says so'),
-    'sublayer: norm and cross attributes': requirement('test_decoder_cross_attention', 'self.norm',
-        'holds self.norm = nn.layernorm(embed_dim) and self.cross = crossattention(embed_dim, num_heads)',
-        also=('test_decoder_cross_attention_padding',)),
-    'sublayer: the residual': requirement('test_decoder_cross_attention', 'residual is missing',
-        'and adds the result back (the residual connection)'),
-    'sublayer: only x is normalised': requirement('test_decoder_cross_attention', 'memory is normalised',
-        'only x is normalised here: memory comes from the encoder'),
-    'sublayer: pre-norm': requirement('test_decoder_cross_attention', 'post-norm',
-        'in a pre-norm decoder block (chapter 07) the cross-attention sublayer normalises its input'),
-    'sublayer: memory_lengths hide padding': requirement('test_decoder_cross_attention_padding',
-        'memory_lengths is ignored', 'says how many of the m memory positions are real source tokens'),
-    'sublayer: empty source, no NaN': requirement('test_decoder_cross_attention_padding', 'all padding',
-        'an example with an empty source gets zero weights and no nan'),
+    'CrossAttention holds self.attn': requirement(_SHAPES, 'self.attn', 'one attribute attn',
+                                                  also=(_VALUES, _MASK, _PROPS)),
+    'n and m unrelated': requirement(_MASK, 'different lengths', 'assume that x and context have the same length'),
+    'keys and values from the context': requirement(_VALUES, 'keys are taken from x', 'from a second sequence context',
+                                                    also=(_SHAPES, _MASK, _PROPS)),
+    'context_mask on the keys axis': requirement(_MASK, 'wrong axis', 'along the keys axis'),
+    'context_mask True = real token': requirement(_MASK, 'polarity', 'true marks the real context tokens'),
+    'fully padded context: zero weights, no NaN': requirement(_MASK, 'all padding', 'must be zeros, not nan'),
+    'source mask: True at the first lengths[b]': requirement(_SOURCE, 'j <= length', 'positions 0 .. lengths[b] - 1',
+                                                             also=(_ERRORS,)),
+    'source mask: True marks real tokens': requirement(_SOURCE, 'true marks padding', 'and false after (the padding)',
+                                                       also=(_ERRORS,)),
+    'source mask: length 0 is all False': requirement(_SOURCE, 'length 0', 'a length of 0 (an empty source)',
+                                                      also=(_ERRORS,)),
+    'source mask: shape (B, m)': requirement(_SOURCE, '(B, m)', 'mask that crossattention takes', also=(_ERRORS,)),
+    'source mask: bool dtype': requirement(_SOURCE, 'bool', 'returns the bool (b, m) mask'),
+    'source mask: ValueError for bad lengths': requirement(_ERRORS, 'should raise a ValueError',
+                                                           'above m cannot describe'),
+    'source mask: ValueError, not another exception': requirement(_ERRORS, 'IndexError',
+                                                                  'raise a valueerror that says so'),
+    'sublayer: norm and cross attributes': requirement(_SUBLAYER, 'self.norm', 'holds self.norm = nn.layernorm',
+                                                       also=(_PADDING,)),
+    'sublayer: the residual': requirement(_SUBLAYER, 'residual is missing', 'adds the result back'),
+    'sublayer: only x is normalised': requirement(_SUBLAYER, 'memory is normalised', 'only x is normalised here'),
+    'sublayer: pre-norm': requirement(_SUBLAYER, 'post-norm', 'in a pre-norm decoder block'),
+    'sublayer: memory_lengths hide padding': requirement(_PADDING, 'memory_lengths is ignored',
+                                                         'memory positions are real'),
+    'sublayer: empty source, no NaN': requirement(_PADDING, 'all padding', 'an empty source gets zero weights'),
 }
-CROSS = "CrossAttention"
-SOURCE_MASK = "source_padding_mask"
-DECODER = "DecoderCrossAttention"
+CROSS, SOURCE_MASK, DECODER = "CrossAttention", "source_padding_mask", "DecoderCrossAttention"
 N_EQUALS_M = ("something uses x's length n where the context length m belongs (a reshape, an expand or a mask "
               "built with x.shape[1]); the two sequences may have different lengths")
 WRONG_AXIS = ("the context mask lies on the wrong axis: padding hides keys, so a (B, m) mask becomes (B, 1, m) "
               "(context_mask[:, None, :]), not (B, m, 1), which would hide queries")
+FULLY_PADDED = ("an example whose context is all padding (context_mask all False) must give zero weights and no NaN: "
+                "a softmax over a row of -inf is 0/0; replace those NaN by zeros (torch.nan_to_num, or where)")
 
 
 def _module(t: Trial, e: int, h: int) -> tuple[Obj, RefCrossAttention]:
@@ -78,24 +69,17 @@ def _module(t: Trial, e: int, h: int) -> tuple[Obj, RefCrossAttention]:
                 "MultiHeadAttention(embed_dim, num_heads) as self.attn (parameters attn.q_proj.weight, ...)")[0], ref
 
 
-def _mistakes(ref: RefCrossAttention, x: Tensor, ctx: Tensor, keep: Tensor | None) -> dict[str, tuple[Tensor, Tensor]]:
+def _mistakes(ref: RefCrossAttention, x: Tensor, ctx: Tensor) -> mistakes.Pairs:
     """(output, weights) of the classic wrong answers that can be computed for these shapes."""
     a = ref.attn
-    mask = None if keep is None else keep[:, None, :]
-    out: dict[str, tuple[Tensor, Tensor]] = {}
+    out: mistakes.Pairs = {}
     if x.shape[1] == ctx.shape[1]:
         out["the keys are taken from x: keys and values must both come from the context "
-            "(attn(x, context, context))"] = a(x, x, ctx, mask)
-        out["the values are taken from x: keys and values must both come from the context"] = a(x, ctx, x, mask)
+            "(attn(x, context, context))"] = a(x, x, ctx)
+        out["the values are taken from x: keys and values must both come from the context"] = a(x, ctx, x)
         out["the queries come from the context and the keys from x: the queries come from x, "
-            "attn(query=x, key=context, value=context)"] = a(ctx, x, x, mask)
-        if keep is not None:
-            out[WRONG_AXIS] = a(x, ctx, ctx, keep[:, :, None])
+            "attn(query=x, key=context, value=context)"] = a(ctx, x, x)
     out["the context is ignored: this is self-attention of x. The keys and values come from the context"] = a(x, x, x)
-    if keep is not None:
-        out["the context mask is ignored: padded context tokens (False) must get zero weight"] = a(x, ctx, ctx)
-        out["the context mask polarity is inverted: True marks real tokens, which may be attended to"] = a(
-            x, ctx, ctx, ~mask)
     return out
 
 
@@ -110,38 +94,34 @@ def _expect_shapes(out, w, b: int, n: int, m: int, e: int, h: int, what: str) ->
     expect_tensor(w, (b, h, n, m), f"the weights{what}")
 
 
-def _compare(t: Trial, obj: Obj, ref: RefCrossAttention, x: Tensor, ctx: Tensor, keep: Tensor | None = None) -> None:
-    b, n, e = x.shape
-    m, h = ctx.shape[1], ref.attn.num_heads
-    what = f" for x {tuple(x.shape)} and context {tuple(ctx.shape)}" + ("" if keep is None else " with a context mask")
-    args = (x, ctx) if keep is None else (x, ctx, keep)
-    out, w = expect_pair(obj(*args), CROSS)
-    _expect_shapes(out, w, b, n, m, e, h, what)
+def _expect_values(out, w, expected: tuple[Tensor, Tensor], wrong: mistakes.Pairs, what: str,
+                   weights_first: bool = False) -> None:
+    """``(out, w)`` equal ``expected``, naming the mistakes ``wrong`` (message -> (output, weights))."""
+    pairs = [(out, expected[0], "output", mistakes.outputs), (w, expected[1], "weights", mistakes.weights)]
+    for got, exp, kind, named in pairs[::-1] if weights_first else pairs:
+        expect_close(got, exp, f"the {kind}{what}", named(wrong))
+
+
+def _compare(obj: Obj, ref: RefCrossAttention, x: Tensor, ctx: Tensor) -> None:
+    (b, n, e), m = x.shape, ctx.shape[1]
+    what = f" for x {tuple(x.shape)} and context {tuple(ctx.shape)}"
+    out, w = expect_pair(obj(x, ctx), CROSS)
+    _expect_shapes(out, w, b, n, m, e, ref.attn.num_heads, what)
     with torch.no_grad():
-        exp_out, exp_w = ref(x, ctx, keep)
-        wrong = _mistakes(ref, x, ctx, keep)
-    expect_close(out, exp_out, f"the output{what}", mistakes.outputs(wrong))
-    expect_close(w, exp_w, f"the weights{what}", mistakes.weights(wrong))
+        _expect_values(out, w, ref(x, ctx), _mistakes(ref, x, ctx), what)
 
 
-def _with_unequal_lengths(t: Trial, fn, hint: str = N_EQUALS_M) -> None:
-    """Run ``fn``; an error that only happens when n != m says so."""
+def _with_unequal_lengths(fn: Callable, hint: str = "keys and values must both come from the context; " + N_EQUALS_M):
+    """``fn()``; an error that only happens when n != m says so."""
     try:
-        fn()
+        return fn()
     except StudentError as err:
         if str(err).startswith("not implemented"):
             raise
         raise CheckFailed(f"{str(err).rstrip('.')}, when x and context have different lengths: {hint}") from None
 
 
-def _keep(t: Trial, b: int, m: int) -> Tensor:
-    keep = t.rand_mask(b, m, p=0.6)
-    keep[:, 0] = True  # every example has at least one real context token
-    keep[0, -1] = False  # and at least one padded one
-    return keep
-
-
-@SUITE.check("test_cross_attention_shapes", parts=[CROSS])
+@SUITE.check(_SHAPES, parts=[CROSS])
 def cross_attention_shapes(t: Trial) -> None:
     """Output (B, n, E) and weights (B, H, n, m) for n == m, n < m and n > m; the module holds self.attn."""
     obj, _ = _module(t, 8, 2)
@@ -151,74 +131,66 @@ def cross_attention_shapes(t: Trial) -> None:
         def run(n=n, m=m):
             out, w = expect_pair(obj(t.randn(2, n, 8), t.randn(2, m, 8)), CROSS)
             _expect_shapes(out, w, 2, n, m, 8, 2, f" for x (2, {n}, 8) and context (2, {m}, 8)")
-        _with_unequal_lengths(t, run, "the keys and values must come from the context (and the queries from x); "
+        _with_unequal_lengths(run, "the keys and values must come from the context (and the queries from x); "
                               + N_EQUALS_M)
 
 
-@SUITE.check("test_cross_attention_values", parts=[CROSS])
+@SUITE.check(_VALUES, parts=[CROSS])
 def cross_attention_values(t: Trial) -> None:
     """With copied weights, equals attention with queries from x and keys and values from the context."""
     obj, ref = _module(t, 8, 2)
-    _compare(t, obj, ref, t.randn(2, 5, 8), t.randn(2, 5, 8))  # n == m: every mix-up is computable and named
+    _compare(obj, ref, t.randn(2, 5, 8), t.randn(2, 5, 8))  # n == m: every mix-up is computable and named
     for b, n, m, e, h in [(2, 3, 6, 8, 2), (1, 6, 2, 12, 3), (3, 1, 4, 8, 4)]:
         obj, ref = _module(t, e, h)
         x, ctx = t.randn(b, n, e), t.randn(b, m, e)
-        _with_unequal_lengths(t, lambda: _compare(t, obj, ref, x, ctx),
-                              "keys and values must both come from the context; " + N_EQUALS_M)
+        _with_unequal_lengths(lambda: _compare(obj, ref, x, ctx))
 
 
-FULLY_PADDED = ("an example whose context is all padding (context_mask all False) must give zero weights and no NaN: "
-                "a softmax over a row of -inf is 0/0; replace those NaN by zeros (torch.nan_to_num, or where)")
-
-
-def _expect_mask_property(call, x: Tensor, ctx: Tensor, keep: Tensor, h: int, what: str,
-                          name: str = "the context mask") -> None:
-    """``call(x, ctx, keep)`` hides the keys ``keep`` (B, m) marks False: its weights are its own unmasked weights
-    renormalised on the real tokens, no NaN, and a padded token's content never reaches the output."""
+def _expect_mask_property(obj: Obj, part: str, x: Tensor, ctx: Tensor, keep: Tensor, what: str,
+                          name: str = "the context mask", given: Callable = lambda keep: keep) -> None:
+    """``part``'s answer for (x, ctx) with the mask ``given(keep)`` hides the keys ``keep`` (B, m) marks False: its
+    weights are its own unmasked weights renormalised on the real tokens, no NaN, and a padded token's content never
+    reaches the output."""
     (b, n, e), m = x.shape, ctx.shape[1]
-    _, w0 = call(x, ctx, None)
-    _expect_shapes(*call(x, ctx, None), b, n, m, e, h, what + " without the mask")
-    out, w = call(x, ctx, keep)
-    for value, part in ((out, "output"), (w, "weights")):
-        if isinstance(value, Tensor) and value.is_floating_point() and not torch.isfinite(value).all():
-            raise CheckFailed(f"the {part}{what} contain NaN: {FULLY_PADDED}")
-    _expect_shapes(out, w, b, n, m, e, h, what)
+
+    def call(c: Tensor, *mask: Tensor) -> tuple:
+        return expect_pair(obj(x, c, *map(given, mask)), part)
+
+    out0, w0 = call(ctx)
+    _expect_shapes(out0, w0, b, n, m, e, 2, what + " without the mask")
+    out, w = call(ctx, keep)
+    mistakes.expect_no_nan({"output": out, "weights": w}, what, f": {FULLY_PADDED}")
+    _expect_shapes(out, w, b, n, m, e, 2, what)
     full = keep[:, None, None, :].expand_as(w)
     wrong = {WRONG_AXIS: keep[:, None, :, None].expand_as(w)} if n == m else {}
     expect_masked(w, w0, full, f"the weights{what}", wrong, name)
     if (changed := hidden_keys_changed(ctx, full)) is not None:
-        expect_close(call(x, changed, keep)[0], out, f"the output{what} when only padded context tokens change (a "
+        expect_close(call(changed, keep)[0], out, f"the output{what} when only padded context tokens change (a "
                      "padded token must not reach the output)")
 
 
-@SUITE.check("test_cross_attention_mask", parts=[CROSS])
+@SUITE.check(_MASK, parts=[CROSS])
 def cross_attention_mask(t: Trial) -> None:
     """A (B, m) context mask hides padded context tokens from every query (n == m and n != m); a fully padded
     example gives zero weights and no NaN."""
     obj, _ = _module(t, 8, 2)
-
-    def call(x, ctx, keep):
-        return expect_pair(obj(x, ctx) if keep is None else obj(x, ctx, keep), CROSS)
-
     for b, n, m in [(3, 5, 5), (2, 3, 6), (3, 7, 4), (2, 3, 4)]:
-        x, ctx, keep = t.randn(b, n, 8), t.randn(b, m, 8), _keep(t, b, m)
+        x, ctx, keep = t.randn(b, n, 8), t.randn(b, m, 8), t.rand_mask(b, m, p=0.6)
+        keep[:, 0], keep[0, -1] = True, False  # every example has a real context token, and one has a padded one
         if (b, n, m) == (2, 3, 4):
             keep[0] = False  # example 0: nothing but padding
         what = f" for x {(b, n, 8)} and context {(b, m, 8)}" + (" whose example 0 is all padding" if not keep[0].any()
                                                                 else " with a context mask")
-        _with_unequal_lengths(t, lambda: _expect_mask_property(call, x, ctx, keep, 2, what),
+        _with_unequal_lengths(lambda: _expect_mask_property(obj, CROSS, x, ctx, keep, what),
                               WRONG_AXIS + "; or " + N_EQUALS_M)
 
 
-@SUITE.check("test_cross_attention_properties", parts=[CROSS])
+@SUITE.check(_PROPS, parts=[CROSS])
 def cross_attention_properties(t: Trial) -> None:
     """Reordering the context changes nothing; output row i depends on x row i only (no mask: the mask has its own check)."""
     obj, _ = _module(t, 8, 4)
     x, ctx = t.randn(2, 4, 8), t.randn(2, 6, 8)
-    result: list = []
-    _with_unequal_lengths(t, lambda: result.append(expect_pair(obj(x, ctx), CROSS)),
-                          "keys and values must both come from the context; " + N_EQUALS_M)
-    out, w = result[0]
+    out, w = _with_unequal_lengths(lambda: expect_pair(obj(x, ctx), CROSS))
     _expect_shapes(out, w, 2, 4, 6, 8, 4, " for x (2, 4, 8) and context (2, 6, 8)")
     perm = torch.randperm(6, generator=t.gen)
     out_p, _ = expect_pair(obj(x, ctx[:, perm]), CROSS)
@@ -239,7 +211,7 @@ def _ref_source_mask(lengths: Tensor, m: int) -> Tensor:
     return torch.arange(m)[None, :] < lengths[:, None]  # (B, m)
 
 
-@SUITE.check("test_source_padding_mask", parts=[SOURCE_MASK])
+@SUITE.check(_SOURCE, parts=[SOURCE_MASK])
 def source_padding_mask_check(t: Trial) -> None:
     """source_padding_mask(lengths, m) is a bool (B, m) tensor, True at the first lengths[b] positions;
     a length of 0 gives a row of False."""
@@ -270,13 +242,13 @@ def source_padding_mask_check(t: Trial) -> None:
         raise CheckFailed(f"mistake in {what}: row b should be True at positions 0 .. lengths[b] - 1 and False after")
 
 
-@SUITE.check("test_source_padding_mask_errors", parts=[SOURCE_MASK])
+@SUITE.check(_ERRORS, parts=[SOURCE_MASK])
 def source_padding_mask_errors(t: Trial) -> None:
     """A length longer than m or negative raises a ValueError (it cannot describe a source of m positions)."""
     expect_value_error(lambda: t.call(SOURCE_MASK, torch.tensor([2, 5]), 4), "source_padding_mask(lengths=[2, 5], m=4)",
-                        "A length above m means the source does not fit in m positions: check lengths <= m")
+                       "A length above m means the source does not fit in m positions: check lengths <= m")
     expect_value_error(lambda: t.call(SOURCE_MASK, torch.tensor([-1, 2]), 4), "source_padding_mask(lengths=[-1, 2], m=4)",
-                        "A negative length is no length: check lengths >= 0")
+                       "A negative length is no length: check lengths >= 0")
     got = t.call(SOURCE_MASK, torch.tensor([4, 0]), 4)  # the bounds themselves are fine
     if not (isinstance(got, Tensor) and torch.equal(got, _ref_source_mask(torch.tensor([4, 0]), 4))):
         raise CheckFailed("source_padding_mask(lengths=[4, 0], m=4) should work: 0 and m are valid lengths")
@@ -285,19 +257,15 @@ def source_padding_mask_errors(t: Trial) -> None:
 # -- DecoderCrossAttention: the decoder block's cross-attention sublayer ---------------------------------
 
 
-
-
 class _RefDecoderCross(nn.Module):
-    """The reference: pre-norm cross-attention sublayer over attnkit's CrossAttention."""
+    """The reference: pre-norm cross-attention sublayer over attnkit's CrossAttention (the switches make mistakes)."""
 
     def __init__(self, e: int, h: int) -> None:
         super().__init__()
         self.norm, self.cross = nn.LayerNorm(e), RefCrossAttention(e, h)
 
-    def forward(self, x: Tensor, memory: Tensor, lengths: Tensor | None = None, norm_memory: bool = False,
-                residual: bool = True) -> tuple[Tensor, Tensor]:
-        keep = None if lengths is None else _ref_source_mask(lengths, memory.shape[1])
-        out, w = self.cross(self.norm(x), self.norm(memory) if norm_memory else memory, keep)
+    def forward(self, x: Tensor, memory: Tensor, norm_memory: bool = False, residual: bool = True):
+        out, w = self.cross(self.norm(x), self.norm(memory) if norm_memory else memory)
         return (x + out if residual else out), w
 
 
@@ -311,69 +279,37 @@ def _decoder(t: Trial, e: int, h: int) -> tuple[Obj, _RefDecoderCross]:
                 "self.norm = nn.LayerNorm(embed_dim) and self.cross = CrossAttention(embed_dim, num_heads)")[0], ref
 
 
-def _decoder_mistakes(ref: _RefDecoderCross, x: Tensor, mem: Tensor, lengths: Tensor | None) -> dict:
-    with torch.no_grad():
-        out = {
-            "the residual is missing: the sublayer returns x + cross-attention(norm(x), memory)":
-                ref(x, mem, lengths, residual=False),
-            "the memory is normalised too: in a pre-norm decoder the sublayer's norm applies to x (the queries) "
-            "only; the encoder already normalised its output": ref(x, mem, lengths, norm_memory=True),
-        }
-        keep = None if lengths is None else _ref_source_mask(lengths, mem.shape[1])
-        post, post_w = ref.cross(x, mem, keep)
-        out["this is post-norm (norm(x + attention(x))): the exercise asks for pre-norm, x + attention(norm(x))"] = (
-            ref.norm(x + post), post_w)
-        if lengths is not None:
-            out["memory_lengths is ignored: padded source positions must get zero weight"] = ref(x, mem, None)
-    return out
-
-
-def _compare_decoder(obj: Obj, ref: _RefDecoderCross, x: Tensor, mem: Tensor, lengths: Tensor | None, what: str):
-    b, n, e = x.shape
-    m, h = mem.shape[1], ref.cross.attn.num_heads
-    args = (x, mem) if lengths is None else (x, mem, lengths)
-    out, w = expect_pair(obj(*args), DECODER)
-    empty = lengths is not None and bool((lengths == 0).any())
-    if empty:
-        for name, value in (("output", out), ("weights", w)):
-            if isinstance(value, Tensor) and value.is_floating_point() and not torch.isfinite(value).all():
-                raise CheckFailed(f"the {name}{what} contain NaN: {FULLY_PADDED}")
-    expect_tensor(out, (b, n, e), f"the output{what}")
-    expect_tensor(w, (b, h, n, m), f"the weights{what}")
-    if empty and not torch.all(w[lengths == 0] == 0):
-        raise CheckFailed(f"the weights{what} are not zero for the empty source: {FULLY_PADDED}")
-    with torch.no_grad():
-        exp_out, exp_w = ref(x, mem, lengths)
-    wrong = _decoder_mistakes(ref, x, mem, lengths)
-    expect_close(w, exp_w, f"the weights{what}", mistakes.weights(wrong))
-    expect_close(out, exp_out, f"the output{what}", mistakes.outputs(wrong))
-
-
-@SUITE.check("test_decoder_cross_attention", parts=[DECODER])
+@SUITE.check(_SUBLAYER, parts=[DECODER])
 def decoder_cross_attention(t: Trial) -> None:
     """With copied weights, equals x + attnkit's CrossAttention(norm(x), memory) (pre-norm), for n != m."""
     for b, n, m, e, h in [(2, 3, 5, 8, 2), (1, 6, 2, 12, 3)]:
         obj, ref = _decoder(t, e, h)
         x, mem = t.randn(b, n, e), t.randn(b, m, e)
-        _compare_decoder(obj, ref, x, mem, None, f" for x {(b, n, e)} and memory {(b, m, e)}")
+        what = f" for x {(b, n, e)} and memory {(b, m, e)}"
+        out, w = expect_pair(obj(x, mem), DECODER)
+        expect_tensor(out, (b, n, e), f"the output{what}")
+        expect_tensor(w, (b, h, n, m), f"the weights{what}")
+        with torch.no_grad():
+            post, post_w = ref.cross(x, mem)
+            _expect_values(out, w, ref(x, mem), {
+                "the residual is missing: the sublayer returns x + cross-attention(norm(x), memory)":
+                    ref(x, mem, residual=False),
+                "the memory is normalised too: in a pre-norm decoder the sublayer's norm applies to x (the queries) "
+                "only; the encoder already normalised its output": ref(x, mem, norm_memory=True),
+                "this is post-norm (norm(x + attention(x))): the exercise asks for pre-norm, x + attention(norm(x))":
+                    (ref.norm(x + post), post_w)}, what, weights_first=True)
 
 
-@SUITE.check("test_decoder_cross_attention_padding", parts=[DECODER])
+@SUITE.check(_PADDING, parts=[DECODER])
 def decoder_cross_attention_padding(t: Trial) -> None:
     """memory_lengths hide each example's padded source positions; an empty source (length 0) gives zero weights
     and no NaN (its queries read nothing)."""
     obj, _ = _decoder(t, 8, 2)
-
-    def call(x, mem, lengths):
-        return expect_pair(obj(x, mem) if lengths is None else obj(x, mem, lengths), DECODER)
-
     for lengths, n, m in [([4, 2, 1], 3, 4), ([0, 5], 2, 5)]:
-        lt = torch.tensor(lengths)
         x, mem = t.randn(len(lengths), n, 8), t.randn(len(lengths), m, 8)
         what = f" for memory_lengths={lengths}, x {(len(lengths), n, 8)} and memory {(len(lengths), m, 8)}"
-        keep = _ref_source_mask(lt, m)
-        _expect_mask_property(lambda x, c, k: call(x, c, None if k is None else lt), x, mem, keep, 2, what,
-                              "memory_lengths")
+        _expect_mask_property(obj, DECODER, x, mem, _ref_source_mask(torch.tensor(lengths), m), what, "memory_lengths",
+                              given=lambda keep: keep.sum(-1))  # the lengths of the prefix mask
 
 
 # -- conceptual questions ------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ rotary embeddings (RoPE) and four conceptual questions; the requirements the exe
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 
@@ -17,40 +16,27 @@ from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, 
                                        expect_value_error, number, requirement)
 
 SUITE = Suite("06_positional_encoding")
+_PE_SHAPE, _PE_VALUES, _PE_ODD = (f"test_sinusoidal_{c}" for c in ("shape", "values", "odd_dim"))
+_SHIFT, _LEARNED, _MAX_LEN = "test_shift_matrix_property", "test_learned_embedding", "test_learned_embedding_max_len"
+_ROPE, _ROPE_ODD, _RELATIVE = (f"test_rotary_{c}" for c in ("values", "odd_dim", "relative"))
 STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
-    'table: float32': requirement('test_sinusoidal_shape', 'float32',
-        'return a float32 tensor of shape (num_positions, dim)'),
-    'table: values': requirement('test_sinusoidal_values', 'swapped', 'p[i, 2j] = \\sin(i\\, w_j)'),
-    'table: odd dim raises ValueError': requirement('test_sinusoidal_odd_dim', 'ValueError',
-        'an odd dim cannot be split into pairs: raise a valueerror'),
-    'table: ValueError, not another exception': requirement('test_sinusoidal_odd_dim', 'TypeError',
-        'an odd dim cannot be split into pairs: raise a valueerror that says so'),
-    'shift: row-vector direction': requirement('test_shift_matrix_property', 'wrong way',
-        'p[i] is a row vector multiplied on the left of m'),
-    'learned: x + table[:n]': requirement('test_learned_embedding', 'without adding x',
-        'returns x plus row p of the table at position p'),
-    'learned: ValueError past max_len': requirement('test_learned_embedding_max_len', 'ValueError',
-        'there is no row for positions >= max_len: if n > max_len, raise a valueerror'),
-    'learned: the ValueError names max_len': requirement('test_learned_embedding_max_len', 'does not name max_len',
-        'raise a valueerror that names max_len'),
-    'rope: rotation direction': requirement('test_rotary_values', 'wrong way',
-        'x_{2j}\\sin(p w_j) + x_{2j+1}\\cos(p w_j)'),
-    'rope: neighbouring pairs': requirement('test_rotary_values', 'rotate half',
-        'the column pair (x_{2j}, x_{2j+1}) of the row at position p'),
-    'rope: frequencies': requirement('test_rotary_values', 'factor 2', 'with w_j = 10000^{-2j/d} as in the table'),
-    'rope: default positions from 0': requirement('test_rotary_values', 'start at 1',
-        'positions (any numbers; by default 0 .. n-1)'),
-    'rope: given positions used': requirement('test_rotary_values', 'positions argument is ignored',
-        "positions (optional) is a 1-d tensor of the n rows' positions"),
-    "rope: x's dtype": requirement('test_rotary_values', "return x's dtype",
-        "return a tensor of x's shape and dtype (a float64 x gives a float64 result)"),
-    'rope: odd d raises ValueError': requirement('test_rotary_odd_dim', 'ValueError',
-        'an odd d cannot be split into pairs: raise a valueerror'),
-    'rope: depends on i - j only': requirement('test_rotary_relative', 'offset only', 'depends on q, k and i - j only',
-        also=('test_rotary_values',)),
-    'rope: a rotation keeps lengths': requirement('test_rotary_relative', 'length',
-        'rope instead rotates each query and key by an angle proportional to its position',
-        also=('test_rotary_values',)),
+    'table: float32': requirement(_PE_SHAPE, 'float32', 'return a float32 tensor of shape'),
+    'table: values': requirement(_PE_VALUES, 'swapped', 'p[i, 2j] = \\sin(i\\, w_j)'),
+    'table: odd dim raises ValueError': requirement(_PE_ODD, 'ValueError', 'an odd dim cannot be split into pairs'),
+    'table: ValueError, not another exception': requirement(_PE_ODD, 'TypeError', 'raise a valueerror that says so'),
+    'shift: row-vector direction': requirement(_SHIFT, 'wrong way', 'row vector multiplied on the left'),
+    'learned: x + table[:n]': requirement(_LEARNED, 'without adding x', 'returns x plus row p'),
+    'learned: ValueError past max_len': requirement(_MAX_LEN, 'ValueError', 'if n > max_len'),
+    'learned: the ValueError names max_len': requirement(_MAX_LEN, 'does not name max_len', 'that names max_len'),
+    'rope: rotation direction': requirement(_ROPE, 'wrong way', 'x_{2j}\\sin(p w_j) + x_{2j+1}\\cos(p w_j)'),
+    'rope: neighbouring pairs': requirement(_ROPE, 'rotate half', 'the column pair (x_{2j}, x_{2j+1})'),
+    'rope: frequencies': requirement(_ROPE, 'factor 2', 'w_j = 10000^{-2j/d} as in the table'),
+    'rope: default positions from 0': requirement(_ROPE, 'start at 1', 'by default 0 .. n-1'),
+    'rope: given positions used': requirement(_ROPE, 'positions argument is ignored', '1-d tensor of the n rows'),
+    "rope: x's dtype": requirement(_ROPE, "return x's dtype", 'shape and dtype (a float64 x'),
+    'rope: odd d raises ValueError': requirement(_ROPE_ODD, 'ValueError', 'an odd d cannot be split'),
+    'rope: depends on i - j only': requirement(_RELATIVE, 'offset only', 'on q, k and i - j only', also=(_ROPE,)),
+    'rope: a rotation keeps lengths': requirement(_RELATIVE, 'length', 'rotates each query and key', also=(_ROPE,)),
 }
 PE, SHIFT, LEARNED = "sinusoidal_positional_encoding", "position_shift_matrix", "LearnedPositionalEmbedding"
 ROPE = "apply_rotary_embedding"
@@ -63,41 +49,41 @@ LEARNED_FROM_1 = ("the positions start at 1: the row of position i is table[i], 
 # -- the sinusoidal table -------------------------------------------------------------------------
 
 
-def _table(n: int, d: int, freq: Callable[[torch.Tensor], torch.Tensor], sin_first: bool = True,
-           start: int = 0) -> torch.Tensor:
-    """An interleaved sin/cos table with the pair frequencies ``freq(j)``, for positions start..start+n-1."""
-    i = torch.arange(start, start + n, dtype=torch.float64)[:, None]
-    a = i * freq(torch.arange(d // 2, dtype=torch.float64))  # (n, d/2)
+def _w(d: int, k: float = 2, base: float = 10000.0) -> torch.Tensor:
+    """The pair frequencies base^(-k j / d), j = 0 .. d/2 - 1: the exercise's w_j (k = 2), or a mistake's."""
+    return base ** (-k * torch.arange(d // 2, dtype=torch.float64) / d)
+
+
+def _table(n: int, d: int, w: torch.Tensor, sin_first: bool = True, start: int = 0) -> torch.Tensor:
+    """An interleaved sin/cos table with the pair frequencies ``w``, for positions start..start+n-1."""
+    a = torch.arange(start, start + n, dtype=torch.float64)[:, None] * w  # (n, d/2)
     first, second = (a.sin(), a.cos()) if sin_first else (a.cos(), a.sin())
     return torch.stack([first, second], -1).reshape(n, d)
 
 
 def _pe_mistakes(n: int, d: int) -> dict[str, torch.Tensor]:
-    i = torch.arange(n, dtype=torch.float64)[:, None]
-    c = torch.arange(d, dtype=torch.float64)
+    i, c = torch.arange(n, dtype=torch.float64)[:, None], torch.arange(d, dtype=torch.float64)
     per_column = i * 10000.0 ** (-c / d)  # each column its own frequency
-    per_column = torch.where(c.long() % 2 == 0, per_column.sin(), per_column.cos())
-    a = i * 10000.0 ** (-2 * torch.arange(d // 2, dtype=torch.float64) / d)
+    a = i * _w(d)
     return {
         "sin and cos are swapped: even columns 2j hold sin(i w_j), odd columns 2j+1 hold cos(i w_j)":
-            _table(n, d, lambda j: 10000.0 ** (-2 * j / d), sin_first=False),
+            _table(n, d, _w(d), sin_first=False),
         "the frequency exponent is missing its factor 2: w_j = 10000^(-2j/dim), with j counting sin/cos pairs":
-            _table(n, d, lambda j: 10000.0 ** (-j / d)),
+            _table(n, d, _w(d, 1)),
         "the frequency exponent uses the column index 2j where it needs the pair index j: w_j = 10000^(-2j/dim), "
-        "so the pair in columns (2j, 2j+1) uses j, not 2j":
-            _table(n, d, lambda j: 10000.0 ** (-4 * j / d)),
+        "so the pair in columns (2j, 2j+1) uses j, not 2j": _table(n, d, _w(d, 4)),
         "the frequency exponent has the wrong sign: w_j = 10000^(-2j/dim) shrinks as j grows (10000^(+2j/dim) grows)":
-            _table(n, d, lambda j: 10000.0 ** (2 * j / d)),
+            _table(n, d, _w(d, -2)),
         "each column got its own frequency 10000^(-c/dim); the sin and cos of pair j share one frequency "
-        "w_j = 10000^(-2j/dim)": per_column,
+        "w_j = 10000^(-2j/dim)": torch.where(c.long() % 2 == 0, per_column.sin(), per_column.cos()),
         "sin fills the first half of the columns and cos the second; they must interleave: column 2j is sin, 2j+1 cos":
             torch.cat([a.sin(), a.cos()], -1),
-        "the base is 1000; the frequencies are w_j = 10000^(-2j/dim)": _table(n, d, lambda j: 1000.0 ** (-2 * j / d)),
-        PE_FROM_1: _table(n, d, lambda j: 10000.0 ** (-2 * j / d), start=1),
+        "the base is 1000; the frequencies are w_j = 10000^(-2j/dim)": _table(n, d, _w(d, base=1000.0)),
+        PE_FROM_1: _table(n, d, _w(d), start=1),
     }
 
 
-@SUITE.check("test_sinusoidal_shape", parts=[PE])
+@SUITE.check(_PE_SHAPE, parts=[PE])
 def sinusoidal_shape(t: Trial) -> None:
     """Shape (num_positions, dim), float32 (the values are test_sinusoidal_values')."""
     for n, d in [(5, 4), (1, 2), (17, 10)]:
@@ -108,19 +94,17 @@ def sinusoidal_shape(t: Trial) -> None:
                               "into float64). Compute in float64 if you like, then .float()")
 
 
-SUITE.oracle("test_sinusoidal_values", PE, "Every entry equals sin(i w_j) / cos(i w_j) with w_j = 10000^(-2j/dim), "
+SUITE.oracle(_PE_VALUES, PE, "Every entry equals sin(i w_j) / cos(i w_j) with w_j = 10000^(-2j/dim), "
              "for several sizes.", cases=[(12, 8), (60, 32), (7, 6)],
-             reference=lambda n, d: ref_pe(n, d, dtype=torch.float64), mistakes=lambda n, d: _pe_mistakes(n, d),
-             atol=2e-4)
+             reference=lambda n, d: ref_pe(n, d, dtype=torch.float64), mistakes=_pe_mistakes, atol=2e-4)
 
 
-@SUITE.check("test_sinusoidal_odd_dim", parts=[PE])
+@SUITE.check(_PE_ODD, parts=[PE])
 def sinusoidal_odd_dim(t: Trial) -> None:
     """An odd dim raises a ValueError (the columns come in sin/cos pairs)."""
     for d in (5, 1):
         expect_value_error(lambda: t.call(PE, 4, d), f"sinusoidal_positional_encoding(4, {d})",
                             "With an odd dim the last sin column would have no cos partner: check dim % 2 first")
-    # the smallest even dim still works (its values are test_sinusoidal_values' business)
     expect_tensor(t.call(PE, 3, 2), (3, 2), "sinusoidal_positional_encoding(3, 2) (the smallest even dim must work)")
 
 
@@ -135,16 +119,14 @@ def _rotation(delta: int, d: int, w: torch.Tensor) -> torch.Tensor:
 
 
 def _shift_mistakes(delta: int, d: int) -> dict[str, torch.Tensor]:
-    M = ref_shift(delta, d, dtype=torch.float64)
-    j = torch.arange(d // 2, dtype=torch.float64)
     return {
         "the rotation frequencies are missing the factor 2: block j turns by delta * w_j with "
-        "w_j = 10000^(-2j/dim), the frequency of the table's pair j": _rotation(delta, d, 10000.0 ** (-j / d)),
+        "w_j = 10000^(-2j/dim), the frequency of the table's pair j": _rotation(delta, d, _w(d, 1)),
         "the rotation frequencies use the column index 2j where the pair index j belongs: block j turns by "
-        "delta * w_j with w_j = 10000^(-2j/dim)": _rotation(delta, d, 10000.0 ** (-4 * j / d)),
+        "delta * w_j with w_j = 10000^(-2j/dim)": _rotation(delta, d, _w(d, 4)),
         "M rotates the wrong way: P[i] @ M gives P[i - delta]. For row vectors, block j is "
         "[[cos(delta w_j), -sin(delta w_j)], [sin(delta w_j), cos(delta w_j)]]; you built its transpose "
-        "(the column-vector rotation)": M.T,
+        "(the column-vector rotation)": ref_shift(delta, d, dtype=torch.float64).T,
         "the rotation angles ignore delta: block j turns by delta * w_j, not w_j": ref_shift(1, d, dtype=torch.float64),
     }
 
@@ -160,7 +142,7 @@ def shift_matrix_shape(t: Trial) -> None:
                           "sin/cos pair (columns 2j, 2j+1) rotates on its own")
 
 
-@SUITE.check("test_shift_matrix_property", parts=[SHIFT])
+@SUITE.check(_SHIFT, parts=[SHIFT])
 def shift_matrix_property(t: Trial) -> None:
     """P[i + delta] = P[i] @ M for every position i, several offsets (including negative) and widths."""
     for delta, d in [(1, 4), (5, 16), (-3, 8), (int(t.randint(10, 60, (1,))), 12)]:
@@ -188,9 +170,8 @@ def _table_of(obj, max_len: int, dim: int) -> tuple[str, torch.Tensor]:
 
 def _learned_mistakes(x: torch.Tensor, table: torch.Tensor) -> dict[str, torch.Tensor]:
     n = x.shape[-2]
-    from_1 = {LEARNED_FROM_1: x + table[torch.arange(1, n + 1).clamp_max(table.shape[0] - 1)]}
     return {
-        **from_1,
+        LEARNED_FROM_1: x + table[torch.arange(1, n + 1).clamp_max(table.shape[0] - 1)],
         "it returns the position rows without adding x: forward must return x + the row of each position":
             table[:n].expand_as(x).clone(),
         "every position got the same row: the positions run along axis -2 (x.shape[-2] or x.shape[1]), "
@@ -198,7 +179,7 @@ def _learned_mistakes(x: torch.Tensor, table: torch.Tensor) -> dict[str, torch.T
     }
 
 
-@SUITE.check("test_learned_embedding", parts=[LEARNED])
+@SUITE.check(_LEARNED, parts=[LEARNED])
 def learned_embedding(t: Trial) -> None:
     """forward(x) = x + table[:n] for (B, n, dim) inputs, with the module's own table and with loaded weights."""
     max_len, dim = 12, 6
@@ -215,7 +196,7 @@ def learned_embedding(t: Trial) -> None:
                  "module's own learned table)", _learned_mistakes(x, new))
 
 
-@SUITE.check("test_learned_embedding_max_len", parts=[LEARNED])
+@SUITE.check(_MAX_LEN, parts=[LEARNED])
 def learned_embedding_max_len(t: Trial) -> None:
     """Sequences up to max_len work; a longer one raises a ValueError (there is no learned row for it)."""
     obj = t.new(LEARNED, 5, 4)
@@ -245,7 +226,6 @@ def learned_embedding_max_len(t: Trial) -> None:
                               f"is (max_len = 5) and what came (7), got: {err}") from None
 
 
-
 # -- rotary embeddings (RoPE) ----------------------------------------------------------------------
 
 
@@ -263,17 +243,14 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, w: torch.Tensor, halves: boo
 
 def _rope_mistakes(x: torch.Tensor, positions: torch.Tensor | None) -> dict[str, torch.Tensor]:
     n, d = x.shape[-2], x.shape[-1]
-    p = torch.arange(n) if positions is None else positions
-    j = torch.arange(d // 2, dtype=torch.float64)
-    w = 10000.0 ** (-2 * j / d)
+    p, w = torch.arange(n) if positions is None else positions, _w(d)
     out = {
         "each pair turns the wrong way (by -p w_j): the rotation of (x_2j, x_2j+1) by the angle a is "
         "(x_2j cos a - x_2j+1 sin a, x_2j sin a + x_2j+1 cos a)": _rope(x, -p, w),
         "the pairs are (j, j + d/2), the 'rotate half' layout; this exercise pairs neighbouring columns (2j, 2j+1), "
         "like the sinusoidal table": _rope(x, p, w, halves=True),
-        "the frequency exponent is missing its factor 2: w_j = 10000^(-2j/d), j counting pairs": _rope(x, p, 10000.0 ** (-j / d)),
-        "the frequency uses the column index 2j for the pair index j: w_j = 10000^(-2j/d)":
-            _rope(x, p, 10000.0 ** (-4 * j / d)),
+        "the frequency exponent is missing its factor 2: w_j = 10000^(-2j/d), j counting pairs": _rope(x, p, _w(d, 1)),
+        "the frequency uses the column index 2j for the pair index j: w_j = 10000^(-2j/d)": _rope(x, p, _w(d, 4)),
         "the positions start at 1: row i is position i, counted from 0": _rope(x, p + 1, w),
         "the sinusoidal table was added instead of rotating: RoPE multiplies each pair by a rotation, it adds nothing":
             x.to(torch.float64) + ref_pe(n, d, dtype=torch.float64) if positions is None else x.to(torch.float64),
@@ -289,7 +266,7 @@ def _call_rope(t: Trial, x: torch.Tensor, positions: torch.Tensor | None, what: 
     return expect_tensor(got, tuple(x.shape), what)
 
 
-@SUITE.check("test_rotary_values", parts=[ROPE])
+@SUITE.check(_ROPE, parts=[ROPE])
 def rotary_values(t: Trial) -> None:
     """Equals attnkit's RoPE for default and given positions, several shapes; keeps x's dtype (float32, float64)."""
     cases = [((2, 5, 8), None), ((3, 2, 6, 4), None), ((1, 4, 16), torch.tensor([7, 3, 12, 0])),
@@ -298,34 +275,30 @@ def rotary_values(t: Trial) -> None:
         x = t.randn(*shape)
         what = f"apply_rotary_embedding(x of shape {shape}" + ("" if positions is None else
                                                                f", positions={positions.tolist()}") + ")"
-        got = _call_rope(t, x, positions, what)
-        exp = ref_rope(x.to(torch.float64)) if positions is None else ref_rope(x.to(torch.float64), positions)
-        expect_close(got, exp, what, _rope_mistakes(x, positions), atol=1e-4)
+        expect_close(_call_rope(t, x, positions, what), ref_rope(x.to(torch.float64), positions), what,
+                     _rope_mistakes(x, positions), atol=1e-4)
     x = t.randn(2, 3, 4, dtype=torch.float64)
-    got = _call_rope(t, x, None, "apply_rotary_embedding(x float64 of shape (2, 3, 4))")
-    if got.dtype != torch.float64:
-        raise CheckFailed(f"apply_rotary_embedding on a float64 x returned {got.dtype}: return x's dtype (build the "
-                          "cos and sin tables in x.dtype, or convert the result with .to(x.dtype))")
-    got = _call_rope(t, x.float(), None, "apply_rotary_embedding(x float32 of shape (2, 3, 4))")
-    if got.dtype != torch.float32:
-        raise CheckFailed(f"apply_rotary_embedding on a float32 x returned {got.dtype}: return x's dtype")
+    for dtype, how in [("float64", " (build the cos and sin tables in x.dtype, or convert the result with "
+                                   ".to(x.dtype))"), ("float32", "")]:
+        got = _call_rope(t, x.to(getattr(torch, dtype)), None, f"apply_rotary_embedding(x {dtype} of shape (2, 3, 4))")
+        if got.dtype != getattr(torch, dtype):
+            raise CheckFailed(f"apply_rotary_embedding on a {dtype} x returned {got.dtype}: return x's dtype{how}")
 
 
-@SUITE.check("test_rotary_odd_dim", parts=[ROPE])
+@SUITE.check(_ROPE_ODD, parts=[ROPE])
 def rotary_odd_dim(t: Trial) -> None:
     """An odd last dimension raises a ValueError (columns are rotated in pairs)."""
     expect_value_error(lambda: t.call(ROPE, t.randn(1, 3, 5)), "apply_rotary_embedding(x of shape (1, 3, 5))",
                         "With an odd width the last column has no partner to rotate with: check x.shape[-1] % 2")
 
 
-@SUITE.check("test_rotary_relative", parts=[ROPE])
+@SUITE.check(_RELATIVE, parts=[ROPE])
 def rotary_relative(t: Trial) -> None:
     """The score rope(q)_i . rope(k)_j depends on i - j only (same q, k at every position); norms are kept."""
     n, d = 9, 8
     q, k = t.randn(d), t.randn(d)
-    Q = _call_rope(t, q.expand(1, n, d).clone(), None, f"apply_rotary_embedding(x of shape (1, {n}, {d}))")[0]
-    K = _call_rope(t, k.expand(1, n, d).clone(), None, f"apply_rotary_embedding(x of shape (1, {n}, {d}))")[0]
-    Q, K = Q.to(torch.float64), K.to(torch.float64)
+    Q, K = (_call_rope(t, v.expand(1, n, d).clone(), None, f"apply_rotary_embedding(x of shape (1, {n}, {d}))")[0]
+            .to(torch.float64) for v in (q, k))
     if not torch.allclose(Q.norm(dim=-1), q.to(torch.float64).norm().expand(n), atol=1e-4):
         raise CheckFailed("apply_rotary_embedding changes the length of the vectors: a rotation keeps every "
                           "(x_2j, x_2j+1) pair's length; use cos and sin of the same angle in the 2x2 rotation")
