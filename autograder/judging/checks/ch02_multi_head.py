@@ -1,10 +1,8 @@
-"""Graded checks for exercise 02_multi_head: ``split_heads``, ``merge_heads``, ``MultiHeadAttention`` and four
-conceptual questions; the requirements the exercise states are ``STATED_REQUIREMENTS`` (``python -m
+"""Graded checks for exercise 02_multi_head; its requirements are ``STATED_REQUIREMENTS`` (``python -m
 autograder.judging.checks --requirements 02``). Not stated, not graded: the dtype and the device.
 
-The student's module gets weights drawn here (the copied-weights twin), so the expected answer and the classic
-mistakes are computed in the judge from the same weights. test_mha_values tests the formula; test_mha_mask
-tests the mask alone, against the student's own unmasked weights renormalised (``common.expect_masked``).
+The copied-weights twin: the expected answer and the classic mistakes are computed here from the weights loaded into
+the student's module. test_mha_mask tests the mask alone: the student's own unmasked weights renormalised.
 """
 
 from __future__ import annotations
@@ -16,8 +14,8 @@ from torch import Tensor
 
 from attnkit import merge_heads as ref_merge
 from attnkit import split_heads as ref_split
-from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, expect_close, expect_pair, expect_tensor,
-                                       listed, mistakes, number, requirement, twin)
+from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, build, expect_close, expect_pair,
+                                       expect_tensor, listed, mistakes, number, requirement, twin)
 from autograder.judging.checks.common import (INTERLEAVED_SPLIT, MASK_AXES, NAN_ROWS, NO_TRANSPOSE_MERGE,
                                               NO_TRANSPOSE_SPLIT, REVERSED_HEADS, Params, expect_layer, expect_masked,
                                               hidden_keys_changed, random_weights)
@@ -40,20 +38,16 @@ STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, w
         also=('test_mha_values', 'test_mha_mask')),
     'each projection on its own input': requirement('test_mha_values', 'wrong input',
         'apply q_proj to query, k_proj to key and v_proj to value'),
-    'scale 1/sqrt(head_dim)': requirement('test_mha_values', 'sqrt(head_dim)',
-        "the scale 1/\\sqrt{d_h} of one head's width"),
-    'out_proj on the merged heads': requirement('test_mha_values', 'out_proj is missing',
-        'merge the heads and apply out_proj'),
+    'scale 1/sqrt(head_dim)': requirement('test_mha_values', 'sqrt(head_dim)', "1/\\sqrt{d_h} of one head's width"),
+    'out_proj on the merged heads': requirement('test_mha_values', 'out_proj is missing', 'heads and apply out_proj'),
     'mask True means may attend': requirement('test_mha_mask', 'polarity', 'true means "may attend"'),
     '3-D mask applies to every head': requirement('test_mha_mask', 'unsqueeze(1)',
         'a mask broadcastable to (b, n, m) applies to every head'),
-    '4-D mask per head': requirement('test_mha_mask', '(B, H, n, m) per-head mask',
-        'a 4-d mask is already (b, h, n, m)'),
+    '4-D mask per head': requirement('test_mha_mask', '(B, H, n, m) per-head mask', 'mask is already (b, h, n, m)'),
     'fully masked row gives zeros': requirement('test_mha_mask', 'all masked gets NaN',
         'gets zero weights in every head, never nan'),
 }
 SPLIT, MERGE, MHA = "split_heads", "merge_heads", "MultiHeadAttention"
-
 
 
 # -- split / merge -------------------------------------------------------------------------------
@@ -78,9 +72,10 @@ SUITE.oracle("test_split_heads", SPLIT, "split_heads turns (B, n, H*Dh) into (B,
              "h*Dh:(h+1)*Dh.", cases=[(2, 3, 2, 4), (1, 5, 4, 2), (3, 4, 1, 3), (2, 1, 3, 2)],
              draw=lambda t, b, n, h, d: (t.randn(b, n, h * d), h), reference=ref_split, mistakes=_split_mistakes,
              what=lambda x, h: f"split_heads of a {tuple(x.shape)} tensor into {h} heads")
-SUITE.oracle("test_merge_heads", MERGE, "merge_heads turns (B, H, n, Dh) back into (B, n, H*Dh) and undoes split_heads.",
-             cases=[(2, 2, 3, 4), (1, 4, 5, 2), (3, 1, 4, 3), (2, 3, 1, 2)], draw=lambda t, *shape: (t.randn(*shape),),
-             reference=ref_merge, mistakes=_merge_mistakes, what=lambda x: f"merge_heads of a {tuple(x.shape)} tensor")
+SUITE.oracle("test_merge_heads", MERGE, "merge_heads turns (B, H, n, Dh) back into (B, n, H*Dh) and undoes "
+             "split_heads.", cases=[(2, 2, 3, 4), (1, 4, 5, 2), (3, 1, 4, 3), (2, 3, 1, 2)],
+             draw=lambda t, *shape: (t.randn(*shape),), reference=ref_merge, mistakes=_merge_mistakes,
+             what=lambda x: f"merge_heads of a {tuple(x.shape)} tensor")
 
 
 def _module(t: Trial, e: int, h: int, bias: bool = True):
@@ -108,19 +103,12 @@ def _shaped(t: Trial, obj, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor
         expect_tensor(w, (b, h, n, m), f"the per-head weights of MultiHeadAttention{what}")
 
 
-def _run(t: Trial, obj, p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None, what: str = ""):
-    out, w = _shaped(t, obj, q, k, v, h, mask, what)
-    expect_layer(out, w, p, q, k, v, h, mask, f"MultiHeadAttention{what}", "per-head weights")
-
-
 @SUITE.check("test_mha_shapes", parts=[MHA])
 def mha_shapes(t: Trial) -> None:
-    """Attributes q_proj, k_proj, v_proj, out_proj of shape (E, E); output (B, n, E), weights (B, H, n, m); E % H != 0 is refused."""
+    """Attributes q_proj, k_proj, v_proj, out_proj of shape (E, E); output (B, n, E), weights (B, H, n, m); E % H != 0
+    is refused."""
     for e, h in [(8, 2), (12, 3)]:
-        try:
-            obj = t.new(MHA, e, h)
-        except StudentError as err:
-            raise CheckFailed(f"MultiHeadAttention({e}, {h}) could not be created: {err}") from None
+        obj = build(t, MHA, e, h)
         params = obj.params()
         for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
             if f"{name}.weight" not in params:
@@ -129,12 +117,8 @@ def mha_shapes(t: Trial) -> None:
             expect_tensor(params[f"{name}.weight"], (e, e), f"{name}.weight")
             if f"{name}.bias" not in params:
                 raise CheckFailed(f"{name} has no bias: with bias=True (the default) every projection has one")
-        b, n, m = 2, 3, 5
-        out, w = expect_pair(obj(t.randn(b, n, e), t.randn(b, m, e), t.randn(b, m, e)), MHA)
-        if isinstance(w, Tensor) and tuple(w.shape) == (b, n, m):
-            raise CheckFailed(f"the weights have shape {(b, n, m)}: return the per-head weights (B, H, n, m) = {(b, h, n, m)}")
-        expect_tensor(out, (b, n, e), f"the output for query (2, 3, {e}) and key/value (2, 5, {e})")
-        expect_tensor(w, (b, h, n, m), f"the weights for query (2, 3, {e}) and key/value (2, 5, {e}) with {h} heads")
+        _shaped(t, obj, t.randn(2, 3, e), t.randn(2, 5, e), t.randn(2, 5, e), h,
+                what=f" with {h} heads for query (2, 3, {e}) and key/value (2, 5, {e})")
     params = t.new(MHA, 8, 2, bias=False).params()
     if any(k.endswith("bias") for k in params):
         biased = ", ".join(sorted({k.rpartition(".")[0] for k in params if k.endswith("bias")}))
@@ -158,27 +142,31 @@ def mha_shapes(t: Trial) -> None:
 @SUITE.check("test_mha_values", parts=[MHA])
 def mha_values(t: Trial) -> None:
     """With copied weights, output and per-head weights equal torch.nn.MultiheadAttention (n != m, 1 to 4 heads)."""
-    for b, n, m, e, h in [(2, 4, 6, 8, 2), (1, 5, 3, 12, 3), (2, 3, 3, 8, 4), (1, 4, 2, 6, 1)]:
-        obj, p = _module(t, e, h)
-        q, k, v = t.randn(b, n, e), t.randn(b, m, e), t.randn(b, m, e)
-        _run(t, obj, p, q, k, v, h, what=f" (E={e}, H={h}, n={n}, m={m})")
-    obj, p = _module(t, 8, 2, bias=False)
-    x, y = t.randn(2, 3, 8), t.randn(2, 4, 8)
-    _run(t, obj, p, x, y, y, 2, what=" with bias=False")
+    for b, n, m, e, h, bias in [(2, 4, 6, 8, 2, True), (1, 5, 3, 12, 3, True), (2, 3, 3, 8, 4, True),
+                                (1, 4, 2, 6, 1, True), (2, 3, 4, 8, 2, False)]:
+        obj, p = _module(t, e, h, bias)
+        q, k = t.randn(b, n, e), t.randn(b, m, e)
+        v = t.randn(b, m, e) if bias else k  # without biases: key and value are one tensor
+        what = f" (E={e}, H={h}, n={n}, m={m})" if bias else " with bias=False"
+        out, w = _shaped(t, obj, q, k, v, h, what=what)
+        expect_layer(out, w, p, q, k, v, h, None, f"MultiHeadAttention{what}", "per-head weights")
 
 
 @SUITE.check("test_mha_mask", parts=[MHA])
 def mha_mask(t: Trial) -> None:
-    """A mask (True = may attend) of shape (n, m) or (B, n, m) applies to every head, a (B, H, n, m) one to each head."""
+    """A mask (True = may attend) of shape (n, m) or (B, n, m) applies to every head, a (B, H, n, m) one to each
+    head."""
     b, n, m, e, h = 2, 4, 5, 8, 2
     obj, p = _module(t, e, h)
     q, k, v = t.randn(b, n, e), t.randn(b, m, e), t.randn(b, m, e)
-    padding, per_head, empty = torch.ones(b, 1, m, dtype=torch.bool), t.rand_mask(b, h, n, m, p=0.5), torch.ones(b, 1, m, dtype=torch.bool)
+    padding, per_head = torch.ones(b, 1, m, dtype=torch.bool), t.rand_mask(b, h, n, m, p=0.5)
+    empty = torch.ones(b, 1, m, dtype=torch.bool)
     padding[1, 0, 3:] = False
     per_head[..., 1] = True
     empty[1] = False  # example 1 is a sequence of length 0: none of its queries has a key to attend to
     _, w0 = _shaped(t, obj, q, k, v, h, what=" without a mask")
-    for mask, what in [(t.rand_mask(n, m, p=0.6), " with an (n, m) mask"), (t.rand_mask(b, n, m, p=0.6), " with a (B, n, m) mask"),
+    for mask, what in [(t.rand_mask(n, m, p=0.6), " with an (n, m) mask"),
+                       (t.rand_mask(b, n, m, p=0.6), " with a (B, n, m) mask"),
                        (padding, " with a (B, 1, m) padding mask"), (per_head, " with a (B, H, n, m) per-head mask"),
                        (empty, " with a (B, 1, m) mask that hides every key of example 1")]:
         if mask.dim() == 2 or mask.shape[1] > 1 and mask.dim() == 3:
@@ -188,14 +176,15 @@ def mha_mask(t: Trial) -> None:
         wrong = {MASK_AXES: mask.unsqueeze(0).expand_as(w)} if mask.dim() == 3 and mask.shape[0] == h else {}
         expect_masked(w, w0, full, f"the per-head weights of MultiHeadAttention{what}", wrong)
         if (changed := hidden_keys_changed(v, full)) is not None:
-            expect_close(_shaped(t, obj, q, k, changed, h, mask, what)[0], out, f"the output of MultiHeadAttention{what} "
-                         "when only the values of masked keys change (a key no query may see must not reach it)")
+            expect_close(_shaped(t, obj, q, k, changed, h, mask, what)[0], out, f"the output of MultiHeadAttention"
+                         f"{what} when only the values of masked keys change (a key no query may see must not "
+                         "reach it)")
 
 
 # -- conceptual questions (the inputs are in the question; the answer is a value) ----------------------
 B, N, M, E, H = 4, 10, 7, 512, 8  # q_split_shape: x (4, 10, 96) into 8 heads; q_head_scale, q_mha_params: (512, 8)
 PER = E * E + E  # one nn.Linear(E, E) with its bias
-SPLIT_E, WB, WN, WE, WH = 96, 2, 5, 64, 4  # q_weights_shape: MultiHeadAttention(64, 4), query (2, 5, 64), key (2, 7, 64)
+SPLIT_E, WB, WN, WE, WH = 96, 2, 5, 64, 4  # q_weights_shape: MHA(64, 4) on query (2, 5, 64), key (2, 7, 64)
 
 SUITE.questions({
     "q_split_shape": listed((B, H, N, SPLIT_E // H), "The shape of split_heads(x, 8) for x of shape (4, 10, 96).", {

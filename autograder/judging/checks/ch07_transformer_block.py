@@ -1,19 +1,17 @@
-"""Graded checks for exercise 07_transformer_block: ``FeedForward``, the encoder and decoder blocks, dropout in
-training and evaluation, three conceptual questions; the requirements the exercise states are
-``STATED_REQUIREMENTS`` (``python -m autograder.judging.checks --requirements 07``).
+"""Graded checks for exercise 07_transformer_block; its requirements are ``STATED_REQUIREMENTS`` (``python -m
+autograder.judging.checks --requirements 07``).
 
-The expected values come from :mod:`attnkit.transformer` with the student's module's parameter names and fresh
-random weights (layer norms included, so a norm in the wrong place shows): the copied-weights twin;
-``tests/test_transformer.py`` proves attnkit equal to torch's layers in both norm orders. The mask checks test the
-masks alone (the block's own unmasked weights renormalised, hidden positions never reaching the output), and
-the dropout check the dropout alone (``dropout=1.0`` zeroes what it is applied to in training: a block returns
-the norms of x, or x itself, in either norm order; in eval mode it equals the same block built without dropout),
-so a norm in the wrong place costs the norm checks alone.
+The copied-weights twin: the expected values come from :mod:`attnkit.transformer` (equal to torch's layers in both
+norm orders, ``tests/test_transformer.py``) with fresh weights, layer norms included so that a misplaced norm shows.
+The mask checks test the masks alone (the block's own unmasked weights renormalised, hidden positions never reaching
+the output) and the dropout checks the dropout alone (with ``dropout=1.0`` a block in training returns the norms of
+x, or x itself; in eval mode it equals the block without dropout), so a misplaced norm costs the norm checks alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -24,13 +22,12 @@ from attnkit import TransformerDecoderBlock as RefDecoder
 from attnkit import TransformerEncoderBlock as RefEncoder
 from attnkit import causal_mask
 from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, build, choice, close, expect_close,
-                                       expect_tensor, mistakes, number, requirement, twin)
+                                       expect_tensor, label, mistakes, number, requirement, twin)
 from autograder.judging.checks.common import expect_masked, hidden_keys_changed
 
 SUITE = Suite("07_transformer_block")
 STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
-    'ff: linear2(relu(linear1(x)))': requirement('test_feed_forward', 'linear',
-        'linear1 widens from embed_dim to ff_dim, a relu, then linear2 narrows back',
+    'ff: linear2(relu(linear1(x)))': requirement('test_feed_forward', 'linear', 'linear1 widens from embed_dim',
         also=('test_feed_forward_dropout',)),
     'ff: dropout after the ReLU, not on the output': requirement('test_feed_forward_dropout', "linear2's output",
         'apply the dropout after the relu, on the hidden units'),
@@ -64,159 +61,111 @@ STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, w
         'dropout acts in training only: after model.eval() the blocks are deterministic'),
 }
 FF, ENC, DEC = "FeedForward", "TransformerEncoderBlock", "TransformerDecoderBlock"
+REFERENCE = {FF: RefFeedForward, ENC: RefEncoder, DEC: RefDecoder}
+SUBLAYERS = {ENC: [("self-attention", "self_attn"), ("feed-forward network", "feed_forward")],
+             DEC: [("self-attention", "self_attn"), ("cross-attention", "cross_attn"), ("feed-forward network",
+                                                                                      "feed_forward")]}
 
-LINEAR_FF = "the feed-forward network is linear: without the ReLU between linear1 and linear2 the two layers collapse " \
-            "into one matrix; apply torch.relu to linear1's output"
-WRONG_ORDER_POST = ("a norm is in the wrong place for norm_first=False: this is the pre-norm order x + sublayer(norm(x)). "
-                    "Post-norm (the default, as in the paper) normalises after the residual: x = norm(x + sublayer(x))")
+LINEAR_FF = ("the feed-forward network is linear: without the ReLU between linear1 and linear2 the two layers "
+             "collapse into one matrix; apply torch.relu to linear1's output")
+WRONG_ORDER = {  # norm_first -> the message for the other order
+    False: "a norm is in the wrong place for norm_first=False: this is the pre-norm order x + sublayer(norm(x)). "
+           "Post-norm (the default, as in the paper) normalises after the residual: x = norm(x + sublayer(x))",
+    True: "a norm is in the wrong place for norm_first=True: this is the post-norm order norm(x + sublayer(x)). "
+          "Pre-norm normalises the sublayer's input and adds the un-normalised x: x = x + sublayer(norm(x))"}
 RESIDUAL_NORMED = ("the residual adds the normalised x{where}: in pre-norm the skip path carries x itself, "
                    "x = x + sublayer(norm(x)); keep x and put norm(x) in a new variable (h = norm(x))")
-OWN_NORM = "each sublayer has its own norm ({names}): use each one once"
-WRONG_ORDER_PRE = ("a norm is in the wrong place for norm_first=True: this is the post-norm order norm(x + sublayer(x)). "
-                   "Pre-norm normalises the sublayer's input and adds the un-normalised x: x = x + sublayer(norm(x))")
+NORM_ON_OUTPUT = ("the norm is applied to the sublayer's output before the residual (x + norm(sublayer(x))); "
+                  "post-norm normalises the sum: norm(x + sublayer(x))")
+OWN_ENC = "each sublayer has its own norm (norm1 for the self-attention, norm2 for the feed-forward): use each one once"
+OWN_DEC = ("each sublayer has its own norm (norm1 for the self-attention, norm2 for the cross-attention, norm3 for the "
+           "feed-forward): use each one once")
+CROSS_CALL = "cross_attn(x, memory, memory, memory_mask)"
+# the mistakes of each block beyond the norm order and a missing residual: (message, the switches of _block that
+# compute it), tried in this order; the decoder's last two only where x and memory have the same length
+BLOCK_MISTAKES = {
+    ENC: [("both residual connections are missing: each sublayer's input must be added to its output",
+           {"residual": (False, False)}),
+          (LINEAR_FF, {"act": "none"}),
+          ("the feed-forward uses GELU; the block (like torch's default and the paper) uses ReLU", {"act": "gelu"}),
+          ("norm1 and norm2 are swapped: norm1 belongs to the self-attention sublayer, norm2 to the feed-forward",
+           {"norms": (2, 1)}),
+          ("norm1 is used for both sublayers: " + OWN_ENC, {"norms": (1, 1)}),
+          ("norm2 is used for both sublayers: " + OWN_ENC, {"norms": (2, 2)})],
+    DEC: [(LINEAR_FF, {"act": "none"}),
+          ("the cross-attention uses self_attn's weights: the second sublayer must call cross_attn",
+           {"bug": "cross uses self_attn"}),
+          ("the cross-attention's queries come from the block's input; they must come from the output of the "
+           "self-attention sublayer", {"bug": "cross queries from the block input"}),
+          ("the cross-attention attends to x itself: its keys and values must come from memory, " + CROSS_CALL,
+           {"bug": "cross attends to itself"}),
+          ("norm1 is used twice (for the self- and the cross-attention): " + OWN_DEC, {"norms": (1, 1, 3)}),
+          ("norm2 is used twice (for the cross-attention and the feed-forward): " + OWN_DEC,
+           {"norms": (1, 2, 2)}),
+          ("norm1 is used for every sublayer: " + OWN_DEC, {"norms": (1, 1, 1)})],
+}
+SAME_LENGTH_MISTAKES = [  # the decoder's, inserted after "attends to x itself" where x and memory have one length
+    ("the cross-attention's keys come from x: keys and values must both come from memory, " + CROSS_CALL,
+     {"bug": "cross keys from x"}),
+    ("the cross-attention's queries come from memory and its keys and values from x: the queries come from x, the "
+     "keys and values from memory, " + CROSS_CALL, {"bug": "cross queries from memory"})]
 
 
 # -- functional versions of the blocks with every classic mistake as a switch --------------------
 
 
 def _ff(ref: RefFeedForward, x: Tensor, act: str = "relu") -> Tensor:
-    h = ref.linear1(x)
-    h = {"relu": torch.relu, "none": lambda v: v, "gelu": F.gelu}[act](h)
-    return ref.linear2(h)
-
-
-def _stack(x: Tensor, subs: list[Callable[[Tensor, Tensor], Tensor]], norms: list, pre: bool,
-           residual: tuple[bool, ...], bug: str = "") -> Tensor:
-    """Apply the sublayers in order; ``sub(h, x_in)`` gets the (normed) input and the block's input."""
-    x_in = x
-    for i, (sub, norm) in enumerate(zip(subs, norms)):
-        if pre:
-            h = norm(x)
-            base = h if bug in ("residual of the normed x", f"residual of the normed x@{i}") else x
-            x = base + sub(h, x_in) if residual[i] else sub(h, x_in)
-        elif bug == "norm on the sublayer output":
-            x = x + norm(sub(x, x_in)) if residual[i] else norm(sub(x, x_in))
-        else:
-            x = norm(x + sub(x, x_in)) if residual[i] else norm(sub(x, x_in))
-    return x
+    return ref.linear2({"relu": torch.relu, "none": lambda v: v, "gelu": F.gelu}[act](ref.linear1(x)))
 
 
 FeedForwardFn = Callable[[Tensor], Tensor]
 
 
-def _feed_forward(ref_ff: RefFeedForward, student_ff: FeedForwardFn | None, act: str) -> FeedForwardFn:
-    """The block's feed-forward: the student's own (so a wrong FeedForward costs only its own check), or a variant."""
-    if act == "relu" and student_ff is not None:
-        return student_ff
-    return lambda h: _ff(ref_ff, h, act)
-
-
-def _encoder(ref: RefEncoder, x: Tensor, mask: Tensor | None, pre: bool, residual=(True, True), act: str = "relu",
-             bug: str = "", ff: FeedForwardFn | None = None) -> Tensor:
-    norms = {"norms swapped": [ref.norm2, ref.norm1], "norm1 twice": [ref.norm1, ref.norm1],
-             "norm2 twice": [ref.norm2, ref.norm2]}.get(bug, [ref.norm1, ref.norm2])
-    ffn = _feed_forward(ref.feed_forward, ff, act)
-    subs = [lambda h, _: ref.self_attn.attn(h, h, h, mask)[0], lambda h, _: ffn(h)]
-    return _stack(x, subs, norms, pre, residual, bug)
-
-
-def _decoder(ref: RefDecoder, x: Tensor, memory: Tensor, self_mask: Tensor | None, memory_mask: Tensor | None,
-             pre: bool, residual=(True, True, True), act: str = "relu", bug: str = "",
-             ff: FeedForwardFn | None = None) -> Tensor:
-    n1, n2, n3 = ref.norm1, ref.norm2, ref.norm3
-    norms = {"norm1 everywhere": [n1, n1, n1], "norm1 twice": [n1, n1, n3], "norm2 twice": [n1, n2, n2]}.get(
-        bug, [n1, n2, n3])
-    ffn = _feed_forward(ref.feed_forward, ff, act)
-    sm, mm = self_mask, memory_mask
+def _block(ref: RefEncoder | RefDecoder, x: Tensor, memory: Tensor | None, pre: bool, residual=(True, True, True),
+           act: str = "relu", bug: str = "", norms=(1, 2, 3), ff: FeedForwardFn | None = None) -> Tensor:
+    """The encoder (``memory`` None) or decoder block ``ref`` on ``x``, without masks, each classic mistake a switch:
+    ``residual`` and ``norms`` (the number of the norm it uses) per sublayer, ``act`` the feed-forward's activation,
+    ``bug`` the rest. The feed-forward is the student's own ``ff`` where given, so a wrong FeedForward costs only its
+    own check."""
+    ffn = ff if act == "relu" and ff is not None else lambda h: _ff(ref.feed_forward, h, act)
 
     def cross(h: Tensor, x_in: Tensor) -> Tensor:
-        if bug == "cross attends to itself":
-            return ref.cross_attn.attn(h, h, h)[0]
-        if bug == "cross keys from x":
-            return ref.cross_attn.attn(h, h, memory, mm)[0]
-        if bug == "cross queries from memory":
-            return ref.cross_attn.attn(memory, h, h, mm)[0]
-        if bug == "cross uses self_attn":
-            return ref.self_attn.attn(h, memory, memory, mm)[0]
-        if bug == "cross queries from the block input":
-            q = ref.norm2(x_in) if pre else x_in
-            return ref.cross_attn.attn(q, memory, memory, mm)[0]
-        return ref.cross_attn.attn(h, memory, memory, mm)[0]
+        q = (ref.norm2(x_in) if pre else x_in) if bug == "cross queries from the block input" else h
+        qkv = {"cross attends to itself": (h, h, h), "cross keys from x": (h, h, memory),
+               "cross queries from memory": (memory, h, h)}.get(bug, (q, memory, memory))
+        return (ref.self_attn if bug == "cross uses self_attn" else ref.cross_attn).attn(*qkv)[0]
 
-    subs = [lambda h, _: ref.self_attn.attn(h, h, h, sm)[0], cross, lambda h, _: ffn(h)]
-    return _stack(x, subs, norms, pre, residual, bug)
-
-
-def _encoder_mistakes(ref: RefEncoder, x: Tensor, mask: Tensor | None, pre: bool,
-                      ff: FeedForwardFn | None) -> dict[str, Tensor]:
-    def e(**kw) -> Tensor:
-        kw.setdefault("pre", pre)
-        return _encoder(ref, x, mask, ff=ff, **kw)
-
-    out = {
-        WRONG_ORDER_PRE if pre else WRONG_ORDER_POST: e(pre=not pre),
-        "the residual connection around the self-attention is missing: add the sublayer's input back "
-        "(x + self_attn(...))": e(residual=(False, True)),
-        "the residual connection around the feed-forward network is missing: add its input back "
-        "(x + feed_forward(...))": e(residual=(True, False)),
-        "both residual connections are missing: each sublayer's input must be added to its output":
-            e(residual=(False, False)),
-        LINEAR_FF: e(act="none"),
-        "the feed-forward uses GELU; the block (like torch's default and the paper) uses ReLU": e(act="gelu"),
-        "norm1 and norm2 are swapped: norm1 belongs to the self-attention sublayer, norm2 to the feed-forward":
-            e(bug="norms swapped"),
-    }
-    own = OWN_NORM.format(names="norm1 for the self-attention, norm2 for the feed-forward")
-    out["norm1 is used for both sublayers: " + own] = e(bug="norm1 twice")
-    out["norm2 is used for both sublayers: " + own] = e(bug="norm2 twice")
-    if pre:
-        out[RESIDUAL_NORMED.format(where="")] = e(bug="residual of the normed x")
-        for i, where in enumerate((" around the self-attention", " around the feed-forward network")):
-            out[RESIDUAL_NORMED.format(where=where)] = e(bug=f"residual of the normed x@{i}")
-    else:
-        out["the norm is applied to the sublayer's output before the residual (x + norm(sublayer(x))); "
-            "post-norm normalises the sum: norm(x + sublayer(x))"] = e(bug="norm on the sublayer output")
-    return out
+    subs = [lambda h, _: ref.self_attn.attn(h, h, h)[0], *([cross] if memory is not None else []), lambda h, _: ffn(h)]
+    x_in = x
+    for i, sub in enumerate(subs):  # sub(h, x_in) gets the (normed) input and the block's input
+        norm = getattr(ref, f"norm{norms[i]}")
+        if pre:
+            h = norm(x)
+            base = h if bug in ("residual of the normed x", f"residual of the normed x@{i}") else x
+            x = base + sub(h, x_in) if residual[i] else sub(h, x_in)
+        else:
+            y = sub(x, x_in)
+            x = (x + norm(y) if bug == "norm on the sublayer output" else norm(x + y)) if residual[i] else norm(y)
+    return x
 
 
-def _decoder_mistakes(ref: RefDecoder, x: Tensor, memory: Tensor, sm: Tensor | None, mm: Tensor | None,
-                      pre: bool, ff: FeedForwardFn | None) -> dict[str, Tensor]:
-    def d(**kw) -> Tensor:
-        kw.setdefault("pre", pre)
-        return _decoder(ref, x, memory, sm, mm, ff=ff, **kw)
-
-    out = {
-        WRONG_ORDER_PRE if pre else WRONG_ORDER_POST: d(pre=not pre),
-        "the residual connection around the self-attention is missing": d(residual=(False, True, True)),
-        "the residual connection around the cross-attention is missing: add its input back (x + cross_attn(...))":
-            d(residual=(True, False, True)),
-        "the residual connection around the feed-forward network is missing": d(residual=(True, True, False)),
-        LINEAR_FF: d(act="none"),
-        "the cross-attention uses self_attn's weights: the second sublayer must call cross_attn": d(bug="cross uses self_attn"),
-        "the cross-attention's queries come from the block's input; they must come from the output of the "
-        "self-attention sublayer": d(bug="cross queries from the block input"),
-    }
-    if x.shape[1] == memory.shape[1] or mm is None:
-        out["the cross-attention attends to x itself: its keys and values must come from memory, "
-            "cross_attn(x, memory, memory, memory_mask)"] = d(bug="cross attends to itself")
-    if x.shape[1] == memory.shape[1]:
-        out["the cross-attention's keys come from x: keys and values must both come from memory, "
-            "cross_attn(x, memory, memory, memory_mask)"] = d(bug="cross keys from x")
-        out["the cross-attention's queries come from memory and its keys and values from x: the queries come from "
-            "x, the keys and values from memory, cross_attn(x, memory, memory, memory_mask)"] = d(
-            bug="cross queries from memory")
-    own = OWN_NORM.format(names="norm1 for the self-attention, norm2 for the cross-attention, norm3 for the feed-forward")
-    out["norm1 is used twice (for the self- and the cross-attention): " + own] = d(bug="norm1 twice")
-    out["norm2 is used twice (for the cross-attention and the feed-forward): " + own] = d(bug="norm2 twice")
-    out["norm1 is used for every sublayer: " + own] = d(bug="norm1 everywhere")
-    if pre:
-        out[RESIDUAL_NORMED.format(where="")] = d(bug="residual of the normed x")
-        for i, where in enumerate((" around the self-attention", " around the cross-attention",
-                                   " around the feed-forward network")):
-            out[RESIDUAL_NORMED.format(where=where)] = d(bug=f"residual of the normed x@{i}")
-    else:
-        out["the norm is applied to the sublayer's output before the residual; post-norm normalises the sum: "
-            "norm(x + sublayer(x))"] = d(bug="norm on the sublayer output")
+def _mistakes(name: str, pre: bool, run: Callable[..., Tensor], same_length: bool) -> dict[str, Tensor]:
+    """message -> the output of block ``name`` making each classic mistake (``run(**switches)``: see ``_block``)."""
+    subs = SUBLAYERS[name]
+    out = {WRONG_ORDER[pre]: run(pre=not pre)}
+    for i, (sub, attr) in enumerate(subs):
+        out[f"the residual connection around the {sub} is missing: add its input back (x + {attr}(...))"] = run(
+            residual=tuple(j != i for j in range(len(subs))))
+    table = BLOCK_MISTAKES[name]
+    if name == DEC and same_length:
+        table = table[:4] + SAME_LENGTH_MISTAKES + table[4:]
+    out |= {message: run(**switches) for message, switches in table}
+    if not pre:
+        out[NORM_ON_OUTPUT] = run(bug="norm on the sublayer output")
+        return out
+    out[RESIDUAL_NORMED.format(where="")] = run(bug="residual of the normed x")
+    for i, (sub, _) in enumerate(subs):
+        out[RESIDUAL_NORMED.format(where=f" around the {sub}")] = run(bug=f"residual of the normed x@{i}")
     return out
 
 
@@ -225,21 +174,14 @@ def _decoder_mistakes(ref: RefDecoder, x: Tensor, memory: Tensor, sm: Tensor | N
 
 def _fresh(t: Trial, shapes: dict) -> dict[str, Tensor]:
     """Random weights for every parameter; layer norms far from the identity so their place matters."""
-    out = {}
-    for k, shape in shapes.items():
-        if k.startswith("norm") and k.endswith("weight"):
-            out[k] = 1.0 + 0.4 * t.randn(*shape)
-        elif k.startswith("norm"):
-            out[k] = 0.4 * t.randn(*shape)
-        else:
-            out[k] = t.randn(*shape, scale=0.5 / max(1, shape[-1]) ** 0.5 if len(shape) > 1 else 0.2)
-    return out
+    return {k: 0.4 * t.randn(*s) + float(k.endswith("weight")) if k.startswith("norm") else
+            t.randn(*s, scale=0.5 / max(1, s[-1]) ** 0.5 if len(s) > 1 else 0.2) for k, s in shapes.items()}
 
 
-def _build(t: Trial, name: str, ref_cls, *args, **kwargs) -> tuple[Obj, torch.nn.Module]:
+def _build(t: Trial, name: str, *args, **kwargs) -> tuple[Obj, torch.nn.Module]:
     """The copied-weights twin. attnkit builds its blocks from SelfAttention / CrossAttention
     (self_attn.attn.q_proj); the exercise's blocks hold a MultiHeadAttention directly (self_attn.q_proj)."""
-    ref = ref_cls(*args, **kwargs)
+    ref = REFERENCE[name](*args, **kwargs)
     obj, fresh = twin(t, name, *args, **kwargs, reference=ref, names=lambda k: k.replace("_attn.attn.", "_attn."),
                       draw=_fresh, hint=": use the attribute names of the exercise (self_attn, cross_attn, "
                       "feed_forward.linear1/linear2, norm1, norm2, norm3)")
@@ -268,6 +210,16 @@ def _tuple(value, length: int, what: str) -> tuple:
     return tuple(value)
 
 
+def _lengths(call: Callable[[], tuple], n: int, m: int, hint: str) -> tuple:
+    """``call()``; an error raised where x and memory differ in length gets ``hint`` (which input goes where)."""
+    try:
+        return call()
+    except StudentError as err:
+        if n != m and not str(err).startswith("not implemented"):
+            raise CheckFailed(f"{err}, with x of length {n} and memory of length {m}: {hint}") from None
+        raise
+
+
 # -- feed-forward ---------------------------------------------------------------------------------
 
 
@@ -275,7 +227,7 @@ def _tuple(value, length: int, what: str) -> tuple:
 def feed_forward(t: Trial) -> None:
     """linear1 (ff_dim, E), linear2 (E, ff_dim); output linear2(relu(linear1(x))) for any leading dimensions."""
     for e, hdim in [(8, 16), (6, 4)]:
-        obj, ref = _build(t, FF, RefFeedForward, e, hdim)
+        obj, ref = _build(t, FF, e, hdim)
         for shape in [(2, 5, e), (3, e), (2, 2, 3, e)]:
             x = t.randn(*shape, scale=1.5)
             with torch.no_grad():
@@ -289,35 +241,43 @@ def feed_forward(t: Trial) -> None:
             expect_close(obj(x), exp, f"FeedForward({e}, {hdim}) on x of shape {shape}", wrong)
 
 
-# -- encoder block --------------------------------------------------------------------------------
+# -- the blocks against the reference, in each norm order -----------------------------------------
+
+BLOCK_CASES = {ENC: [(2, 5, 5, 8, 2, 16), (1, 3, 3, 12, 3, 8)],  # (B, n, m, E, H, ff_dim); m: memory's length
+               DEC: [(2, 4, 4, 8, 2, 16), (2, 3, 6, 8, 2, 16), (1, 5, 2, 12, 3, 8)]}
 
 
-def _check_encoder(t: Trial, pre: bool) -> None:
+def _check_block(t: Trial, name: str, pre: bool) -> None:
     kw = {"norm_first": True} if pre else {}
-    for b, n, e, h, f in [(2, 5, 8, 2, 16), (1, 3, 12, 3, 8)]:
-        obj, ref = _build(t, ENC, RefEncoder, e, h, f, **kw)
+    for b, n, m, e, h, f in BLOCK_CASES[name]:
+        obj, ref = _build(t, name, e, h, f, **kw)
         x = t.randn(b, n, e)
-        out, w = _tuple(obj(x), 2, ENC)
-        ff = _students_feed_forward(obj)
+        args = (x,) if name == ENC else (x, t.randn(b, m, e))
+        what = f"the output of {label(name, e, h, f, **kw)}" + (f" for x {(b, n, e)}, memory {(b, m, e)}" if
+                                                                  name == DEC else "")
+        out, *ws = _lengths(lambda: _tuple(obj(*args), len(args) + 1, name), n, m, "the cross-attention's keys and "
+                            "values must come from memory (cross_attn(x, memory, memory, memory_mask))")
+        if n != m and isinstance(ws[-1], Tensor) and tuple(ws[-1].shape) == (b, h, n, n):
+            raise CheckFailed(f"the cross-attention weights have shape {(b, h, n, n)}: the cross-attention attends to "
+                              f"x itself; its keys and values must come from memory, giving {(b, h, n, m)}")
+        kinds = ["self-attention", "cross-attention"][:len(ws)]
+        for kind, w, shape in zip(kinds, ws, [(b, h, n, n), (b, h, n, m)]):
+            expect_tensor(w, shape, f"the {kind} weights returned by {name}")
+        run = partial(_block, ref, x, args[1] if name == DEC else None, pre=pre, ff=_students_feed_forward(obj))
         with torch.no_grad():
-            _, exp_w = ref(x)
-            exp_out, wrong = _encoder(ref, x, None, pre, ff=ff), _encoder_mistakes(ref, x, None, pre, ff)
-        expect_tensor(w, (b, h, n, n), f"the self-attention weights returned by {ENC}")
-        expect_close(out, exp_out, f"the output of {ENC}({e}, {h}, {f}{', norm_first=True' if pre else ''})", wrong)
-        expect_close(w, exp_w, f"the self-attention weights returned by {ENC}" +
-                     (" (self_attn must see the normalised input norm1(x) in pre-norm)" if pre else ""))
+            _, *exp_ws = ref(*args)
+            exp_out, wrong = run(), _mistakes(name, pre, run, n == m)
+        expect_close(out, exp_out, what, wrong)
+        for kind, w, exp in zip(kinds, ws, exp_ws):
+            expect_close(w, exp, f"the {kind} weights returned by {name}" + (
+                " (self_attn must see the normalised input norm1(x) in pre-norm)" if pre and name == ENC else ""))
 
 
-@SUITE.check("test_encoder_block_post_norm", parts=[ENC])
-def encoder_post_norm(t: Trial) -> None:
-    """Post-norm (default) equals torch.nn.TransformerEncoderLayer with the same weights; returns (output, weights)."""
-    _check_encoder(t, pre=False)
-
-
-@SUITE.check("test_encoder_block_pre_norm", parts=[ENC])
-def encoder_pre_norm(t: Trial) -> None:
-    """norm_first=True equals torch.nn.TransformerEncoderLayer(norm_first=True) with the same weights."""
-    _check_encoder(t, pre=True)
+SUITE.add("test_encoder_block_post_norm", [ENC], partial(_check_block, name=ENC, pre=False),
+          "Post-norm (default) equals torch.nn.TransformerEncoderLayer with the same weights; returns (output, "
+          "weights).")
+SUITE.add("test_encoder_block_pre_norm", [ENC], partial(_check_block, name=ENC, pre=True),
+          "norm_first=True equals torch.nn.TransformerEncoderLayer(norm_first=True) with the same weights.")
 
 
 def _padding(t: Trial, b: int, n: int, keep: int) -> Tensor:
@@ -331,12 +291,13 @@ def _padding(t: Trial, b: int, n: int, keep: int) -> Tensor:
 def encoder_mask(t: Trial) -> None:
     """A (B, 1, n) padding mask reaches the self-attention, in both norm orders: its own unmasked weights
     renormalised, no NaN, and a padded token never reaching a real token's output."""
-    for pre in (False, True):
+    for kw in ({}, {"norm_first": True}):
         b, n, e, h, f = 3, 6, 8, 2, 16
-        obj, _ = _build(t, ENC, RefEncoder, e, h, f, **({"norm_first": True} if pre else {}))
+        obj, _ = _build(t, ENC, e, h, f, **kw)
         x, mask = t.randn(b, n, e), _padding(t, b, n, n - 2)
-        what = f" of {ENC}({e}, {h}, {f}{', norm_first=True' if pre else ''}) with a padding mask"
-        w0 = expect_tensor(_tuple(obj(x), 2, ENC)[1], (b, h, n, n), f"the self-attention weights{what[:-21]}")
+        what = f" of {label(ENC, e, h, f, **kw)}"
+        w0 = expect_tensor(_tuple(obj(x), 2, ENC)[1], (b, h, n, n), f"the self-attention weights{what}")
+        what += " with a padding mask"
         out, w = _tuple(obj(x, mask), 2, ENC)
         _no_nan(out, w, f"{ENC} with an example that is all padding (mask all False)")
         full = mask[:, None].expand(b, h, n, n)
@@ -348,67 +309,25 @@ def encoder_mask(t: Trial) -> None:
                      "when only padded tokens change (a padded token must not reach them)")
 
 
-# -- decoder block --------------------------------------------------------------------------------
-
-
-def _check_decoder(t: Trial, pre: bool) -> None:
-    kw = {"norm_first": True} if pre else {}
-    for b, n, m, e, h, f in [(2, 4, 4, 8, 2, 16), (2, 3, 6, 8, 2, 16), (1, 5, 2, 12, 3, 8)]:
-        obj, ref = _build(t, DEC, RefDecoder, e, h, f, **kw)
-        x, memory = t.randn(b, n, e), t.randn(b, m, e)
-        what = f"the output of {DEC}({e}, {h}, {f}{', norm_first=True' if pre else ''}) for x {(b, n, e)}, memory {(b, m, e)}"
-        try:
-            out, ws, wc = _tuple(obj(x, memory), 3, DEC)
-        except StudentError as err:
-            if n != m and not str(err).startswith("not implemented"):
-                raise CheckFailed(f"{err}, with x of length {n} and memory of length {m}: the cross-attention's keys and "
-                                  f"values must come from memory (cross_attn(x, memory, memory, memory_mask))") from None
-            raise
-        if n != m and isinstance(wc, Tensor) and tuple(wc.shape) == (b, h, n, n):
-            raise CheckFailed(f"the cross-attention weights have shape {(b, h, n, n)}: the cross-attention attends to x "
-                              f"itself; its keys and values must come from memory, giving {(b, h, n, m)}")
-        expect_tensor(ws, (b, h, n, n), f"the self-attention weights returned by {DEC}")
-        expect_tensor(wc, (b, h, n, m), f"the cross-attention weights returned by {DEC}")
-        ff = _students_feed_forward(obj)
-        with torch.no_grad():
-            _, exp_ws, exp_wc = ref(x, memory)
-            exp_out, wrong = _decoder(ref, x, memory, None, None, pre, ff=ff), \
-                _decoder_mistakes(ref, x, memory, None, None, pre, ff)
-        expect_close(out, exp_out, what, wrong)
-        expect_close(ws, exp_ws, f"the self-attention weights returned by {DEC}")
-        expect_close(wc, exp_wc, f"the cross-attention weights returned by {DEC}")
-
-
-@SUITE.check("test_decoder_block_post_norm", parts=[DEC])
-def decoder_post_norm(t: Trial) -> None:
-    """Post-norm equals torch.nn.TransformerDecoderLayer with the same weights (n == m and n != m)."""
-    _check_decoder(t, pre=False)
-
-
-@SUITE.check("test_decoder_block_pre_norm", parts=[DEC])
-def decoder_pre_norm(t: Trial) -> None:
-    """norm_first=True equals torch.nn.TransformerDecoderLayer(norm_first=True) with the same weights."""
-    _check_decoder(t, pre=True)
+SUITE.add("test_decoder_block_post_norm", [DEC], partial(_check_block, name=DEC, pre=False),
+          "Post-norm equals torch.nn.TransformerDecoderLayer with the same weights (n == m and n != m).")
+SUITE.add("test_decoder_block_pre_norm", [DEC], partial(_check_block, name=DEC, pre=True),
+          "norm_first=True equals torch.nn.TransformerDecoderLayer(norm_first=True) with the same weights.")
 
 
 @SUITE.check("test_decoder_block_masks", parts=[DEC])
 def decoder_masks(t: Trial) -> None:
     """self_mask (causal) reaches the self-attention and memory_mask (padding) the cross-attention, both norm orders:
     each against the block's own weights without that mask, renormalised; hidden positions never reach the output."""
-    for pre in (False, True):
+    for kw in ({}, {"norm_first": True}):
         for b, n, m, e, h, f in [(3, 5, 5, 8, 2, 16), (2, 4, 7, 8, 4, 16)]:
-            obj, _ = _build(t, DEC, RefDecoder, e, h, f, **({"norm_first": True} if pre else {}))
+            obj, _ = _build(t, DEC, e, h, f, **kw)
             x, memory, sm, mm = t.randn(b, n, e), t.randn(b, m, e), causal_mask(n), _padding(t, b, m, m - 1)
-            what = f" of {DEC}({e}, {h}, {f}{', norm_first=True' if pre else ''}) for x {(b, n, e)}, memory {(b, m, e)}"
+            what = f" of {label(DEC, e, h, f, **kw)} for x {(b, n, e)}, memory {(b, m, e)}"
 
             def run(x=x, memory=memory, sm=sm, mm=mm):
-                try:
-                    out, ws, wc = _tuple(obj(x, memory, sm, mm), 3, DEC)
-                except StudentError as err:
-                    if n != m and not str(err).startswith("not implemented"):
-                        raise CheckFailed(f"{err}, with x of length {n} and memory of length {m}: memory_mask belongs to "
-                                          "the cross-attention, self_mask to the self-attention") from None
-                    raise
+                out, ws, wc = _lengths(lambda: _tuple(obj(x, memory, sm, mm), 3, DEC), n, m, "memory_mask belongs to "
+                                       "the cross-attention, self_mask to the self-attention")
                 if sm is not None and mm is not None:
                     _no_nan(out, wc, f"{DEC} with an example whose memory is all padding (memory_mask all False)")
                 return out, expect_tensor(ws, (b, h, n, n), f"the self-attention weights{what}"), \
@@ -443,7 +362,7 @@ def _train(obj: Obj, mode: bool) -> None:
 def feed_forward_dropout(t: Trial) -> None:
     """With dropout=1.0: in training the hidden units are all dropped (output = linear2's bias); in eval mode the
     dropout does nothing."""
-    obj, ref = _build(t, FF, RefFeedForward, 6, 10, 1.0)
+    obj, ref = _build(t, FF, 6, 10, 1.0)
     x = t.randn(2, 3, 6, scale=1.5)
     with torch.no_grad():
         clean = _ff(ref, x)
@@ -466,32 +385,31 @@ def feed_forward_dropout(t: Trial) -> None:
 def blocks_dropout(t: Trial) -> None:
     """With dropout=1.0 every sublayer's output is dropped in training (a block returns the norms of x, or x itself);
     in eval mode the block equals the same block built without dropout."""
-    for pre in (False, True):
-        kw = {"norm_first": True} if pre else {}
+    for kw in ({}, {"norm_first": True}):
         x, memory = t.randn(2, 4, 8), t.randn(2, 5, 8)
-        for name, ref_cls, size, args in [(ENC, RefEncoder, 2, (x,)), (DEC, RefDecoder, 3, (x, memory))]:
-            obj, ref = _build(t, name, ref_cls, 8, 2, 16, 1.0, **kw)
+        for name, size, args in [(ENC, 2, (x,)), (DEC, 3, (x, memory))]:
+            obj, ref = _build(t, name, 8, 2, 16, 1.0, **kw)
             plain = build(t, name, 8, 2, 16, 0.0, **kw)
             plain.load(obj.weights)
             clean = _tuple(plain(*args), size, name)[0]
-            label = f"{name}(8, 2, 16, dropout=1.0{', norm_first=True' if pre else ''})"
+            called = label(name, 8, 2, 16, dropout=1.0, **kw)
             with torch.no_grad():
                 norms = [ref.norm1, ref.norm2] + ([ref.norm3] if name == DEC else [])
                 dropped = [x, torch.nn.Sequential(*norms)(x)]  # pre-norm: x itself; post-norm: the norms of x
             _train(obj, True)
-            out = expect_tensor(_tuple(obj(*args), size, name)[0], tuple(x.shape), f"the output of {label}")
+            out = expect_tensor(_tuple(obj(*args), size, name)[0], tuple(x.shape), f"the output of {called}")
             if close(out, clean):
-                raise CheckFailed(f"{label} ignores dropout in training: apply an nn.Dropout to each sublayer's "
+                raise CheckFailed(f"{called} ignores dropout in training: apply an nn.Dropout to each sublayer's "
                                   "output before adding the residual")
             if not any(close(out, d) for d in dropped):
-                raise CheckFailed(f"the output of {label} in training mode is neither x nor the norms applied to x: "
-                                  "with dropout=1.0 every sublayer's output (the cross-attention's too) is zeroed before "
-                                  "the residual; is a sublayer's output added without dropout, or the dropout applied "
-                                  "after the residual?")
+                raise CheckFailed(f"the output of {called} in training mode is neither x nor the norms applied to x: "
+                                  "with dropout=1.0 every sublayer's output (the cross-attention's too) is zeroed "
+                                  "before the residual; is a sublayer's output added without dropout, or the dropout "
+                                  "applied after the residual?")
             _train(obj, False)
             eval_msg = ("in eval mode (dropout must do nothing after model.eval(): use nn.Dropout, or F.dropout with "
                         "training=self.training)")
-            expect_close(_tuple(obj(*args), size, name)[0], clean, f"the output of {label} {eval_msg}",
+            expect_close(_tuple(obj(*args), size, name)[0], clean, f"the output of {called} {eval_msg}",
                          {"dropout is applied in eval mode too: " + eval_msg: d for d in dropped})
 
 
@@ -512,7 +430,8 @@ SUITE.questions({
         "the biases of the linear layers are missing": 4 * E_Q * E_Q + 2 * E_Q * F_Q + NORMS_Q,
         "the heads do not multiply the parameters: the H heads split the E-wide projections, each head using "
         "E/H of the columns": H_Q * ATTN_Q + FFN_Q + NORMS_Q,
-        "the feed-forward network has two linear layers (E -> ff_dim and ff_dim -> E)": ATTN_Q + E_Q * F_Q + F_Q + NORMS_Q,
+        "the feed-forward network has two linear layers (E -> ff_dim and ff_dim -> E)":
+            ATTN_Q + E_Q * F_Q + F_Q + NORMS_Q,
         "that counts three projections; multi-head attention has four (q, k, v and the output projection)":
             3 * (E_Q * E_Q + E_Q) + FFN_Q + NORMS_Q}, rel=1e-6),
     "q_prenorm_position": choice("input", "Where LayerNorm sits in a pre-norm block.", ["input", "sum", "output"], {
