@@ -32,20 +32,16 @@ STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, w
         'q_proj, k_proj, v_proj and out_proj are each nn.linear(e, e, bias=bias)',
         also=('test_mha_values', 'test_mha_mask')),
     'bias flag': requirement('test_mha_shapes', 'still has biases', 'with bias=false none of the four has a bias'),
-    'ValueError when E % H != 0': requirement('test_mha_shapes', 'ValueError',
-        'raise a valueerror when embed_dim is not divisible by num_heads'),
+    'ValueError when E % H != 0': requirement('test_mha_shapes', 'ValueError', 'raise a valueerror when embed_dim'),
     'per-head weights (B, H, n, m), n != m': requirement('test_mha_shapes', 'per-head', 'per-head weights (b, h, n, m)',
         also=('test_mha_values', 'test_mha_mask')),
-    'each projection on its own input': requirement('test_mha_values', 'wrong input',
-        'apply q_proj to query, k_proj to key and v_proj to value'),
+    'each projection on its own input': requirement('test_mha_values', 'wrong input', 'q_proj to query, k_proj to key'),
     'scale 1/sqrt(head_dim)': requirement('test_mha_values', 'sqrt(head_dim)', "1/\\sqrt{d_h} of one head's width"),
     'out_proj on the merged heads': requirement('test_mha_values', 'out_proj is missing', 'heads and apply out_proj'),
     'mask True means may attend': requirement('test_mha_mask', 'polarity', 'true means "may attend"'),
-    '3-D mask applies to every head': requirement('test_mha_mask', 'unsqueeze(1)',
-        'a mask broadcastable to (b, n, m) applies to every head'),
+    '3-D mask applies to every head': requirement('test_mha_mask', 'unsqueeze(1)', '(b, n, m) applies to every head'),
     '4-D mask per head': requirement('test_mha_mask', '(B, H, n, m) per-head mask', 'mask is already (b, h, n, m)'),
-    'fully masked row gives zeros': requirement('test_mha_mask', 'all masked gets NaN',
-        'gets zero weights in every head, never nan'),
+    'fully masked row gives zeros': requirement('test_mha_mask', 'all masked gets NaN', 'zero weights in every head'),
 }
 SPLIT, MERGE, MHA = "split_heads", "merge_heads", "MultiHeadAttention"
 
@@ -105,8 +101,7 @@ def _shaped(t: Trial, obj, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor
 
 @SUITE.check("test_mha_shapes", parts=[MHA])
 def mha_shapes(t: Trial) -> None:
-    """Attributes q_proj, k_proj, v_proj, out_proj of shape (E, E); output (B, n, E), weights (B, H, n, m); E % H != 0
-    is refused."""
+    """q_proj, k_proj, v_proj, out_proj of shape (E, E); output (B, n, E), weights (B, H, n, m); E % H != 0 refused."""
     for e, h in [(8, 2), (12, 3)]:
         obj = build(t, MHA, e, h)
         params = obj.params()
@@ -154,8 +149,7 @@ def mha_values(t: Trial) -> None:
 
 @SUITE.check("test_mha_mask", parts=[MHA])
 def mha_mask(t: Trial) -> None:
-    """A mask (True = may attend) of shape (n, m) or (B, n, m) applies to every head, a (B, H, n, m) one to each
-    head."""
+    """A mask (True = may attend) of shape (n, m) or (B, n, m) applies to every head, a (B, H, n, m) one to each."""
     b, n, m, e, h = 2, 4, 5, 8, 2
     obj, p = _module(t, e, h)
     q, k, v = t.randn(b, n, e), t.randn(b, m, e), t.randn(b, m, e)

@@ -1,11 +1,8 @@
-"""Graded checks for exercise 07_transformer_block; its requirements are ``STATED_REQUIREMENTS`` (``python -m
-autograder.judging.checks --requirements 07``).
+"""Graded checks for exercise 07_transformer_block (its requirements: ``STATED_REQUIREMENTS``).
 
 The copied-weights twin: the expected values come from :mod:`attnkit.transformer` (equal to torch's layers in both
 norm orders, ``tests/test_transformer.py``) with fresh weights, layer norms included so that a misplaced norm shows.
-The mask checks test the masks alone (the block's own unmasked weights renormalised, hidden positions never reaching
-the output) and the dropout checks the dropout alone (with ``dropout=1.0`` a block in training returns the norms of
-x, or x itself; in eval mode it equals the block without dropout), so a misplaced norm costs the norm checks alone.
+The mask and dropout checks test the masks and the dropout alone, so a misplaced norm costs the norm checks alone.
 """
 
 from __future__ import annotations
@@ -33,10 +30,8 @@ STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, w
         'apply the dropout after the relu, on the hidden units'),
     'ff: dropout after the ReLU, not on the input': requirement('test_feed_forward_dropout', 'input x',
         'apply the dropout after the relu, on the hidden units'),
-    'ff: dropout applied in training': requirement('test_feed_forward_dropout', 'never applied',
-        'use nn.dropout: it drops in training'),
-    'ff: no dropout in eval mode': requirement('test_feed_forward_dropout', 'eval mode too',
-        'it drops in training and is the identity after .eval()'),
+    'ff: dropout applied in training': requirement('test_feed_forward_dropout', 'never applied', 'drops in training'),
+    'ff: no dropout in eval mode': requirement('test_feed_forward_dropout', 'eval mode too', 'identity after .eval()'),
     'encoder: post-norm by default': requirement('test_encoder_block_post_norm', 'wrong place',
         'post-norm (norm_first=false, the original paper): x = norm(x + sublayer(x))'),
     'encoder: pre-norm with norm_first': requirement('test_encoder_block_pre_norm', 'wrong place',
@@ -57,22 +52,20 @@ STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, w
         'a query row with no allowed key (an example that is all padding) gets zero weights, never nan'),
     'decoder: dropout on the sublayer output before the residual': requirement('test_blocks_dropout', 'without dropout',
         "apply dropout to each sublayer's output before adding the residual"),
-    'blocks: no dropout in eval mode': requirement('test_blocks_dropout', 'eval mode',
-        'dropout acts in training only: after model.eval() the blocks are deterministic'),
+    'blocks: no dropout in eval mode': requirement('test_blocks_dropout', 'eval mode', 'dropout acts in training only'),
 }
 FF, ENC, DEC = "FeedForward", "TransformerEncoderBlock", "TransformerDecoderBlock"
 REFERENCE = {FF: RefFeedForward, ENC: RefEncoder, DEC: RefDecoder}
 SUBLAYERS = {ENC: [("self-attention", "self_attn"), ("feed-forward network", "feed_forward")],
-             DEC: [("self-attention", "self_attn"), ("cross-attention", "cross_attn"), ("feed-forward network",
-                                                                                      "feed_forward")]}
+             DEC: [("self-attention", "self_attn"), ("cross-attention", "cross_attn"),
+                   ("feed-forward network", "feed_forward")]}
 
 LINEAR_FF = ("the feed-forward network is linear: without the ReLU between linear1 and linear2 the two layers "
              "collapse into one matrix; apply torch.relu to linear1's output")
-WRONG_ORDER = {  # norm_first -> the message for the other order
-    False: "a norm is in the wrong place for norm_first=False: this is the pre-norm order x + sublayer(norm(x)). "
-           "Post-norm (the default, as in the paper) normalises after the residual: x = norm(x + sublayer(x))",
-    True: "a norm is in the wrong place for norm_first=True: this is the post-norm order norm(x + sublayer(x)). "
-          "Pre-norm normalises the sublayer's input and adds the un-normalised x: x = x + sublayer(norm(x))"}
+WRONG_ORDER_POST = ("a norm is in the wrong place for norm_first=False: this is the pre-norm order x + sublayer(norm(x)). "
+                    "Post-norm (the default, as in the paper) normalises after the residual: x = norm(x + sublayer(x))")
+WRONG_ORDER_PRE = ("a norm is in the wrong place for norm_first=True: this is the post-norm order norm(x + sublayer(x)). "
+                   "Pre-norm normalises the sublayer's input and adds the un-normalised x: x = x + sublayer(norm(x))")
 RESIDUAL_NORMED = ("the residual adds the normalised x{where}: in pre-norm the skip path carries x itself, "
                    "x = x + sublayer(norm(x)); keep x and put norm(x) in a new variable (h = norm(x))")
 NORM_ON_OUTPUT = ("the norm is applied to the sublayer's output before the residual (x + norm(sublayer(x))); "
@@ -81,8 +74,9 @@ OWN_ENC = "each sublayer has its own norm (norm1 for the self-attention, norm2 f
 OWN_DEC = ("each sublayer has its own norm (norm1 for the self-attention, norm2 for the cross-attention, norm3 for the "
            "feed-forward): use each one once")
 CROSS_CALL = "cross_attn(x, memory, memory, memory_mask)"
+SAME_LENGTH = ("cross keys from x", "cross queries from memory")  # mistakes computed only where memory is as long as x
 # the mistakes of each block beyond the norm order and a missing residual: (message, the switches of _block that
-# compute it), tried in this order; the decoder's last two only where x and memory have the same length
+# compute it), tried in this order
 BLOCK_MISTAKES = {
     ENC: [("both residual connections are missing: each sublayer's input must be added to its output",
            {"residual": (False, False)}),
@@ -99,16 +93,15 @@ BLOCK_MISTAKES = {
            "self-attention sublayer", {"bug": "cross queries from the block input"}),
           ("the cross-attention attends to x itself: its keys and values must come from memory, " + CROSS_CALL,
            {"bug": "cross attends to itself"}),
+          ("the cross-attention's keys come from x: keys and values must both come from memory, " + CROSS_CALL,
+           {"bug": "cross keys from x"}),
+          ("the cross-attention's queries come from memory and its keys and values from x: the queries come from x, "
+           "the keys and values from memory, " + CROSS_CALL, {"bug": "cross queries from memory"}),
           ("norm1 is used twice (for the self- and the cross-attention): " + OWN_DEC, {"norms": (1, 1, 3)}),
           ("norm2 is used twice (for the cross-attention and the feed-forward): " + OWN_DEC,
            {"norms": (1, 2, 2)}),
           ("norm1 is used for every sublayer: " + OWN_DEC, {"norms": (1, 1, 1)})],
 }
-SAME_LENGTH_MISTAKES = [  # the decoder's, inserted after "attends to x itself" where x and memory have one length
-    ("the cross-attention's keys come from x: keys and values must both come from memory, " + CROSS_CALL,
-     {"bug": "cross keys from x"}),
-    ("the cross-attention's queries come from memory and its keys and values from x: the queries come from x, the "
-     "keys and values from memory, " + CROSS_CALL, {"bug": "cross queries from memory"})]
 
 
 # -- functional versions of the blocks with every classic mistake as a switch --------------------
@@ -118,16 +111,16 @@ def _ff(ref: RefFeedForward, x: Tensor, act: str = "relu") -> Tensor:
     return ref.linear2({"relu": torch.relu, "none": lambda v: v, "gelu": F.gelu}[act](ref.linear1(x)))
 
 
-FeedForwardFn = Callable[[Tensor], Tensor]
-
-
 def _block(ref: RefEncoder | RefDecoder, x: Tensor, memory: Tensor | None, pre: bool, residual=(True, True, True),
-           act: str = "relu", bug: str = "", norms=(1, 2, 3), ff: FeedForwardFn | None = None) -> Tensor:
+           act: str = "relu", bug: str = "", norms=(1, 2, 3), student: Obj | None = None) -> Tensor:
     """The encoder (``memory`` None) or decoder block ``ref`` on ``x``, without masks, each classic mistake a switch:
     ``residual`` and ``norms`` (the number of the norm it uses) per sublayer, ``act`` the feed-forward's activation,
-    ``bug`` the rest. The feed-forward is the student's own ``ff`` where given, so a wrong FeedForward costs only its
-    own check."""
-    ffn = ff if act == "relu" and ff is not None else lambda h: _ff(ref.feed_forward, h, act)
+    ``bug`` the rest. With ReLU the feed-forward is the ``student`` block's own submodule, run in the student's
+    process: the block checks grade the block's wiring, and a wrong FeedForward costs only test_feed_forward."""
+    def ffn(h: Tensor) -> Tensor:
+        if act != "relu" or student is None:
+            return _ff(ref.feed_forward, h, act)
+        return expect_tensor(student.method("feed_forward", h), h.shape, "the output of the block's feed_forward")
 
     def cross(h: Tensor, x_in: Tensor) -> Tensor:
         q = (ref.norm2(x_in) if pre else x_in) if bug == "cross queries from the block input" else h
@@ -152,14 +145,12 @@ def _block(ref: RefEncoder | RefDecoder, x: Tensor, memory: Tensor | None, pre: 
 def _mistakes(name: str, pre: bool, run: Callable[..., Tensor], same_length: bool) -> dict[str, Tensor]:
     """message -> the output of block ``name`` making each classic mistake (``run(**switches)``: see ``_block``)."""
     subs = SUBLAYERS[name]
-    out = {WRONG_ORDER[pre]: run(pre=not pre)}
+    out = {WRONG_ORDER_PRE if pre else WRONG_ORDER_POST: run(pre=not pre)}
     for i, (sub, attr) in enumerate(subs):
         out[f"the residual connection around the {sub} is missing: add its input back (x + {attr}(...))"] = run(
             residual=tuple(j != i for j in range(len(subs))))
-    table = BLOCK_MISTAKES[name]
-    if name == DEC and same_length:
-        table = table[:4] + SAME_LENGTH_MISTAKES + table[4:]
-    out |= {message: run(**switches) for message, switches in table}
+    out |= {message: run(**switches) for message, switches in BLOCK_MISTAKES[name]
+            if same_length or switches.get("bug") not in SAME_LENGTH}
     if not pre:
         out[NORM_ON_OUTPUT] = run(bug="norm on the sublayer output")
         return out
@@ -189,35 +180,26 @@ def _build(t: Trial, name: str, *args, **kwargs) -> tuple[Obj, torch.nn.Module]:
     return obj, ref.eval()
 
 
-def _students_feed_forward(obj: Obj) -> FeedForwardFn:
-    """The block's own ``feed_forward`` submodule, run in the student's process: the block checks then grade the
-    wiring of the block (residuals, norms, attention), and a wrong FeedForward costs only test_feed_forward."""
-    def run(h: Tensor) -> Tensor:
-        return expect_tensor(obj.method("feed_forward", h), tuple(h.shape), "the output of the block's feed_forward")
-    return run
-
-
 def _no_nan(out, w, what: str) -> None:
     mistakes.expect_no_nan({"output": out, "weights": w}, f" of {what}", ": a query row with no allowed key must get "
                            "zero weights (softmax over a row of -inf is 0/0; replace the NaN by zeros)")
 
 
-def _tuple(value, length: int, what: str) -> tuple:
-    if not isinstance(value, (tuple, list)) or len(value) != length:
-        got = f"a {type(value).__name__}" + (f" of length {len(value)}" if isinstance(value, (tuple, list)) else "")
-        shape = "(output, weights)" if length == 2 else "(output, self_weights, cross_weights)"
-        raise CheckFailed(f"{what} should return {shape}, got {got}")
-    return tuple(value)
-
-
-def _lengths(call: Callable[[], tuple], n: int, m: int, hint: str) -> tuple:
-    """``call()``; an error raised where x and memory differ in length gets ``hint`` (which input goes where)."""
+def _returns(obj: Obj, name: str, *args: Tensor | None, hint: str = "") -> tuple:
+    """The block's answer on ``args``: (output, weights), or (output, self_weights, cross_weights) from a decoder. An
+    error it raises where x and memory differ in length ends with ``hint`` (which input goes where)."""
+    n, m = args[0].shape[1], (args[1] if name == DEC else args[0]).shape[1]
     try:
-        return call()
+        value = obj(*args)
     except StudentError as err:
-        if n != m and not str(err).startswith("not implemented"):
+        if hint and n != m and not str(err).startswith("not implemented"):
             raise CheckFailed(f"{err}, with x of length {n} and memory of length {m}: {hint}") from None
         raise
+    shape = "(output, weights)" if name == ENC else "(output, self_weights, cross_weights)"
+    if not isinstance(value, (tuple, list)) or len(value) != shape.count(",") + 1:
+        got = f"a {type(value).__name__}" + (f" of length {len(value)}" if isinstance(value, (tuple, list)) else "")
+        raise CheckFailed(f"{name} should return {shape}, got {got}")
+    return tuple(value)
 
 
 # -- feed-forward ---------------------------------------------------------------------------------
@@ -255,15 +237,15 @@ def _check_block(t: Trial, name: str, pre: bool) -> None:
         args = (x,) if name == ENC else (x, t.randn(b, m, e))
         what = f"the output of {label(name, e, h, f, **kw)}" + (f" for x {(b, n, e)}, memory {(b, m, e)}" if
                                                                   name == DEC else "")
-        out, *ws = _lengths(lambda: _tuple(obj(*args), len(args) + 1, name), n, m, "the cross-attention's keys and "
-                            "values must come from memory (cross_attn(x, memory, memory, memory_mask))")
+        out, *ws = _returns(obj, name, *args, hint=f"the cross-attention's keys and values must come from memory "
+                            f"({CROSS_CALL})")
         if n != m and isinstance(ws[-1], Tensor) and tuple(ws[-1].shape) == (b, h, n, n):
             raise CheckFailed(f"the cross-attention weights have shape {(b, h, n, n)}: the cross-attention attends to "
                               f"x itself; its keys and values must come from memory, giving {(b, h, n, m)}")
         kinds = ["self-attention", "cross-attention"][:len(ws)]
         for kind, w, shape in zip(kinds, ws, [(b, h, n, n), (b, h, n, m)]):
             expect_tensor(w, shape, f"the {kind} weights returned by {name}")
-        run = partial(_block, ref, x, args[1] if name == DEC else None, pre=pre, ff=_students_feed_forward(obj))
+        run = partial(_block, ref, x, args[1] if name == DEC else None, pre=pre, student=obj)
         with torch.no_grad():
             _, *exp_ws = ref(*args)
             exp_out, wrong = run(), _mistakes(name, pre, run, n == m)
@@ -289,23 +271,22 @@ def _padding(t: Trial, b: int, n: int, keep: int) -> Tensor:
 
 @SUITE.check("test_encoder_block_mask", parts=[ENC])
 def encoder_mask(t: Trial) -> None:
-    """A (B, 1, n) padding mask reaches the self-attention, in both norm orders: its own unmasked weights
-    renormalised, no NaN, and a padded token never reaching a real token's output."""
+    """A (B, 1, n) padding mask reaches the self-attention (both norm orders); padding never reaches a real token."""
     for kw in ({}, {"norm_first": True}):
         b, n, e, h, f = 3, 6, 8, 2, 16
         obj, _ = _build(t, ENC, e, h, f, **kw)
         x, mask = t.randn(b, n, e), _padding(t, b, n, n - 2)
         what = f" of {label(ENC, e, h, f, **kw)}"
-        w0 = expect_tensor(_tuple(obj(x), 2, ENC)[1], (b, h, n, n), f"the self-attention weights{what}")
+        w0 = expect_tensor(_returns(obj, ENC, x)[1], (b, h, n, n), f"the self-attention weights{what}")
         what += " with a padding mask"
-        out, w = _tuple(obj(x, mask), 2, ENC)
+        out, w = _returns(obj, ENC, x, mask)
         _no_nan(out, w, f"{ENC} with an example that is all padding (mask all False)")
         full = mask[:, None].expand(b, h, n, n)
         expect_masked(expect_tensor(w, (b, h, n, n), f"the self-attention weights{what}"), w0, full,
                       f"the self-attention weights{what}")
         changed = hidden_keys_changed(x, full)
         real = mask[:, 0, :]  # (B, n): the outputs of real tokens must not see the padding
-        expect_close(_tuple(obj(changed, mask), 2, ENC)[0][real], out[real], f"the output{what} at the real tokens "
+        expect_close(_returns(obj, ENC, changed, mask)[0][real], out[real], f"the output{what} at the real tokens "
                      "when only padded tokens change (a padded token must not reach them)")
 
 
@@ -317,8 +298,7 @@ SUITE.add("test_decoder_block_pre_norm", [DEC], partial(_check_block, name=DEC, 
 
 @SUITE.check("test_decoder_block_masks", parts=[DEC])
 def decoder_masks(t: Trial) -> None:
-    """self_mask (causal) reaches the self-attention and memory_mask (padding) the cross-attention, both norm orders:
-    each against the block's own weights without that mask, renormalised; hidden positions never reach the output."""
+    """self_mask reaches self-attention, memory_mask cross-attention; hidden positions never reach the output."""
     for kw in ({}, {"norm_first": True}):
         for b, n, m, e, h, f in [(3, 5, 5, 8, 2, 16), (2, 4, 7, 8, 4, 16)]:
             obj, _ = _build(t, DEC, e, h, f, **kw)
@@ -326,8 +306,8 @@ def decoder_masks(t: Trial) -> None:
             what = f" of {label(DEC, e, h, f, **kw)} for x {(b, n, e)}, memory {(b, m, e)}"
 
             def run(x=x, memory=memory, sm=sm, mm=mm):
-                out, ws, wc = _lengths(lambda: _tuple(obj(x, memory, sm, mm), 3, DEC), n, m, "memory_mask belongs to "
-                                       "the cross-attention, self_mask to the self-attention")
+                out, ws, wc = _returns(obj, DEC, x, memory, sm, mm, hint="memory_mask belongs to the cross-attention, "
+                                       "self_mask to the self-attention")
                 if sm is not None and mm is not None:
                     _no_nan(out, wc, f"{DEC} with an example whose memory is all padding (memory_mask all False)")
                 return out, expect_tensor(ws, (b, h, n, n), f"the self-attention weights{what}"), \
@@ -360,8 +340,7 @@ def _train(obj: Obj, mode: bool) -> None:
 
 @SUITE.check("test_feed_forward_dropout", parts=[FF])
 def feed_forward_dropout(t: Trial) -> None:
-    """With dropout=1.0: in training the hidden units are all dropped (output = linear2's bias); in eval mode the
-    dropout does nothing."""
+    """dropout=1.0 drops every hidden unit in training (output = linear2's bias) and does nothing in eval mode."""
     obj, ref = _build(t, FF, 6, 10, 1.0)
     x = t.randn(2, 3, 6, scale=1.5)
     with torch.no_grad():
@@ -383,21 +362,19 @@ def feed_forward_dropout(t: Trial) -> None:
 
 @SUITE.check("test_blocks_dropout", parts=[ENC, DEC])
 def blocks_dropout(t: Trial) -> None:
-    """With dropout=1.0 every sublayer's output is dropped in training (a block returns the norms of x, or x itself);
-    in eval mode the block equals the same block built without dropout."""
+    """dropout=1.0 drops every sublayer's output in training; in eval mode the block equals one without dropout."""
     for kw in ({}, {"norm_first": True}):
         x, memory = t.randn(2, 4, 8), t.randn(2, 5, 8)
-        for name, size, args in [(ENC, 2, (x,)), (DEC, 3, (x, memory))]:
+        for name, args in [(ENC, (x,)), (DEC, (x, memory))]:
             obj, ref = _build(t, name, 8, 2, 16, 1.0, **kw)
             plain = build(t, name, 8, 2, 16, 0.0, **kw)
             plain.load(obj.weights)
-            clean = _tuple(plain(*args), size, name)[0]
+            clean = _returns(plain, name, *args)[0]
             called = label(name, 8, 2, 16, dropout=1.0, **kw)
-            with torch.no_grad():
-                norms = [ref.norm1, ref.norm2] + ([ref.norm3] if name == DEC else [])
-                dropped = [x, torch.nn.Sequential(*norms)(x)]  # pre-norm: x itself; post-norm: the norms of x
+            with torch.no_grad():  # pre-norm: x itself; post-norm: the norms of x
+                dropped = [x, torch.nn.Sequential(*(getattr(ref, f"norm{i}") for i in range(1, len(args) + 2)))(x)]
             _train(obj, True)
-            out = expect_tensor(_tuple(obj(*args), size, name)[0], tuple(x.shape), f"the output of {called}")
+            out = expect_tensor(_returns(obj, name, *args)[0], tuple(x.shape), f"the output of {called}")
             if close(out, clean):
                 raise CheckFailed(f"{called} ignores dropout in training: apply an nn.Dropout to each sublayer's "
                                   "output before adding the residual")
@@ -409,7 +386,7 @@ def blocks_dropout(t: Trial) -> None:
             _train(obj, False)
             eval_msg = ("in eval mode (dropout must do nothing after model.eval(): use nn.Dropout, or F.dropout with "
                         "training=self.training)")
-            expect_close(_tuple(obj(*args), size, name)[0], clean, f"the output of {called} {eval_msg}",
+            expect_close(_returns(obj, name, *args)[0], clean, f"the output of {called} {eval_msg}",
                          {"dropout is applied in eval mode too: " + eval_msg: d for d in dropped})
 
 
