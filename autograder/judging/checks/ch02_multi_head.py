@@ -1,9 +1,7 @@
-"""Graded checks for exercise 02_multi_head; its requirements are ``STATED_REQUIREMENTS`` (``python -m
-autograder.judging.checks --requirements 02``). Not stated, not graded: the dtype and the device.
-
-The copied-weights twin: the expected answer and the classic mistakes are computed here from the weights loaded into
-the student's module. test_mha_mask tests the mask alone: the student's own unmasked weights renormalised.
-"""
+"""Graded checks for exercise 02_multi_head (its requirements: ``STATED_REQUIREMENTS``; not stated, not graded: the
+dtype and the device). The copied-weights twin: the expected answer and the classic mistakes are computed here from
+the weights loaded into the student's module. test_mha_mask tests the mask alone: against the student's own unmasked
+weights renormalised."""
 
 from __future__ import annotations
 
@@ -46,32 +44,22 @@ STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, w
 SPLIT, MERGE, MHA = "split_heads", "merge_heads", "MultiHeadAttention"
 
 
-# -- split / merge -------------------------------------------------------------------------------
-
-
-def _split_mistakes(x: Tensor, h: int) -> dict[str, Tensor]:
-    b, n, e = x.shape
-    return {"split_heads returned (B, n, H, Dh): move the head axis in front of the sequence axis with "
-            "transpose(1, 2)": x.reshape(b, n, h, e // h),
-            NO_TRANSPOSE_SPLIT: x.reshape(b, h, n, e // h),
-            INTERLEAVED_SPLIT: x.reshape(b, n, e // h, h).permute(0, 3, 1, 2)}
-
-
-def _merge_mistakes(x: Tensor) -> dict[str, Tensor]:
-    b, h, n, d = x.shape
-    return {"merge_heads returned (B, H, n*Dh): the result is (B, n, H*Dh), so transpose the head and sequence "
-            "axes before reshaping": x.reshape(b, h, n * d),
-            NO_TRANSPOSE_MERGE: x.reshape(b, n, h * d), **({REVERSED_HEADS: ref_merge(x.flip(1))} if h > 1 else {})}
-
-
 SUITE.oracle("test_split_heads", SPLIT, "split_heads turns (B, n, H*Dh) into (B, H, n, Dh), head h holding features "
              "h*Dh:(h+1)*Dh.", cases=[(2, 3, 2, 4), (1, 5, 4, 2), (3, 4, 1, 3), (2, 1, 3, 2)],
-             draw=lambda t, b, n, h, d: (t.randn(b, n, h * d), h), reference=ref_split, mistakes=_split_mistakes,
-             what=lambda x, h: f"split_heads of a {tuple(x.shape)} tensor into {h} heads")
+             draw=lambda t, b, n, h, d: (t.randn(b, n, h * d), h), reference=ref_split,
+             what=lambda x, h: f"split_heads of a {tuple(x.shape)} tensor into {h} heads",
+             mistakes=lambda x, h: {"split_heads returned (B, n, H, Dh): move the head axis in front of the sequence "
+                                    "axis with transpose(1, 2)": x.unflatten(-1, (h, -1)),
+                                    NO_TRANSPOSE_SPLIT: x.reshape(x.shape[0], h, x.shape[1], -1),
+                                    INTERLEAVED_SPLIT: x.unflatten(-1, (-1, h)).permute(0, 3, 1, 2)})
 SUITE.oracle("test_merge_heads", MERGE, "merge_heads turns (B, H, n, Dh) back into (B, n, H*Dh) and undoes "
              "split_heads.", cases=[(2, 2, 3, 4), (1, 4, 5, 2), (3, 1, 4, 3), (2, 3, 1, 2)],
-             draw=lambda t, *shape: (t.randn(*shape),), reference=ref_merge, mistakes=_merge_mistakes,
-             what=lambda x: f"merge_heads of a {tuple(x.shape)} tensor")
+             draw=lambda t, *shape: (t.randn(*shape),), reference=ref_merge,
+             what=lambda x: f"merge_heads of a {tuple(x.shape)} tensor",
+             mistakes=lambda x: {"merge_heads returned (B, H, n*Dh): the result is (B, n, H*Dh), so transpose the head "
+                                 "and sequence axes before reshaping": x.flatten(-2),
+                                 NO_TRANSPOSE_MERGE: x.reshape(x.shape[0], x.shape[2], -1),
+                                 **({REVERSED_HEADS: ref_merge(x.flip(1))} if x.shape[1] > 1 else {})})
 
 
 def _module(t: Trial, e: int, h: int, bias: bool = True):
@@ -115,8 +103,7 @@ def mha_shapes(t: Trial) -> None:
         _shaped(t, obj, t.randn(2, 3, e), t.randn(2, 5, e), t.randn(2, 5, e), h,
                 what=f" with {h} heads for query (2, 3, {e}) and key/value (2, 5, {e})")
     params = t.new(MHA, 8, 2, bias=False).params()
-    if any(k.endswith("bias") for k in params):
-        biased = ", ".join(sorted({k.rpartition(".")[0] for k in params if k.endswith("bias")}))
+    if biased := ", ".join(sorted({k.rpartition(".")[0] for k in params if k.endswith("bias")})):
         raise CheckFailed(f"MultiHeadAttention(8, 2, bias=False) still has biases ({biased}): all four projections, "
                           "out_proj included, are nn.Linear(E, E, bias=bias)")
     for e, h in [(10, 3), (6, 4)]:

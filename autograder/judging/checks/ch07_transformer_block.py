@@ -1,9 +1,7 @@
-"""Graded checks for exercise 07_transformer_block (its requirements: ``STATED_REQUIREMENTS``).
-
-The copied-weights twin: the expected values come from :mod:`attnkit.transformer` (equal to torch's layers in both
-norm orders, ``tests/test_transformer.py``) with fresh weights, layer norms included so that a misplaced norm shows.
-The mask and dropout checks test the masks and the dropout alone, so a misplaced norm costs the norm checks alone.
-"""
+"""Graded checks for exercise 07_transformer_block (its requirements: ``STATED_REQUIREMENTS``). The copied-weights
+twin: the expected values come from :mod:`attnkit.transformer` (equal to torch's layers in both norm orders,
+``tests/test_transformer.py``) with fresh weights, layer norms included so that a misplaced norm shows; the mask and
+dropout checks test the masks and the dropout alone, so a misplaced norm costs the norm checks alone."""
 
 from __future__ import annotations
 
@@ -160,9 +158,6 @@ def _mistakes(name: str, pre: bool, run: Callable[..., Tensor], same_length: boo
     return out
 
 
-# -- building the student's module with fresh weights ----------------------------------------------
-
-
 def _fresh(t: Trial, shapes: dict) -> dict[str, Tensor]:
     """Random weights for every parameter; layer norms far from the identity so their place matters."""
     return {k: 0.4 * t.randn(*s) + float(k.endswith("weight")) if k.startswith("norm") else
@@ -200,9 +195,6 @@ def _returns(obj: Obj, name: str, *args: Tensor | None, hint: str = "") -> tuple
         got = f"a {type(value).__name__}" + (f" of length {len(value)}" if isinstance(value, (tuple, list)) else "")
         raise CheckFailed(f"{name} should return {shape}, got {got}")
     return tuple(value)
-
-
-# -- feed-forward ---------------------------------------------------------------------------------
 
 
 @SUITE.check("test_feed_forward", parts=[FF])
@@ -255,9 +247,8 @@ def _check_block(t: Trial, name: str, pre: bool) -> None:
                 " (self_attn must see the normalised input norm1(x) in pre-norm)" if pre and name == ENC else ""))
 
 
-SUITE.add("test_encoder_block_post_norm", [ENC], partial(_check_block, name=ENC, pre=False),
-          "Post-norm (default) equals torch.nn.TransformerEncoderLayer with the same weights; returns (output, "
-          "weights).")
+SUITE.add("test_encoder_block_post_norm", [ENC], partial(_check_block, name=ENC, pre=False), "Post-norm (default) "
+          "equals torch.nn.TransformerEncoderLayer with the same weights; returns (output, weights).")
 SUITE.add("test_encoder_block_pre_norm", [ENC], partial(_check_block, name=ENC, pre=True),
           "norm_first=True equals torch.nn.TransformerEncoderLayer(norm_first=True) with the same weights.")
 
@@ -284,10 +275,9 @@ def encoder_mask(t: Trial) -> None:
         full = mask[:, None].expand(b, h, n, n)
         expect_masked(expect_tensor(w, (b, h, n, n), f"the self-attention weights{what}"), w0, full,
                       f"the self-attention weights{what}")
-        changed = hidden_keys_changed(x, full)
         real = mask[:, 0, :]  # (B, n): the outputs of real tokens must not see the padding
-        expect_close(_returns(obj, ENC, changed, mask)[0][real], out[real], f"the output{what} at the real tokens "
-                     "when only padded tokens change (a padded token must not reach them)")
+        expect_close(_returns(obj, ENC, hidden_keys_changed(x, full), mask)[0][real], out[real], f"the output{what} at "
+                     "the real tokens when only padded tokens change (a padded token must not reach them)")
 
 
 SUITE.add("test_decoder_block_post_norm", [DEC], partial(_check_block, name=DEC, pre=False),
@@ -324,8 +314,7 @@ def decoder_masks(t: Trial) -> None:
                           "padding mask", name="memory_mask")
             expect_close(run(memory=hidden_keys_changed(memory, memory_full))[0], out, f"the output{what} when only "
                          "padded memory positions change (they must not reach the output)")
-            future = x.clone()
-            future[:, -1] += 10.0
+            future = torch.cat([x[:, :-1], x[:, -1:] + 10.0], dim=1)  # only the last position changes
             expect_close(run(x=future)[0][:, :-1], out[:, :-1], f"the output{what} at positions before the last when "
                          "only the last position of x changes (the causal self_mask hides the future)")
 
@@ -346,10 +335,10 @@ def feed_forward_dropout(t: Trial) -> None:
     with torch.no_grad():
         clean = _ff(ref, x)
         dropped = ref.linear2.bias.expand_as(clean).clone()
-        wrong = {"the dropout is applied to linear2's output; it belongs after the ReLU, on the hidden units: "
-                 "linear2(dropout(relu(linear1(x))))": torch.zeros_like(clean),
-                 "the dropout is applied to the input x; it belongs after the ReLU, on the hidden units: "
-                 "linear2(dropout(relu(linear1(x))))": ref.linear2(torch.relu(ref.linear1.bias)).expand_as(clean),
+        there = "it belongs after the ReLU, on the hidden units: linear2(dropout(relu(linear1(x))))"
+        wrong = {"the dropout is applied to linear2's output; " + there: torch.zeros_like(clean),
+                 "the dropout is applied to the input x; " + there:
+                     ref.linear2(torch.relu(ref.linear1.bias)).expand_as(clean),
                  "the dropout is never applied in training: create nn.Dropout(dropout) and call it after the ReLU "
                  "in forward": clean}
     _train(obj, True)
