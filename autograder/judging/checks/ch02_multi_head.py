@@ -15,7 +15,7 @@ from attnkit import split_heads as ref_split
 from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, build, expect_close, expect_pair,
                                        expect_tensor, listed, mistakes, number, requirement, twin)
 from autograder.judging.checks.common import (INTERLEAVED_SPLIT, MASK_AXES, NAN_ROWS, NO_TRANSPOSE_MERGE,
-                                              NO_TRANSPOSE_SPLIT, REVERSED_HEADS, Params, expect_layer, expect_masked,
+                                              NO_TRANSPOSE_SPLIT, REVERSED_HEADS, expect_layer, expect_masked,
                                               hidden_keys_changed, random_weights)
 
 SUITE = Suite("02_multi_head")
@@ -26,8 +26,7 @@ STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, w
         'head h holds features h*dh:(h+1)*dh'),
     'merge: inverse of split, heads in order': requirement('test_merge_heads', 'reverse order',
         'the inverse, (b, h, n, dh) -> (b, n, h*dh)'),
-    'four nn.Linear(E, E) projections': requirement('test_mha_shapes', 'no out_proj',
-        'q_proj, k_proj, v_proj and out_proj are each nn.linear(e, e, bias=bias)',
+    'four nn.Linear(E, E) projections': requirement('test_mha_shapes', 'no out_proj', 'each nn.linear(e, e, bias=bias)',
         also=('test_mha_values', 'test_mha_mask')),
     'bias flag': requirement('test_mha_shapes', 'still has biases', 'with bias=false none of the four has a bias'),
     'ValueError when E % H != 0': requirement('test_mha_shapes', 'ValueError', 'raise a valueerror when embed_dim'),
@@ -69,7 +68,7 @@ def _module(t: Trial, e: int, h: int, bias: bool = True):
     return twin(t, MHA, e, h, **({} if bias else {"bias": False}), reference=p)[0], p
 
 
-def _shaped(t: Trial, obj, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None, what: str = ""):
+def _shaped(obj, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None, what: str = ""):
     """The student's (output, weights) on these inputs: a pair, without NaN, of shapes (B, n, E) and (B, H, n, m)."""
     try:
         out, w = expect_pair(obj(*((q, k, v) if mask is None else (q, k, v, mask))), MHA)
@@ -100,7 +99,7 @@ def mha_shapes(t: Trial) -> None:
             expect_tensor(params[f"{name}.weight"], (e, e), f"{name}.weight")
             if f"{name}.bias" not in params:
                 raise CheckFailed(f"{name} has no bias: with bias=True (the default) every projection has one")
-        _shaped(t, obj, t.randn(2, 3, e), t.randn(2, 5, e), t.randn(2, 5, e), h,
+        _shaped(obj, t.randn(2, 3, e), t.randn(2, 5, e), t.randn(2, 5, e), h,
                 what=f" with {h} heads for query (2, 3, {e}) and key/value (2, 5, {e})")
     params = t.new(MHA, 8, 2, bias=False).params()
     if biased := ", ".join(sorted({k.rpartition(".")[0] for k in params if k.endswith("bias")})):
@@ -130,7 +129,7 @@ def mha_values(t: Trial) -> None:
         q, k = t.randn(b, n, e), t.randn(b, m, e)
         v = t.randn(b, m, e) if bias else k  # without biases: key and value are one tensor
         what = f" (E={e}, H={h}, n={n}, m={m})" if bias else " with bias=False"
-        out, w = _shaped(t, obj, q, k, v, h, what=what)
+        out, w = _shaped(obj, q, k, v, h, what=what)
         expect_layer(out, w, p, q, k, v, h, None, f"MultiHeadAttention{what}", "per-head weights")
 
 
@@ -145,21 +144,20 @@ def mha_mask(t: Trial) -> None:
     padding[1, 0, 3:] = False
     per_head[..., 1] = True
     empty[1] = False  # example 1 is a sequence of length 0: none of its queries has a key to attend to
-    _, w0 = _shaped(t, obj, q, k, v, h, what=" without a mask")
+    _, w0 = _shaped(obj, q, k, v, h, what=" without a mask")
     for mask, what in [(t.rand_mask(n, m, p=0.6), " with an (n, m) mask"),
                        (t.rand_mask(b, n, m, p=0.6), " with a (B, n, m) mask"),
                        (padding, " with a (B, 1, m) padding mask"), (per_head, " with a (B, H, n, m) per-head mask"),
                        (empty, " with a (B, 1, m) mask that hides every key of example 1")]:
         if mask.dim() == 2 or mask.shape[1] > 1 and mask.dim() == 3:
             mask[..., 0], mask[..., -1] = True, False
-        out, w = _shaped(t, obj, q, k, v, h, mask, what)
+        out, w = _shaped(obj, q, k, v, h, mask, what)
         full = (mask.unsqueeze(1) if mask.dim() == 3 else mask).expand_as(w)
         wrong = {MASK_AXES: mask.unsqueeze(0).expand_as(w)} if mask.dim() == 3 and mask.shape[0] == h else {}
         expect_masked(w, w0, full, f"the per-head weights of MultiHeadAttention{what}", wrong)
         if (changed := hidden_keys_changed(v, full)) is not None:
-            expect_close(_shaped(t, obj, q, k, changed, h, mask, what)[0], out, f"the output of MultiHeadAttention"
-                         f"{what} when only the values of masked keys change (a key no query may see must not "
-                         "reach it)")
+            expect_close(_shaped(obj, q, k, changed, h, mask, what)[0], out, f"the output of MultiHeadAttention{what} "
+                         "when only the values of masked keys change (a key no query may see must not reach it)")
 
 
 # -- conceptual questions (the inputs are in the question; the answer is a value) ----------------------

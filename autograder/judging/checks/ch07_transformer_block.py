@@ -16,7 +16,7 @@ from attnkit import FeedForward as RefFeedForward
 from attnkit import TransformerDecoderBlock as RefDecoder
 from attnkit import TransformerEncoderBlock as RefEncoder
 from attnkit import causal_mask
-from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, build, choice, close, expect_close,
+from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, choice, close, expect_close,
                                        expect_tensor, label, mistakes, number, requirement, twin)
 from autograder.judging.checks.common import expect_masked, hidden_keys_changed
 
@@ -72,6 +72,8 @@ OWN_ENC = "each sublayer has its own norm (norm1 for the self-attention, norm2 f
 OWN_DEC = ("each sublayer has its own norm (norm1 for the self-attention, norm2 for the cross-attention, norm3 for the "
            "feed-forward): use each one once")
 CROSS_CALL = "cross_attn(x, memory, memory, memory_mask)"
+MASKS_SWAPPED = ("self_mask and memory_mask are swapped: self_mask (causal) goes to the self-attention, memory_mask "
+                 "(padding of memory) to the cross-attention")
 SAME_LENGTH = ("cross keys from x", "cross queries from memory")  # mistakes computed only where memory is as long as x
 # the mistakes of each block beyond the norm order and a missing residual: (message, the switches of _block that
 # compute it), tried in this order
@@ -100,9 +102,6 @@ BLOCK_MISTAKES = {
            {"norms": (1, 2, 2)}),
           ("norm1 is used for every sublayer: " + OWN_DEC, {"norms": (1, 1, 1)})],
 }
-
-
-# -- functional versions of the blocks with every classic mistake as a switch --------------------
 
 
 def _ff(ref: RefFeedForward, x: Tensor, act: str = "relu") -> Tensor:
@@ -175,14 +174,10 @@ def _build(t: Trial, name: str, *args, **kwargs) -> tuple[Obj, torch.nn.Module]:
     return obj, ref.eval()
 
 
-def _no_nan(out, w, what: str) -> None:
-    mistakes.expect_no_nan({"output": out, "weights": w}, f" of {what}", ": a query row with no allowed key must get "
-                           "zero weights (softmax over a row of -inf is 0/0; replace the NaN by zeros)")
-
-
-def _returns(obj: Obj, name: str, *args: Tensor | None, hint: str = "") -> tuple:
+def _returns(obj: Obj, name: str, *args: Tensor | None, hint: str = "", empty: str = "") -> tuple:
     """The block's answer on ``args``: (output, weights), or (output, self_weights, cross_weights) from a decoder. An
-    error it raises where x and memory differ in length ends with ``hint`` (which input goes where)."""
+    error it raises where x and memory differ in length ends with ``hint`` (which input goes where); ``empty``: the
+    example that has no allowed key, where the output and the (last) weights must hold no NaN."""
     n, m = args[0].shape[1], (args[1] if name == DEC else args[0]).shape[1]
     try:
         value = obj(*args)
@@ -194,6 +189,10 @@ def _returns(obj: Obj, name: str, *args: Tensor | None, hint: str = "") -> tuple
     if not isinstance(value, (tuple, list)) or len(value) != shape.count(",") + 1:
         got = f"a {type(value).__name__}" + (f" of length {len(value)}" if isinstance(value, (tuple, list)) else "")
         raise CheckFailed(f"{name} should return {shape}, got {got}")
+    if empty:
+        mistakes.expect_no_nan({"output": value[0], "weights": value[-1]}, f" of {name} with {empty}", ": a query row "
+                               "with no allowed key must get zero weights (softmax over a row of -inf is 0/0; replace "
+                               "the NaN by zeros)")
     return tuple(value)
 
 
@@ -214,8 +213,6 @@ def feed_forward(t: Trial) -> None:
                          "linear2(relu(linear1(x)))": ref.linear2(ref.linear1(torch.relu(x)))}
             expect_close(obj(x), exp, f"FeedForward({e}, {hdim}) on x of shape {shape}", wrong)
 
-
-# -- the blocks against the reference, in each norm order -----------------------------------------
 
 BLOCK_CASES = {ENC: [(2, 5, 5, 8, 2, 16), (1, 3, 3, 12, 3, 8)],  # (B, n, m, E, H, ff_dim); m: memory's length
                DEC: [(2, 4, 4, 8, 2, 16), (2, 3, 6, 8, 2, 16), (1, 5, 2, 12, 3, 8)]}
@@ -270,8 +267,7 @@ def encoder_mask(t: Trial) -> None:
         what = f" of {label(ENC, e, h, f, **kw)}"
         w0 = expect_tensor(_returns(obj, ENC, x)[1], (b, h, n, n), f"the self-attention weights{what}")
         what += " with a padding mask"
-        out, w = _returns(obj, ENC, x, mask)
-        _no_nan(out, w, f"{ENC} with an example that is all padding (mask all False)")
+        out, w = _returns(obj, ENC, x, mask, empty="an example that is all padding (mask all False)")
         full = mask[:, None].expand(b, h, n, n)
         expect_masked(expect_tensor(w, (b, h, n, n), f"the self-attention weights{what}"), w0, full,
                       f"the self-attention weights{what}")
@@ -296,20 +292,17 @@ def decoder_masks(t: Trial) -> None:
             what = f" of {label(DEC, e, h, f, **kw)} for x {(b, n, e)}, memory {(b, m, e)}"
 
             def run(x=x, memory=memory, sm=sm, mm=mm):
+                empty = "" if sm is None or mm is None else \
+                    "an example whose memory is all padding (memory_mask all False)"
                 out, ws, wc = _returns(obj, DEC, x, memory, sm, mm, hint="memory_mask belongs to the cross-attention, "
-                                       "self_mask to the self-attention")
-                if sm is not None and mm is not None:
-                    _no_nan(out, wc, f"{DEC} with an example whose memory is all padding (memory_mask all False)")
+                                       "self_mask to the self-attention", empty=empty)
                 return out, expect_tensor(ws, (b, h, n, n), f"the self-attention weights{what}"), \
                     expect_tensor(wc, (b, h, n, m), f"the cross-attention weights{what}")
 
             out, ws, wc = run()
             self_full, memory_full = sm.expand(b, h, n, n), mm[:, None].expand(b, h, n, m)
-            swapped = {"self_mask and memory_mask are swapped: self_mask (causal) goes to the self-attention, "
-                       "memory_mask (padding of memory) to the cross-attention": mm[:, None].expand(b, h, n, n)} \
-                if n == m else {}
             expect_masked(ws, run(sm=None)[1], self_full, f"the self-attention weights{what} with a causal self_mask",
-                          swapped, "self_mask")
+                          {MASKS_SWAPPED: mm[:, None].expand(b, h, n, n)} if n == m else {}, "self_mask")
             expect_masked(wc, run(mm=None)[2], memory_full, f"the cross-attention weights{what} with a memory "
                           "padding mask", name="memory_mask")
             expect_close(run(memory=hidden_keys_changed(memory, memory_full))[0], out, f"the output{what} when only "
@@ -356,8 +349,7 @@ def blocks_dropout(t: Trial) -> None:
         x, memory = t.randn(2, 4, 8), t.randn(2, 5, 8)
         for name, args in [(ENC, (x,)), (DEC, (x, memory))]:
             obj, ref = _build(t, name, 8, 2, 16, 1.0, **kw)
-            plain = build(t, name, 8, 2, 16, 0.0, **kw)
-            plain.load(obj.weights)
+            plain = twin(t, name, 8, 2, 16, 0.0, **kw, reference=obj.weights)[0]
             clean = _returns(plain, name, *args)[0]
             called = label(name, 8, 2, 16, dropout=1.0, **kw)
             with torch.no_grad():  # pre-norm: x itself; post-norm: the norms of x
