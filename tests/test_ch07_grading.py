@@ -156,6 +156,12 @@ MISTAKES = {
                                                 "test_decoder_block_post_norm", "self_attn's weights"),
     "decoder: no residual around cross-attention": (mutate(REF, DEC_POST, DEC_POST.replace("x = self.norm2(x + self.dropout(out))", "x = self.norm2(self.dropout(out))")),
                                                     "test_decoder_block_post_norm", "around the cross-attention"),
+    # the encoder's and the decoder's missing residuals share one message, hint included
+    "decoder: no residual around self-attention": (
+        mutate(REF, DEC_POST, DEC_POST.replace("x = self.norm1(x + self.dropout(out))",
+                                               "x = self.norm1(self.dropout(out))")),
+        "test_decoder_block_post_norm",
+        "around the self-attention is missing: add its input back (x + self_attn(...))"),
     "decoder: post-norm when pre-norm was asked": (mutate(REF, '''            h = self.norm1(x)
             out, self_weights = self.self_attn(h, h, h, self_mask)
             x = x + self.dropout(out)

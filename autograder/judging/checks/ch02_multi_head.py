@@ -1,11 +1,7 @@
-"""Graded checks for exercise 02_multi_head: ``split_heads``, ``merge_heads``, ``MultiHeadAttention`` and four
-conceptual questions; the requirements the exercise states are ``STATED_REQUIREMENTS`` (``python -m
-autograder.judging.checks --requirements 02``). Not stated, not graded: the dtype and the device.
-
-The student's module gets weights drawn here (the copied-weights twin), so the expected answer and the classic
-mistakes are computed in the judge from the same weights. test_mha_values tests the formula; test_mha_mask
-tests the mask alone, against the student's own unmasked weights renormalised (``common.expect_masked``).
-"""
+"""Graded checks for exercise 02_multi_head (its requirements: ``STATED_REQUIREMENTS``; not stated, not graded: the
+dtype and the device). The copied-weights twin: the expected answer and the classic mistakes are computed here from
+the weights loaded into the student's module. test_mha_mask tests the mask alone: against the student's own unmasked
+weights renormalised."""
 
 from __future__ import annotations
 
@@ -16,10 +12,10 @@ from torch import Tensor
 
 from attnkit import merge_heads as ref_merge
 from attnkit import split_heads as ref_split
-from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, expect_close, expect_pair, expect_tensor,
-                                       listed, mistakes, number, requirement, twin)
+from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, build, expect_close, expect_pair,
+                                       expect_tensor, listed, mistakes, number, requirement, twin)
 from autograder.judging.checks.common import (INTERLEAVED_SPLIT, MASK_AXES, NAN_ROWS, NO_TRANSPOSE_MERGE,
-                                              NO_TRANSPOSE_SPLIT, REVERSED_HEADS, Params, expect_layer, expect_masked,
+                                              NO_TRANSPOSE_SPLIT, REVERSED_HEADS, expect_layer, expect_masked,
                                               hidden_keys_changed, random_weights)
 
 SUITE = Suite("02_multi_head")
@@ -30,57 +26,39 @@ STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, w
         'head h holds features h*dh:(h+1)*dh'),
     'merge: inverse of split, heads in order': requirement('test_merge_heads', 'reverse order',
         'the inverse, (b, h, n, dh) -> (b, n, h*dh)'),
-    'four nn.Linear(E, E) projections': requirement('test_mha_shapes', 'no out_proj',
-        'q_proj, k_proj, v_proj and out_proj are each nn.linear(e, e, bias=bias)',
+    'four nn.Linear(E, E) projections': requirement('test_mha_shapes', 'no out_proj', 'each nn.linear(e, e, bias=bias)',
         also=('test_mha_values', 'test_mha_mask')),
     'bias flag': requirement('test_mha_shapes', 'still has biases', 'with bias=false none of the four has a bias'),
-    'ValueError when E % H != 0': requirement('test_mha_shapes', 'ValueError',
-        'raise a valueerror when embed_dim is not divisible by num_heads'),
+    'ValueError when E % H != 0': requirement('test_mha_shapes', 'ValueError', 'raise a valueerror when embed_dim'),
     'per-head weights (B, H, n, m), n != m': requirement('test_mha_shapes', 'per-head', 'per-head weights (b, h, n, m)',
         also=('test_mha_values', 'test_mha_mask')),
-    'each projection on its own input': requirement('test_mha_values', 'wrong input',
-        'apply q_proj to query, k_proj to key and v_proj to value'),
-    'scale 1/sqrt(head_dim)': requirement('test_mha_values', 'sqrt(head_dim)',
-        "the scale 1/\\sqrt{d_h} of one head's width"),
-    'out_proj on the merged heads': requirement('test_mha_values', 'out_proj is missing',
-        'merge the heads and apply out_proj'),
+    'each projection on its own input': requirement('test_mha_values', 'wrong input', 'q_proj to query, k_proj to key'),
+    'scale 1/sqrt(head_dim)': requirement('test_mha_values', 'sqrt(head_dim)', "1/\\sqrt{d_h} of one head's width"),
+    'out_proj on the merged heads': requirement('test_mha_values', 'out_proj is missing', 'heads and apply out_proj'),
     'mask True means may attend': requirement('test_mha_mask', 'polarity', 'true means "may attend"'),
-    '3-D mask applies to every head': requirement('test_mha_mask', 'unsqueeze(1)',
-        'a mask broadcastable to (b, n, m) applies to every head'),
-    '4-D mask per head': requirement('test_mha_mask', '(B, H, n, m) per-head mask',
-        'a 4-d mask is already (b, h, n, m)'),
-    'fully masked row gives zeros': requirement('test_mha_mask', 'all masked gets NaN',
-        'gets zero weights in every head, never nan'),
+    '3-D mask applies to every head': requirement('test_mha_mask', 'unsqueeze(1)', '(b, n, m) applies to every head'),
+    '4-D mask per head': requirement('test_mha_mask', '(B, H, n, m) per-head mask', 'mask is already (b, h, n, m)'),
+    'fully masked row gives zeros': requirement('test_mha_mask', 'all masked gets NaN', 'zero weights in every head'),
 }
 SPLIT, MERGE, MHA = "split_heads", "merge_heads", "MultiHeadAttention"
 
 
-
-# -- split / merge -------------------------------------------------------------------------------
-
-
-def _split_mistakes(x: Tensor, h: int) -> dict[str, Tensor]:
-    b, n, e = x.shape
-    return {"split_heads returned (B, n, H, Dh): move the head axis in front of the sequence axis with "
-            "transpose(1, 2)": x.reshape(b, n, h, e // h),
-            NO_TRANSPOSE_SPLIT: x.reshape(b, h, n, e // h),
-            INTERLEAVED_SPLIT: x.reshape(b, n, e // h, h).permute(0, 3, 1, 2)}
-
-
-def _merge_mistakes(x: Tensor) -> dict[str, Tensor]:
-    b, h, n, d = x.shape
-    return {"merge_heads returned (B, H, n*Dh): the result is (B, n, H*Dh), so transpose the head and sequence "
-            "axes before reshaping": x.reshape(b, h, n * d),
-            NO_TRANSPOSE_MERGE: x.reshape(b, n, h * d), **({REVERSED_HEADS: ref_merge(x.flip(1))} if h > 1 else {})}
-
-
 SUITE.oracle("test_split_heads", SPLIT, "split_heads turns (B, n, H*Dh) into (B, H, n, Dh), head h holding features "
              "h*Dh:(h+1)*Dh.", cases=[(2, 3, 2, 4), (1, 5, 4, 2), (3, 4, 1, 3), (2, 1, 3, 2)],
-             draw=lambda t, b, n, h, d: (t.randn(b, n, h * d), h), reference=ref_split, mistakes=_split_mistakes,
-             what=lambda x, h: f"split_heads of a {tuple(x.shape)} tensor into {h} heads")
-SUITE.oracle("test_merge_heads", MERGE, "merge_heads turns (B, H, n, Dh) back into (B, n, H*Dh) and undoes split_heads.",
-             cases=[(2, 2, 3, 4), (1, 4, 5, 2), (3, 1, 4, 3), (2, 3, 1, 2)], draw=lambda t, *shape: (t.randn(*shape),),
-             reference=ref_merge, mistakes=_merge_mistakes, what=lambda x: f"merge_heads of a {tuple(x.shape)} tensor")
+             draw=lambda t, b, n, h, d: (t.randn(b, n, h * d), h), reference=ref_split,
+             what=lambda x, h: f"split_heads of a {tuple(x.shape)} tensor into {h} heads",
+             mistakes=lambda x, h: {"split_heads returned (B, n, H, Dh): move the head axis in front of the sequence "
+                                    "axis with transpose(1, 2)": x.unflatten(-1, (h, -1)),
+                                    NO_TRANSPOSE_SPLIT: x.reshape(x.shape[0], h, x.shape[1], -1),
+                                    INTERLEAVED_SPLIT: x.unflatten(-1, (-1, h)).permute(0, 3, 1, 2)})
+SUITE.oracle("test_merge_heads", MERGE, "merge_heads turns (B, H, n, Dh) back into (B, n, H*Dh) and undoes "
+             "split_heads.", cases=[(2, 2, 3, 4), (1, 4, 5, 2), (3, 1, 4, 3), (2, 3, 1, 2)],
+             draw=lambda t, *shape: (t.randn(*shape),), reference=ref_merge,
+             what=lambda x: f"merge_heads of a {tuple(x.shape)} tensor",
+             mistakes=lambda x: {"merge_heads returned (B, H, n*Dh): the result is (B, n, H*Dh), so transpose the head "
+                                 "and sequence axes before reshaping": x.flatten(-2),
+                                 NO_TRANSPOSE_MERGE: x.reshape(x.shape[0], x.shape[2], -1),
+                                 **({REVERSED_HEADS: ref_merge(x.flip(1))} if x.shape[1] > 1 else {})})
 
 
 def _module(t: Trial, e: int, h: int, bias: bool = True):
@@ -90,7 +68,7 @@ def _module(t: Trial, e: int, h: int, bias: bool = True):
     return twin(t, MHA, e, h, **({} if bias else {"bias": False}), reference=p)[0], p
 
 
-def _shaped(t: Trial, obj, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None, what: str = ""):
+def _shaped(obj, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None, what: str = ""):
     """The student's (output, weights) on these inputs: a pair, without NaN, of shapes (B, n, E) and (B, H, n, m)."""
     try:
         out, w = expect_pair(obj(*((q, k, v) if mask is None else (q, k, v, mask))), MHA)
@@ -108,19 +86,11 @@ def _shaped(t: Trial, obj, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor
         expect_tensor(w, (b, h, n, m), f"the per-head weights of MultiHeadAttention{what}")
 
 
-def _run(t: Trial, obj, p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None, what: str = ""):
-    out, w = _shaped(t, obj, q, k, v, h, mask, what)
-    expect_layer(out, w, p, q, k, v, h, mask, f"MultiHeadAttention{what}", "per-head weights")
-
-
 @SUITE.check("test_mha_shapes", parts=[MHA])
 def mha_shapes(t: Trial) -> None:
-    """Attributes q_proj, k_proj, v_proj, out_proj of shape (E, E); output (B, n, E), weights (B, H, n, m); E % H != 0 is refused."""
+    """q_proj, k_proj, v_proj, out_proj of shape (E, E); output (B, n, E), weights (B, H, n, m); E % H != 0 refused."""
     for e, h in [(8, 2), (12, 3)]:
-        try:
-            obj = t.new(MHA, e, h)
-        except StudentError as err:
-            raise CheckFailed(f"MultiHeadAttention({e}, {h}) could not be created: {err}") from None
+        obj = build(t, MHA, e, h)
         params = obj.params()
         for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
             if f"{name}.weight" not in params:
@@ -129,15 +99,10 @@ def mha_shapes(t: Trial) -> None:
             expect_tensor(params[f"{name}.weight"], (e, e), f"{name}.weight")
             if f"{name}.bias" not in params:
                 raise CheckFailed(f"{name} has no bias: with bias=True (the default) every projection has one")
-        b, n, m = 2, 3, 5
-        out, w = expect_pair(obj(t.randn(b, n, e), t.randn(b, m, e), t.randn(b, m, e)), MHA)
-        if isinstance(w, Tensor) and tuple(w.shape) == (b, n, m):
-            raise CheckFailed(f"the weights have shape {(b, n, m)}: return the per-head weights (B, H, n, m) = {(b, h, n, m)}")
-        expect_tensor(out, (b, n, e), f"the output for query (2, 3, {e}) and key/value (2, 5, {e})")
-        expect_tensor(w, (b, h, n, m), f"the weights for query (2, 3, {e}) and key/value (2, 5, {e}) with {h} heads")
+        _shaped(obj, t.randn(2, 3, e), t.randn(2, 5, e), t.randn(2, 5, e), h,
+                what=f" with {h} heads for query (2, 3, {e}) and key/value (2, 5, {e})")
     params = t.new(MHA, 8, 2, bias=False).params()
-    if any(k.endswith("bias") for k in params):
-        biased = ", ".join(sorted({k.rpartition(".")[0] for k in params if k.endswith("bias")}))
+    if biased := ", ".join(sorted({k.rpartition(".")[0] for k in params if k.endswith("bias")})):
         raise CheckFailed(f"MultiHeadAttention(8, 2, bias=False) still has biases ({biased}): all four projections, "
                           "out_proj included, are nn.Linear(E, E, bias=bias)")
     for e, h in [(10, 3), (6, 4)]:
@@ -158,44 +123,47 @@ def mha_shapes(t: Trial) -> None:
 @SUITE.check("test_mha_values", parts=[MHA])
 def mha_values(t: Trial) -> None:
     """With copied weights, output and per-head weights equal torch.nn.MultiheadAttention (n != m, 1 to 4 heads)."""
-    for b, n, m, e, h in [(2, 4, 6, 8, 2), (1, 5, 3, 12, 3), (2, 3, 3, 8, 4), (1, 4, 2, 6, 1)]:
-        obj, p = _module(t, e, h)
-        q, k, v = t.randn(b, n, e), t.randn(b, m, e), t.randn(b, m, e)
-        _run(t, obj, p, q, k, v, h, what=f" (E={e}, H={h}, n={n}, m={m})")
-    obj, p = _module(t, 8, 2, bias=False)
-    x, y = t.randn(2, 3, 8), t.randn(2, 4, 8)
-    _run(t, obj, p, x, y, y, 2, what=" with bias=False")
+    for b, n, m, e, h, bias in [(2, 4, 6, 8, 2, True), (1, 5, 3, 12, 3, True), (2, 3, 3, 8, 4, True),
+                                (1, 4, 2, 6, 1, True), (2, 3, 4, 8, 2, False)]:
+        obj, p = _module(t, e, h, bias)
+        q, k = t.randn(b, n, e), t.randn(b, m, e)
+        v = t.randn(b, m, e) if bias else k  # without biases: key and value are one tensor
+        what = f" (E={e}, H={h}, n={n}, m={m})" if bias else " with bias=False"
+        out, w = _shaped(obj, q, k, v, h, what=what)
+        expect_layer(out, w, p, q, k, v, h, None, f"MultiHeadAttention{what}", "per-head weights")
 
 
 @SUITE.check("test_mha_mask", parts=[MHA])
 def mha_mask(t: Trial) -> None:
-    """A mask (True = may attend) of shape (n, m) or (B, n, m) applies to every head, a (B, H, n, m) one to each head."""
+    """A mask (True = may attend) of shape (n, m) or (B, n, m) applies to every head, a (B, H, n, m) one to each."""
     b, n, m, e, h = 2, 4, 5, 8, 2
     obj, p = _module(t, e, h)
     q, k, v = t.randn(b, n, e), t.randn(b, m, e), t.randn(b, m, e)
-    padding, per_head, empty = torch.ones(b, 1, m, dtype=torch.bool), t.rand_mask(b, h, n, m, p=0.5), torch.ones(b, 1, m, dtype=torch.bool)
+    padding, per_head = torch.ones(b, 1, m, dtype=torch.bool), t.rand_mask(b, h, n, m, p=0.5)
+    empty = torch.ones(b, 1, m, dtype=torch.bool)
     padding[1, 0, 3:] = False
     per_head[..., 1] = True
     empty[1] = False  # example 1 is a sequence of length 0: none of its queries has a key to attend to
-    _, w0 = _shaped(t, obj, q, k, v, h, what=" without a mask")
-    for mask, what in [(t.rand_mask(n, m, p=0.6), " with an (n, m) mask"), (t.rand_mask(b, n, m, p=0.6), " with a (B, n, m) mask"),
+    _, w0 = _shaped(obj, q, k, v, h, what=" without a mask")
+    for mask, what in [(t.rand_mask(n, m, p=0.6), " with an (n, m) mask"),
+                       (t.rand_mask(b, n, m, p=0.6), " with a (B, n, m) mask"),
                        (padding, " with a (B, 1, m) padding mask"), (per_head, " with a (B, H, n, m) per-head mask"),
                        (empty, " with a (B, 1, m) mask that hides every key of example 1")]:
         if mask.dim() == 2 or mask.shape[1] > 1 and mask.dim() == 3:
             mask[..., 0], mask[..., -1] = True, False
-        out, w = _shaped(t, obj, q, k, v, h, mask, what)
+        out, w = _shaped(obj, q, k, v, h, mask, what)
         full = (mask.unsqueeze(1) if mask.dim() == 3 else mask).expand_as(w)
         wrong = {MASK_AXES: mask.unsqueeze(0).expand_as(w)} if mask.dim() == 3 and mask.shape[0] == h else {}
         expect_masked(w, w0, full, f"the per-head weights of MultiHeadAttention{what}", wrong)
         if (changed := hidden_keys_changed(v, full)) is not None:
-            expect_close(_shaped(t, obj, q, k, changed, h, mask, what)[0], out, f"the output of MultiHeadAttention{what} "
+            expect_close(_shaped(obj, q, k, changed, h, mask, what)[0], out, f"the output of MultiHeadAttention{what} "
                          "when only the values of masked keys change (a key no query may see must not reach it)")
 
 
 # -- conceptual questions (the inputs are in the question; the answer is a value) ----------------------
 B, N, M, E, H = 4, 10, 7, 512, 8  # q_split_shape: x (4, 10, 96) into 8 heads; q_head_scale, q_mha_params: (512, 8)
 PER = E * E + E  # one nn.Linear(E, E) with its bias
-SPLIT_E, WB, WN, WE, WH = 96, 2, 5, 64, 4  # q_weights_shape: MultiHeadAttention(64, 4), query (2, 5, 64), key (2, 7, 64)
+SPLIT_E, WB, WN, WE, WH = 96, 2, 5, 64, 4  # q_weights_shape: MHA(64, 4) on query (2, 5, 64), key (2, 7, 64)
 
 SUITE.questions({
     "q_split_shape": listed((B, H, N, SPLIT_E // H), "The shape of split_heads(x, 8) for x of shape (4, 10, 96).", {

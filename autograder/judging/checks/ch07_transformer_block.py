@@ -1,19 +1,12 @@
-"""Graded checks for exercise 07_transformer_block: ``FeedForward``, the encoder and decoder blocks, dropout in
-training and evaluation, three conceptual questions; the requirements the exercise states are
-``STATED_REQUIREMENTS`` (``python -m autograder.judging.checks --requirements 07``).
-
-The expected values come from :mod:`attnkit.transformer` with the student's module's parameter names and fresh
-random weights (layer norms included, so a norm in the wrong place shows): the copied-weights twin;
-``tests/test_transformer.py`` proves attnkit equal to torch's layers in both norm orders. The mask checks test the
-masks alone (the block's own unmasked weights renormalised, hidden positions never reaching the output), and
-the dropout check the dropout alone (``dropout=1.0`` zeroes what it is applied to in training: a block returns
-the norms of x, or x itself, in either norm order; in eval mode it equals the same block built without dropout),
-so a norm in the wrong place costs the norm checks alone.
-"""
+"""Graded checks for exercise 07_transformer_block (its requirements: ``STATED_REQUIREMENTS``). The copied-weights
+twin: the expected values come from :mod:`attnkit.transformer` (equal to torch's layers in both norm orders,
+``tests/test_transformer.py``) with fresh weights, layer norms included so that a misplaced norm shows; the mask and
+dropout checks test the masks and the dropout alone, so a misplaced norm costs the norm checks alone."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -23,23 +16,20 @@ from attnkit import FeedForward as RefFeedForward
 from attnkit import TransformerDecoderBlock as RefDecoder
 from attnkit import TransformerEncoderBlock as RefEncoder
 from attnkit import causal_mask
-from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, build, choice, close, expect_close,
-                                       expect_tensor, mistakes, number, requirement, twin)
+from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, choice, close, expect_close,
+                                       expect_tensor, label, mistakes, number, requirement, twin)
 from autograder.judging.checks.common import expect_masked, hidden_keys_changed
 
 SUITE = Suite("07_transformer_block")
 STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
-    'ff: linear2(relu(linear1(x)))': requirement('test_feed_forward', 'linear',
-        'linear1 widens from embed_dim to ff_dim, a relu, then linear2 narrows back',
+    'ff: linear2(relu(linear1(x)))': requirement('test_feed_forward', 'linear', 'linear1 widens from embed_dim',
         also=('test_feed_forward_dropout',)),
     'ff: dropout after the ReLU, not on the output': requirement('test_feed_forward_dropout', "linear2's output",
         'apply the dropout after the relu, on the hidden units'),
     'ff: dropout after the ReLU, not on the input': requirement('test_feed_forward_dropout', 'input x',
         'apply the dropout after the relu, on the hidden units'),
-    'ff: dropout applied in training': requirement('test_feed_forward_dropout', 'never applied',
-        'use nn.dropout: it drops in training'),
-    'ff: no dropout in eval mode': requirement('test_feed_forward_dropout', 'eval mode too',
-        'it drops in training and is the identity after .eval()'),
+    'ff: dropout applied in training': requirement('test_feed_forward_dropout', 'never applied', 'drops in training'),
+    'ff: no dropout in eval mode': requirement('test_feed_forward_dropout', 'eval mode too', 'identity after .eval()'),
     'encoder: post-norm by default': requirement('test_encoder_block_post_norm', 'wrong place',
         'post-norm (norm_first=false, the original paper): x = norm(x + sublayer(x))'),
     'encoder: pre-norm with norm_first': requirement('test_encoder_block_pre_norm', 'wrong place',
@@ -60,186 +50,123 @@ STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, w
         'a query row with no allowed key (an example that is all padding) gets zero weights, never nan'),
     'decoder: dropout on the sublayer output before the residual': requirement('test_blocks_dropout', 'without dropout',
         "apply dropout to each sublayer's output before adding the residual"),
-    'blocks: no dropout in eval mode': requirement('test_blocks_dropout', 'eval mode',
-        'dropout acts in training only: after model.eval() the blocks are deterministic'),
+    'blocks: no dropout in eval mode': requirement('test_blocks_dropout', 'eval mode', 'dropout acts in training only'),
 }
 FF, ENC, DEC = "FeedForward", "TransformerEncoderBlock", "TransformerDecoderBlock"
+REFERENCE = {FF: RefFeedForward, ENC: RefEncoder, DEC: RefDecoder}
+SUBLAYERS = {ENC: [("self-attention", "self_attn"), ("feed-forward network", "feed_forward")],
+             DEC: [("self-attention", "self_attn"), ("cross-attention", "cross_attn"),
+                   ("feed-forward network", "feed_forward")]}
 
-LINEAR_FF = "the feed-forward network is linear: without the ReLU between linear1 and linear2 the two layers collapse " \
-            "into one matrix; apply torch.relu to linear1's output"
+LINEAR_FF = ("the feed-forward network is linear: without the ReLU between linear1 and linear2 the two layers "
+             "collapse into one matrix; apply torch.relu to linear1's output")
 WRONG_ORDER_POST = ("a norm is in the wrong place for norm_first=False: this is the pre-norm order x + sublayer(norm(x)). "
                     "Post-norm (the default, as in the paper) normalises after the residual: x = norm(x + sublayer(x))")
-RESIDUAL_NORMED = ("the residual adds the normalised x{where}: in pre-norm the skip path carries x itself, "
-                   "x = x + sublayer(norm(x)); keep x and put norm(x) in a new variable (h = norm(x))")
-OWN_NORM = "each sublayer has its own norm ({names}): use each one once"
 WRONG_ORDER_PRE = ("a norm is in the wrong place for norm_first=True: this is the post-norm order norm(x + sublayer(x)). "
                    "Pre-norm normalises the sublayer's input and adds the un-normalised x: x = x + sublayer(norm(x))")
-
-
-# -- functional versions of the blocks with every classic mistake as a switch --------------------
+RESIDUAL_NORMED = ("the residual adds the normalised x{where}: in pre-norm the skip path carries x itself, "
+                   "x = x + sublayer(norm(x)); keep x and put norm(x) in a new variable (h = norm(x))")
+NORM_ON_OUTPUT = ("the norm is applied to the sublayer's output before the residual (x + norm(sublayer(x))); "
+                  "post-norm normalises the sum: norm(x + sublayer(x))")
+OWN_ENC = "each sublayer has its own norm (norm1 for the self-attention, norm2 for the feed-forward): use each one once"
+OWN_DEC = ("each sublayer has its own norm (norm1 for the self-attention, norm2 for the cross-attention, norm3 for the "
+           "feed-forward): use each one once")
+CROSS_CALL = "cross_attn(x, memory, memory, memory_mask)"
+MASKS_SWAPPED = ("self_mask and memory_mask are swapped: self_mask (causal) goes to the self-attention, memory_mask "
+                 "(padding of memory) to the cross-attention")
+SAME_LENGTH = ("cross keys from x", "cross queries from memory")  # mistakes computed only where memory is as long as x
+# the mistakes of each block beyond the norm order and a missing residual: (message, the switches of _block that
+# compute it), tried in this order
+BLOCK_MISTAKES = {
+    ENC: [("both residual connections are missing: each sublayer's input must be added to its output",
+           {"residual": (False, False)}),
+          (LINEAR_FF, {"act": "none"}),
+          ("the feed-forward uses GELU; the block (like torch's default and the paper) uses ReLU", {"act": "gelu"}),
+          ("norm1 and norm2 are swapped: norm1 belongs to the self-attention sublayer, norm2 to the feed-forward",
+           {"norms": (2, 1)}),
+          ("norm1 is used for both sublayers: " + OWN_ENC, {"norms": (1, 1)}),
+          ("norm2 is used for both sublayers: " + OWN_ENC, {"norms": (2, 2)})],
+    DEC: [(LINEAR_FF, {"act": "none"}),
+          ("the cross-attention uses self_attn's weights: the second sublayer must call cross_attn",
+           {"bug": "cross uses self_attn"}),
+          ("the cross-attention's queries come from the block's input; they must come from the output of the "
+           "self-attention sublayer", {"bug": "cross queries from the block input"}),
+          ("the cross-attention attends to x itself: its keys and values must come from memory, " + CROSS_CALL,
+           {"bug": "cross attends to itself"}),
+          ("the cross-attention's keys come from x: keys and values must both come from memory, " + CROSS_CALL,
+           {"bug": "cross keys from x"}),
+          ("the cross-attention's queries come from memory and its keys and values from x: the queries come from x, "
+           "the keys and values from memory, " + CROSS_CALL, {"bug": "cross queries from memory"}),
+          ("norm1 is used twice (for the self- and the cross-attention): " + OWN_DEC, {"norms": (1, 1, 3)}),
+          ("norm2 is used twice (for the cross-attention and the feed-forward): " + OWN_DEC,
+           {"norms": (1, 2, 2)}),
+          ("norm1 is used for every sublayer: " + OWN_DEC, {"norms": (1, 1, 1)})],
+}
 
 
 def _ff(ref: RefFeedForward, x: Tensor, act: str = "relu") -> Tensor:
-    h = ref.linear1(x)
-    h = {"relu": torch.relu, "none": lambda v: v, "gelu": F.gelu}[act](h)
-    return ref.linear2(h)
+    return ref.linear2({"relu": torch.relu, "none": lambda v: v, "gelu": F.gelu}[act](ref.linear1(x)))
 
 
-def _stack(x: Tensor, subs: list[Callable[[Tensor, Tensor], Tensor]], norms: list, pre: bool,
-           residual: tuple[bool, ...], bug: str = "") -> Tensor:
-    """Apply the sublayers in order; ``sub(h, x_in)`` gets the (normed) input and the block's input."""
+def _block(ref: RefEncoder | RefDecoder, x: Tensor, memory: Tensor | None, pre: bool, residual=(True, True, True),
+           act: str = "relu", bug: str = "", norms=(1, 2, 3), student: Obj | None = None) -> Tensor:
+    """The encoder (``memory`` None) or decoder block ``ref`` on ``x``, without masks, each classic mistake a switch:
+    ``residual`` and ``norms`` (the number of the norm it uses) per sublayer, ``act`` the feed-forward's activation,
+    ``bug`` the rest. With ReLU the feed-forward is the ``student`` block's own submodule, run in the student's
+    process: the block checks grade the block's wiring, and a wrong FeedForward costs only test_feed_forward."""
+    def ffn(h: Tensor) -> Tensor:
+        if act != "relu" or student is None:
+            return _ff(ref.feed_forward, h, act)
+        return expect_tensor(student.method("feed_forward", h), h.shape, "the output of the block's feed_forward")
+
+    def cross(h: Tensor, x_in: Tensor) -> Tensor:
+        q = (ref.norm2(x_in) if pre else x_in) if bug == "cross queries from the block input" else h
+        qkv = {"cross attends to itself": (h, h, h), "cross keys from x": (h, h, memory),
+               "cross queries from memory": (memory, h, h)}.get(bug, (q, memory, memory))
+        return (ref.self_attn if bug == "cross uses self_attn" else ref.cross_attn).attn(*qkv)[0]
+
+    subs = [lambda h, _: ref.self_attn.attn(h, h, h)[0], *([cross] if memory is not None else []), lambda h, _: ffn(h)]
     x_in = x
-    for i, (sub, norm) in enumerate(zip(subs, norms)):
+    for i, sub in enumerate(subs):  # sub(h, x_in) gets the (normed) input and the block's input
+        norm = getattr(ref, f"norm{norms[i]}")
         if pre:
             h = norm(x)
             base = h if bug in ("residual of the normed x", f"residual of the normed x@{i}") else x
             x = base + sub(h, x_in) if residual[i] else sub(h, x_in)
-        elif bug == "norm on the sublayer output":
-            x = x + norm(sub(x, x_in)) if residual[i] else norm(sub(x, x_in))
         else:
-            x = norm(x + sub(x, x_in)) if residual[i] else norm(sub(x, x_in))
+            y = sub(x, x_in)
+            x = (x + norm(y) if bug == "norm on the sublayer output" else norm(x + y)) if residual[i] else norm(y)
     return x
 
 
-FeedForwardFn = Callable[[Tensor], Tensor]
-
-
-def _feed_forward(ref_ff: RefFeedForward, student_ff: FeedForwardFn | None, act: str) -> FeedForwardFn:
-    """The block's feed-forward: the student's own (so a wrong FeedForward costs only its own check), or a variant."""
-    if act == "relu" and student_ff is not None:
-        return student_ff
-    return lambda h: _ff(ref_ff, h, act)
-
-
-def _encoder(ref: RefEncoder, x: Tensor, mask: Tensor | None, pre: bool, residual=(True, True), act: str = "relu",
-             bug: str = "", ff: FeedForwardFn | None = None) -> Tensor:
-    norms = {"norms swapped": [ref.norm2, ref.norm1], "norm1 twice": [ref.norm1, ref.norm1],
-             "norm2 twice": [ref.norm2, ref.norm2]}.get(bug, [ref.norm1, ref.norm2])
-    ffn = _feed_forward(ref.feed_forward, ff, act)
-    subs = [lambda h, _: ref.self_attn.attn(h, h, h, mask)[0], lambda h, _: ffn(h)]
-    return _stack(x, subs, norms, pre, residual, bug)
-
-
-def _decoder(ref: RefDecoder, x: Tensor, memory: Tensor, self_mask: Tensor | None, memory_mask: Tensor | None,
-             pre: bool, residual=(True, True, True), act: str = "relu", bug: str = "",
-             ff: FeedForwardFn | None = None) -> Tensor:
-    n1, n2, n3 = ref.norm1, ref.norm2, ref.norm3
-    norms = {"norm1 everywhere": [n1, n1, n1], "norm1 twice": [n1, n1, n3], "norm2 twice": [n1, n2, n2]}.get(
-        bug, [n1, n2, n3])
-    ffn = _feed_forward(ref.feed_forward, ff, act)
-    sm, mm = self_mask, memory_mask
-
-    def cross(h: Tensor, x_in: Tensor) -> Tensor:
-        if bug == "cross attends to itself":
-            return ref.cross_attn.attn(h, h, h)[0]
-        if bug == "cross keys from x":
-            return ref.cross_attn.attn(h, h, memory, mm)[0]
-        if bug == "cross queries from memory":
-            return ref.cross_attn.attn(memory, h, h, mm)[0]
-        if bug == "cross uses self_attn":
-            return ref.self_attn.attn(h, memory, memory, mm)[0]
-        if bug == "cross queries from the block input":
-            q = ref.norm2(x_in) if pre else x_in
-            return ref.cross_attn.attn(q, memory, memory, mm)[0]
-        return ref.cross_attn.attn(h, memory, memory, mm)[0]
-
-    subs = [lambda h, _: ref.self_attn.attn(h, h, h, sm)[0], cross, lambda h, _: ffn(h)]
-    return _stack(x, subs, norms, pre, residual, bug)
-
-
-def _encoder_mistakes(ref: RefEncoder, x: Tensor, mask: Tensor | None, pre: bool,
-                      ff: FeedForwardFn | None) -> dict[str, Tensor]:
-    def e(**kw) -> Tensor:
-        kw.setdefault("pre", pre)
-        return _encoder(ref, x, mask, ff=ff, **kw)
-
-    out = {
-        WRONG_ORDER_PRE if pre else WRONG_ORDER_POST: e(pre=not pre),
-        "the residual connection around the self-attention is missing: add the sublayer's input back "
-        "(x + self_attn(...))": e(residual=(False, True)),
-        "the residual connection around the feed-forward network is missing: add its input back "
-        "(x + feed_forward(...))": e(residual=(True, False)),
-        "both residual connections are missing: each sublayer's input must be added to its output":
-            e(residual=(False, False)),
-        LINEAR_FF: e(act="none"),
-        "the feed-forward uses GELU; the block (like torch's default and the paper) uses ReLU": e(act="gelu"),
-        "norm1 and norm2 are swapped: norm1 belongs to the self-attention sublayer, norm2 to the feed-forward":
-            e(bug="norms swapped"),
-    }
-    own = OWN_NORM.format(names="norm1 for the self-attention, norm2 for the feed-forward")
-    out["norm1 is used for both sublayers: " + own] = e(bug="norm1 twice")
-    out["norm2 is used for both sublayers: " + own] = e(bug="norm2 twice")
-    if pre:
-        out[RESIDUAL_NORMED.format(where="")] = e(bug="residual of the normed x")
-        for i, where in enumerate((" around the self-attention", " around the feed-forward network")):
-            out[RESIDUAL_NORMED.format(where=where)] = e(bug=f"residual of the normed x@{i}")
-    else:
-        out["the norm is applied to the sublayer's output before the residual (x + norm(sublayer(x))); "
-            "post-norm normalises the sum: norm(x + sublayer(x))"] = e(bug="norm on the sublayer output")
+def _mistakes(name: str, pre: bool, run: Callable[..., Tensor], same_length: bool) -> dict[str, Tensor]:
+    """message -> the output of block ``name`` making each classic mistake (``run(**switches)``: see ``_block``)."""
+    subs = SUBLAYERS[name]
+    out = {WRONG_ORDER_PRE if pre else WRONG_ORDER_POST: run(pre=not pre)}
+    for i, (sub, attr) in enumerate(subs):
+        out[f"the residual connection around the {sub} is missing: add its input back (x + {attr}(...))"] = run(
+            residual=tuple(j != i for j in range(len(subs))))
+    out |= {message: run(**switches) for message, switches in BLOCK_MISTAKES[name]
+            if same_length or switches.get("bug") not in SAME_LENGTH}
+    if not pre:
+        out[NORM_ON_OUTPUT] = run(bug="norm on the sublayer output")
+        return out
+    out[RESIDUAL_NORMED.format(where="")] = run(bug="residual of the normed x")
+    for i, (sub, _) in enumerate(subs):
+        out[RESIDUAL_NORMED.format(where=f" around the {sub}")] = run(bug=f"residual of the normed x@{i}")
     return out
-
-
-def _decoder_mistakes(ref: RefDecoder, x: Tensor, memory: Tensor, sm: Tensor | None, mm: Tensor | None,
-                      pre: bool, ff: FeedForwardFn | None) -> dict[str, Tensor]:
-    def d(**kw) -> Tensor:
-        kw.setdefault("pre", pre)
-        return _decoder(ref, x, memory, sm, mm, ff=ff, **kw)
-
-    out = {
-        WRONG_ORDER_PRE if pre else WRONG_ORDER_POST: d(pre=not pre),
-        "the residual connection around the self-attention is missing": d(residual=(False, True, True)),
-        "the residual connection around the cross-attention is missing: add its input back (x + cross_attn(...))":
-            d(residual=(True, False, True)),
-        "the residual connection around the feed-forward network is missing": d(residual=(True, True, False)),
-        LINEAR_FF: d(act="none"),
-        "the cross-attention uses self_attn's weights: the second sublayer must call cross_attn": d(bug="cross uses self_attn"),
-        "the cross-attention's queries come from the block's input; they must come from the output of the "
-        "self-attention sublayer": d(bug="cross queries from the block input"),
-    }
-    if x.shape[1] == memory.shape[1] or mm is None:
-        out["the cross-attention attends to x itself: its keys and values must come from memory, "
-            "cross_attn(x, memory, memory, memory_mask)"] = d(bug="cross attends to itself")
-    if x.shape[1] == memory.shape[1]:
-        out["the cross-attention's keys come from x: keys and values must both come from memory, "
-            "cross_attn(x, memory, memory, memory_mask)"] = d(bug="cross keys from x")
-        out["the cross-attention's queries come from memory and its keys and values from x: the queries come from "
-            "x, the keys and values from memory, cross_attn(x, memory, memory, memory_mask)"] = d(
-            bug="cross queries from memory")
-    own = OWN_NORM.format(names="norm1 for the self-attention, norm2 for the cross-attention, norm3 for the feed-forward")
-    out["norm1 is used twice (for the self- and the cross-attention): " + own] = d(bug="norm1 twice")
-    out["norm2 is used twice (for the cross-attention and the feed-forward): " + own] = d(bug="norm2 twice")
-    out["norm1 is used for every sublayer: " + own] = d(bug="norm1 everywhere")
-    if pre:
-        out[RESIDUAL_NORMED.format(where="")] = d(bug="residual of the normed x")
-        for i, where in enumerate((" around the self-attention", " around the cross-attention",
-                                   " around the feed-forward network")):
-            out[RESIDUAL_NORMED.format(where=where)] = d(bug=f"residual of the normed x@{i}")
-    else:
-        out["the norm is applied to the sublayer's output before the residual; post-norm normalises the sum: "
-            "norm(x + sublayer(x))"] = d(bug="norm on the sublayer output")
-    return out
-
-
-# -- building the student's module with fresh weights ----------------------------------------------
 
 
 def _fresh(t: Trial, shapes: dict) -> dict[str, Tensor]:
     """Random weights for every parameter; layer norms far from the identity so their place matters."""
-    out = {}
-    for k, shape in shapes.items():
-        if k.startswith("norm") and k.endswith("weight"):
-            out[k] = 1.0 + 0.4 * t.randn(*shape)
-        elif k.startswith("norm"):
-            out[k] = 0.4 * t.randn(*shape)
-        else:
-            out[k] = t.randn(*shape, scale=0.5 / max(1, shape[-1]) ** 0.5 if len(shape) > 1 else 0.2)
-    return out
+    return {k: 0.4 * t.randn(*s) + float(k.endswith("weight")) if k.startswith("norm") else
+            t.randn(*s, scale=0.5 / max(1, s[-1]) ** 0.5 if len(s) > 1 else 0.2) for k, s in shapes.items()}
 
 
-def _build(t: Trial, name: str, ref_cls, *args, **kwargs) -> tuple[Obj, torch.nn.Module]:
+def _build(t: Trial, name: str, *args, **kwargs) -> tuple[Obj, torch.nn.Module]:
     """The copied-weights twin. attnkit builds its blocks from SelfAttention / CrossAttention
     (self_attn.attn.q_proj); the exercise's blocks hold a MultiHeadAttention directly (self_attn.q_proj)."""
-    ref = ref_cls(*args, **kwargs)
+    ref = REFERENCE[name](*args, **kwargs)
     obj, fresh = twin(t, name, *args, **kwargs, reference=ref, names=lambda k: k.replace("_attn.attn.", "_attn."),
                       draw=_fresh, hint=": use the attribute names of the exercise (self_attn, cross_attn, "
                       "feed_forward.linear1/linear2, norm1, norm2, norm3)")
@@ -247,35 +174,33 @@ def _build(t: Trial, name: str, ref_cls, *args, **kwargs) -> tuple[Obj, torch.nn
     return obj, ref.eval()
 
 
-def _students_feed_forward(obj: Obj) -> FeedForwardFn:
-    """The block's own ``feed_forward`` submodule, run in the student's process: the block checks then grade the
-    wiring of the block (residuals, norms, attention), and a wrong FeedForward costs only test_feed_forward."""
-    def run(h: Tensor) -> Tensor:
-        return expect_tensor(obj.method("feed_forward", h), tuple(h.shape), "the output of the block's feed_forward")
-    return run
-
-
-def _no_nan(out, w, what: str) -> None:
-    mistakes.expect_no_nan({"output": out, "weights": w}, f" of {what}", ": a query row with no allowed key must get "
-                           "zero weights (softmax over a row of -inf is 0/0; replace the NaN by zeros)")
-
-
-def _tuple(value, length: int, what: str) -> tuple:
-    if not isinstance(value, (tuple, list)) or len(value) != length:
+def _returns(obj: Obj, name: str, *args: Tensor | None, hint: str = "", empty: str = "") -> tuple:
+    """The block's answer on ``args``: (output, weights), or (output, self_weights, cross_weights) from a decoder. An
+    error it raises where x and memory differ in length ends with ``hint`` (which input goes where); ``empty``: the
+    example that has no allowed key, where the output and the (last) weights must hold no NaN."""
+    n, m = args[0].shape[1], (args[1] if name == DEC else args[0]).shape[1]
+    try:
+        value = obj(*args)
+    except StudentError as err:
+        if hint and n != m and not str(err).startswith("not implemented"):
+            raise CheckFailed(f"{err}, with x of length {n} and memory of length {m}: {hint}") from None
+        raise
+    shape = "(output, weights)" if name == ENC else "(output, self_weights, cross_weights)"
+    if not isinstance(value, (tuple, list)) or len(value) != shape.count(",") + 1:
         got = f"a {type(value).__name__}" + (f" of length {len(value)}" if isinstance(value, (tuple, list)) else "")
-        shape = "(output, weights)" if length == 2 else "(output, self_weights, cross_weights)"
-        raise CheckFailed(f"{what} should return {shape}, got {got}")
+        raise CheckFailed(f"{name} should return {shape}, got {got}")
+    if empty:
+        mistakes.expect_no_nan({"output": value[0], "weights": value[-1]}, f" of {name} with {empty}", ": a query row "
+                               "with no allowed key must get zero weights (softmax over a row of -inf is 0/0; replace "
+                               "the NaN by zeros)")
     return tuple(value)
-
-
-# -- feed-forward ---------------------------------------------------------------------------------
 
 
 @SUITE.check("test_feed_forward", parts=[FF])
 def feed_forward(t: Trial) -> None:
     """linear1 (ff_dim, E), linear2 (E, ff_dim); output linear2(relu(linear1(x))) for any leading dimensions."""
     for e, hdim in [(8, 16), (6, 4)]:
-        obj, ref = _build(t, FF, RefFeedForward, e, hdim)
+        obj, ref = _build(t, FF, e, hdim)
         for shape in [(2, 5, e), (3, e), (2, 2, 3, e)]:
             x = t.randn(*shape, scale=1.5)
             with torch.no_grad():
@@ -289,35 +214,40 @@ def feed_forward(t: Trial) -> None:
             expect_close(obj(x), exp, f"FeedForward({e}, {hdim}) on x of shape {shape}", wrong)
 
 
-# -- encoder block --------------------------------------------------------------------------------
+BLOCK_CASES = {ENC: [(2, 5, 5, 8, 2, 16), (1, 3, 3, 12, 3, 8)],  # (B, n, m, E, H, ff_dim); m: memory's length
+               DEC: [(2, 4, 4, 8, 2, 16), (2, 3, 6, 8, 2, 16), (1, 5, 2, 12, 3, 8)]}
 
 
-def _check_encoder(t: Trial, pre: bool) -> None:
+def _check_block(t: Trial, name: str, pre: bool) -> None:
     kw = {"norm_first": True} if pre else {}
-    for b, n, e, h, f in [(2, 5, 8, 2, 16), (1, 3, 12, 3, 8)]:
-        obj, ref = _build(t, ENC, RefEncoder, e, h, f, **kw)
+    for b, n, m, e, h, f in BLOCK_CASES[name]:
+        obj, ref = _build(t, name, e, h, f, **kw)
         x = t.randn(b, n, e)
-        out, w = _tuple(obj(x), 2, ENC)
-        ff = _students_feed_forward(obj)
+        args = (x,) if name == ENC else (x, t.randn(b, m, e))
+        what = f"the output of {label(name, e, h, f, **kw)}" + (f" for x {(b, n, e)}, memory {(b, m, e)}" if
+                                                                  name == DEC else "")
+        out, *ws = _returns(obj, name, *args, hint=f"the cross-attention's keys and values must come from memory "
+                            f"({CROSS_CALL})")
+        if n != m and isinstance(ws[-1], Tensor) and tuple(ws[-1].shape) == (b, h, n, n):
+            raise CheckFailed(f"the cross-attention weights have shape {(b, h, n, n)}: the cross-attention attends to "
+                              f"x itself; its keys and values must come from memory, giving {(b, h, n, m)}")
+        kinds = ["self-attention", "cross-attention"][:len(ws)]
+        for kind, w, shape in zip(kinds, ws, [(b, h, n, n), (b, h, n, m)]):
+            expect_tensor(w, shape, f"the {kind} weights returned by {name}")
+        run = partial(_block, ref, x, args[1] if name == DEC else None, pre=pre, student=obj)
         with torch.no_grad():
-            _, exp_w = ref(x)
-            exp_out, wrong = _encoder(ref, x, None, pre, ff=ff), _encoder_mistakes(ref, x, None, pre, ff)
-        expect_tensor(w, (b, h, n, n), f"the self-attention weights returned by {ENC}")
-        expect_close(out, exp_out, f"the output of {ENC}({e}, {h}, {f}{', norm_first=True' if pre else ''})", wrong)
-        expect_close(w, exp_w, f"the self-attention weights returned by {ENC}" +
-                     (" (self_attn must see the normalised input norm1(x) in pre-norm)" if pre else ""))
+            _, *exp_ws = ref(*args)
+            exp_out, wrong = run(), _mistakes(name, pre, run, n == m)
+        expect_close(out, exp_out, what, wrong)
+        for kind, w, exp in zip(kinds, ws, exp_ws):
+            expect_close(w, exp, f"the {kind} weights returned by {name}" + (
+                " (self_attn must see the normalised input norm1(x) in pre-norm)" if pre and name == ENC else ""))
 
 
-@SUITE.check("test_encoder_block_post_norm", parts=[ENC])
-def encoder_post_norm(t: Trial) -> None:
-    """Post-norm (default) equals torch.nn.TransformerEncoderLayer with the same weights; returns (output, weights)."""
-    _check_encoder(t, pre=False)
-
-
-@SUITE.check("test_encoder_block_pre_norm", parts=[ENC])
-def encoder_pre_norm(t: Trial) -> None:
-    """norm_first=True equals torch.nn.TransformerEncoderLayer(norm_first=True) with the same weights."""
-    _check_encoder(t, pre=True)
+SUITE.add("test_encoder_block_post_norm", [ENC], partial(_check_block, name=ENC, pre=False), "Post-norm (default) "
+          "equals torch.nn.TransformerEncoderLayer with the same weights; returns (output, weights).")
+SUITE.add("test_encoder_block_pre_norm", [ENC], partial(_check_block, name=ENC, pre=True),
+          "norm_first=True equals torch.nn.TransformerEncoderLayer(norm_first=True) with the same weights.")
 
 
 def _padding(t: Trial, b: int, n: int, keep: int) -> Tensor:
@@ -329,104 +259,55 @@ def _padding(t: Trial, b: int, n: int, keep: int) -> Tensor:
 
 @SUITE.check("test_encoder_block_mask", parts=[ENC])
 def encoder_mask(t: Trial) -> None:
-    """A (B, 1, n) padding mask reaches the self-attention, in both norm orders: its own unmasked weights
-    renormalised, no NaN, and a padded token never reaching a real token's output."""
-    for pre in (False, True):
+    """A (B, 1, n) padding mask reaches the self-attention (both norm orders); padding never reaches a real token."""
+    for kw in ({}, {"norm_first": True}):
         b, n, e, h, f = 3, 6, 8, 2, 16
-        obj, _ = _build(t, ENC, RefEncoder, e, h, f, **({"norm_first": True} if pre else {}))
+        obj, _ = _build(t, ENC, e, h, f, **kw)
         x, mask = t.randn(b, n, e), _padding(t, b, n, n - 2)
-        what = f" of {ENC}({e}, {h}, {f}{', norm_first=True' if pre else ''}) with a padding mask"
-        w0 = expect_tensor(_tuple(obj(x), 2, ENC)[1], (b, h, n, n), f"the self-attention weights{what[:-21]}")
-        out, w = _tuple(obj(x, mask), 2, ENC)
-        _no_nan(out, w, f"{ENC} with an example that is all padding (mask all False)")
+        what = f" of {label(ENC, e, h, f, **kw)}"
+        w0 = expect_tensor(_returns(obj, ENC, x)[1], (b, h, n, n), f"the self-attention weights{what}")
+        what += " with a padding mask"
+        out, w = _returns(obj, ENC, x, mask, empty="an example that is all padding (mask all False)")
         full = mask[:, None].expand(b, h, n, n)
         expect_masked(expect_tensor(w, (b, h, n, n), f"the self-attention weights{what}"), w0, full,
                       f"the self-attention weights{what}")
-        changed = hidden_keys_changed(x, full)
         real = mask[:, 0, :]  # (B, n): the outputs of real tokens must not see the padding
-        expect_close(_tuple(obj(changed, mask), 2, ENC)[0][real], out[real], f"the output{what} at the real tokens "
-                     "when only padded tokens change (a padded token must not reach them)")
+        expect_close(_returns(obj, ENC, hidden_keys_changed(x, full), mask)[0][real], out[real], f"the output{what} at "
+                     "the real tokens when only padded tokens change (a padded token must not reach them)")
 
 
-# -- decoder block --------------------------------------------------------------------------------
-
-
-def _check_decoder(t: Trial, pre: bool) -> None:
-    kw = {"norm_first": True} if pre else {}
-    for b, n, m, e, h, f in [(2, 4, 4, 8, 2, 16), (2, 3, 6, 8, 2, 16), (1, 5, 2, 12, 3, 8)]:
-        obj, ref = _build(t, DEC, RefDecoder, e, h, f, **kw)
-        x, memory = t.randn(b, n, e), t.randn(b, m, e)
-        what = f"the output of {DEC}({e}, {h}, {f}{', norm_first=True' if pre else ''}) for x {(b, n, e)}, memory {(b, m, e)}"
-        try:
-            out, ws, wc = _tuple(obj(x, memory), 3, DEC)
-        except StudentError as err:
-            if n != m and not str(err).startswith("not implemented"):
-                raise CheckFailed(f"{err}, with x of length {n} and memory of length {m}: the cross-attention's keys and "
-                                  f"values must come from memory (cross_attn(x, memory, memory, memory_mask))") from None
-            raise
-        if n != m and isinstance(wc, Tensor) and tuple(wc.shape) == (b, h, n, n):
-            raise CheckFailed(f"the cross-attention weights have shape {(b, h, n, n)}: the cross-attention attends to x "
-                              f"itself; its keys and values must come from memory, giving {(b, h, n, m)}")
-        expect_tensor(ws, (b, h, n, n), f"the self-attention weights returned by {DEC}")
-        expect_tensor(wc, (b, h, n, m), f"the cross-attention weights returned by {DEC}")
-        ff = _students_feed_forward(obj)
-        with torch.no_grad():
-            _, exp_ws, exp_wc = ref(x, memory)
-            exp_out, wrong = _decoder(ref, x, memory, None, None, pre, ff=ff), \
-                _decoder_mistakes(ref, x, memory, None, None, pre, ff)
-        expect_close(out, exp_out, what, wrong)
-        expect_close(ws, exp_ws, f"the self-attention weights returned by {DEC}")
-        expect_close(wc, exp_wc, f"the cross-attention weights returned by {DEC}")
-
-
-@SUITE.check("test_decoder_block_post_norm", parts=[DEC])
-def decoder_post_norm(t: Trial) -> None:
-    """Post-norm equals torch.nn.TransformerDecoderLayer with the same weights (n == m and n != m)."""
-    _check_decoder(t, pre=False)
-
-
-@SUITE.check("test_decoder_block_pre_norm", parts=[DEC])
-def decoder_pre_norm(t: Trial) -> None:
-    """norm_first=True equals torch.nn.TransformerDecoderLayer(norm_first=True) with the same weights."""
-    _check_decoder(t, pre=True)
+SUITE.add("test_decoder_block_post_norm", [DEC], partial(_check_block, name=DEC, pre=False),
+          "Post-norm equals torch.nn.TransformerDecoderLayer with the same weights (n == m and n != m).")
+SUITE.add("test_decoder_block_pre_norm", [DEC], partial(_check_block, name=DEC, pre=True),
+          "norm_first=True equals torch.nn.TransformerDecoderLayer(norm_first=True) with the same weights.")
 
 
 @SUITE.check("test_decoder_block_masks", parts=[DEC])
 def decoder_masks(t: Trial) -> None:
-    """self_mask (causal) reaches the self-attention and memory_mask (padding) the cross-attention, both norm orders:
-    each against the block's own weights without that mask, renormalised; hidden positions never reach the output."""
-    for pre in (False, True):
+    """self_mask reaches self-attention, memory_mask cross-attention; hidden positions never reach the output."""
+    for kw in ({}, {"norm_first": True}):
         for b, n, m, e, h, f in [(3, 5, 5, 8, 2, 16), (2, 4, 7, 8, 4, 16)]:
-            obj, _ = _build(t, DEC, RefDecoder, e, h, f, **({"norm_first": True} if pre else {}))
+            obj, _ = _build(t, DEC, e, h, f, **kw)
             x, memory, sm, mm = t.randn(b, n, e), t.randn(b, m, e), causal_mask(n), _padding(t, b, m, m - 1)
-            what = f" of {DEC}({e}, {h}, {f}{', norm_first=True' if pre else ''}) for x {(b, n, e)}, memory {(b, m, e)}"
+            what = f" of {label(DEC, e, h, f, **kw)} for x {(b, n, e)}, memory {(b, m, e)}"
 
             def run(x=x, memory=memory, sm=sm, mm=mm):
-                try:
-                    out, ws, wc = _tuple(obj(x, memory, sm, mm), 3, DEC)
-                except StudentError as err:
-                    if n != m and not str(err).startswith("not implemented"):
-                        raise CheckFailed(f"{err}, with x of length {n} and memory of length {m}: memory_mask belongs to "
-                                          "the cross-attention, self_mask to the self-attention") from None
-                    raise
-                if sm is not None and mm is not None:
-                    _no_nan(out, wc, f"{DEC} with an example whose memory is all padding (memory_mask all False)")
+                empty = "" if sm is None or mm is None else \
+                    "an example whose memory is all padding (memory_mask all False)"
+                out, ws, wc = _returns(obj, DEC, x, memory, sm, mm, hint="memory_mask belongs to the cross-attention, "
+                                       "self_mask to the self-attention", empty=empty)
                 return out, expect_tensor(ws, (b, h, n, n), f"the self-attention weights{what}"), \
                     expect_tensor(wc, (b, h, n, m), f"the cross-attention weights{what}")
 
             out, ws, wc = run()
             self_full, memory_full = sm.expand(b, h, n, n), mm[:, None].expand(b, h, n, m)
-            swapped = {"self_mask and memory_mask are swapped: self_mask (causal) goes to the self-attention, "
-                       "memory_mask (padding of memory) to the cross-attention": mm[:, None].expand(b, h, n, n)} \
-                if n == m else {}
             expect_masked(ws, run(sm=None)[1], self_full, f"the self-attention weights{what} with a causal self_mask",
-                          swapped, "self_mask")
+                          {MASKS_SWAPPED: mm[:, None].expand(b, h, n, n)} if n == m else {}, "self_mask")
             expect_masked(wc, run(mm=None)[2], memory_full, f"the cross-attention weights{what} with a memory "
                           "padding mask", name="memory_mask")
             expect_close(run(memory=hidden_keys_changed(memory, memory_full))[0], out, f"the output{what} when only "
                          "padded memory positions change (they must not reach the output)")
-            future = x.clone()
-            future[:, -1] += 10.0
+            future = torch.cat([x[:, :-1], x[:, -1:] + 10.0], dim=1)  # only the last position changes
             expect_close(run(x=future)[0][:, :-1], out[:, :-1], f"the output{what} at positions before the last when "
                          "only the last position of x changes (the causal self_mask hides the future)")
 
@@ -441,17 +322,16 @@ def _train(obj: Obj, mode: bool) -> None:
 
 @SUITE.check("test_feed_forward_dropout", parts=[FF])
 def feed_forward_dropout(t: Trial) -> None:
-    """With dropout=1.0: in training the hidden units are all dropped (output = linear2's bias); in eval mode the
-    dropout does nothing."""
-    obj, ref = _build(t, FF, RefFeedForward, 6, 10, 1.0)
+    """dropout=1.0 drops every hidden unit in training (output = linear2's bias) and does nothing in eval mode."""
+    obj, ref = _build(t, FF, 6, 10, 1.0)
     x = t.randn(2, 3, 6, scale=1.5)
     with torch.no_grad():
         clean = _ff(ref, x)
         dropped = ref.linear2.bias.expand_as(clean).clone()
-        wrong = {"the dropout is applied to linear2's output; it belongs after the ReLU, on the hidden units: "
-                 "linear2(dropout(relu(linear1(x))))": torch.zeros_like(clean),
-                 "the dropout is applied to the input x; it belongs after the ReLU, on the hidden units: "
-                 "linear2(dropout(relu(linear1(x))))": ref.linear2(torch.relu(ref.linear1.bias)).expand_as(clean),
+        there = "it belongs after the ReLU, on the hidden units: linear2(dropout(relu(linear1(x))))"
+        wrong = {"the dropout is applied to linear2's output; " + there: torch.zeros_like(clean),
+                 "the dropout is applied to the input x; " + there:
+                     ref.linear2(torch.relu(ref.linear1.bias)).expand_as(clean),
                  "the dropout is never applied in training: create nn.Dropout(dropout) and call it after the ReLU "
                  "in forward": clean}
     _train(obj, True)
@@ -464,34 +344,30 @@ def feed_forward_dropout(t: Trial) -> None:
 
 @SUITE.check("test_blocks_dropout", parts=[ENC, DEC])
 def blocks_dropout(t: Trial) -> None:
-    """With dropout=1.0 every sublayer's output is dropped in training (a block returns the norms of x, or x itself);
-    in eval mode the block equals the same block built without dropout."""
-    for pre in (False, True):
-        kw = {"norm_first": True} if pre else {}
+    """dropout=1.0 drops every sublayer's output in training; in eval mode the block equals one without dropout."""
+    for kw in ({}, {"norm_first": True}):
         x, memory = t.randn(2, 4, 8), t.randn(2, 5, 8)
-        for name, ref_cls, size, args in [(ENC, RefEncoder, 2, (x,)), (DEC, RefDecoder, 3, (x, memory))]:
-            obj, ref = _build(t, name, ref_cls, 8, 2, 16, 1.0, **kw)
-            plain = build(t, name, 8, 2, 16, 0.0, **kw)
-            plain.load(obj.weights)
-            clean = _tuple(plain(*args), size, name)[0]
-            label = f"{name}(8, 2, 16, dropout=1.0{', norm_first=True' if pre else ''})"
-            with torch.no_grad():
-                norms = [ref.norm1, ref.norm2] + ([ref.norm3] if name == DEC else [])
-                dropped = [x, torch.nn.Sequential(*norms)(x)]  # pre-norm: x itself; post-norm: the norms of x
+        for name, args in [(ENC, (x,)), (DEC, (x, memory))]:
+            obj, ref = _build(t, name, 8, 2, 16, 1.0, **kw)
+            plain = twin(t, name, 8, 2, 16, 0.0, **kw, reference=obj.weights)[0]
+            clean = _returns(plain, name, *args)[0]
+            called = label(name, 8, 2, 16, dropout=1.0, **kw)
+            with torch.no_grad():  # pre-norm: x itself; post-norm: the norms of x
+                dropped = [x, torch.nn.Sequential(*(getattr(ref, f"norm{i}") for i in range(1, len(args) + 2)))(x)]
             _train(obj, True)
-            out = expect_tensor(_tuple(obj(*args), size, name)[0], tuple(x.shape), f"the output of {label}")
+            out = expect_tensor(_returns(obj, name, *args)[0], tuple(x.shape), f"the output of {called}")
             if close(out, clean):
-                raise CheckFailed(f"{label} ignores dropout in training: apply an nn.Dropout to each sublayer's "
+                raise CheckFailed(f"{called} ignores dropout in training: apply an nn.Dropout to each sublayer's "
                                   "output before adding the residual")
             if not any(close(out, d) for d in dropped):
-                raise CheckFailed(f"the output of {label} in training mode is neither x nor the norms applied to x: "
-                                  "with dropout=1.0 every sublayer's output (the cross-attention's too) is zeroed before "
-                                  "the residual; is a sublayer's output added without dropout, or the dropout applied "
-                                  "after the residual?")
+                raise CheckFailed(f"the output of {called} in training mode is neither x nor the norms applied to x: "
+                                  "with dropout=1.0 every sublayer's output (the cross-attention's too) is zeroed "
+                                  "before the residual; is a sublayer's output added without dropout, or the dropout "
+                                  "applied after the residual?")
             _train(obj, False)
             eval_msg = ("in eval mode (dropout must do nothing after model.eval(): use nn.Dropout, or F.dropout with "
                         "training=self.training)")
-            expect_close(_tuple(obj(*args), size, name)[0], clean, f"the output of {label} {eval_msg}",
+            expect_close(_returns(obj, name, *args)[0], clean, f"the output of {called} {eval_msg}",
                          {"dropout is applied in eval mode too: " + eval_msg: d for d in dropped})
 
 
@@ -512,7 +388,8 @@ SUITE.questions({
         "the biases of the linear layers are missing": 4 * E_Q * E_Q + 2 * E_Q * F_Q + NORMS_Q,
         "the heads do not multiply the parameters: the H heads split the E-wide projections, each head using "
         "E/H of the columns": H_Q * ATTN_Q + FFN_Q + NORMS_Q,
-        "the feed-forward network has two linear layers (E -> ff_dim and ff_dim -> E)": ATTN_Q + E_Q * F_Q + F_Q + NORMS_Q,
+        "the feed-forward network has two linear layers (E -> ff_dim and ff_dim -> E)":
+            ATTN_Q + E_Q * F_Q + F_Q + NORMS_Q,
         "that counts three projections; multi-head attention has four (q, k, v and the output projection)":
             3 * (E_Q * E_Q + E_Q) + FFN_Q + NORMS_Q}, rel=1e-6),
     "q_prenorm_position": choice("input", "Where LayerNorm sits in a pre-norm block.", ["input", "sum", "output"], {
