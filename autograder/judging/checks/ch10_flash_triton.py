@@ -26,7 +26,7 @@ KERNEL_CHECKS = _TILES, _RAGGED, _CAUSAL, _LSE = ("test_kernel_tiles", "test_ker
 _LAUNCH, _SHAPES, _STRIDES = "test_wrapper_launch", "test_wrapper_shapes", "test_wrapper_strides"
 # requirement -> (its check(s), words of the message, words of the text that state it[, checks it fails too])
 STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
-    'the running max rescales the sum and the accumulator': (_TILES, 'rescale', 'max rescales the sum and the',
+    'the running max rescales the sum and the accumulator': (_TILES, 'rescale', 'rescales the sum and the accumulator',
                                                              (_RAGGED, _CAUSAL)),
     'exp2 with log2(e) folded into the scale': (_TILES, 'log2(e)', 'log2(e) folded into the scale', KERNEL_CHECKS[1:]),
     'masked loads': (_RAGGED, 'without a mask', 'a mask on every tl.load and tl.store'),
@@ -38,7 +38,8 @@ STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
     'program ids: query tile, then head': (_TILES, 'program_id(0)', 'tl.program_id(0) of head tl.program_id(1)',
                                            (_RAGGED, _CAUSAL)),
     'the wrapper returns (output, lse)': (_SHAPES, '(output, lse)', 'returns (output, lse)', (_LAUNCH, _STRIDES)),
-    'tile sizes are powers of two of at least 16': ('test_wrapper_blocks', 'power of two', 'not a power of two of at'),
+    'tile sizes are powers of two of at least 16': ('test_wrapper_blocks', 'power of two',
+                                                    'is not a power of two of at least 16'),
     'qk_scale = log2(e) / sqrt(d)': (_LAUNCH, 'log2(e)', 'qk_scale = log2_e / math.sqrt(d)'),
     'the grid covers the last partial tile': (_LAUNCH, 'triton.cdiv', 'the grid (triton.cdiv(n, block_m), b * h)'),
     'causal is passed to the kernel': (_LAUNCH, 'causal', 'causal as causal'),
@@ -345,21 +346,17 @@ def wrapper_blocks(t: Trial) -> None:
 # -- conceptual questions (the inputs are in the question; the answer is a value) ---------------------------------
 
 SUITE.questions({
-    "q_programs": number(4 * 8 * math.ceil(1000 / 128), "Q1: programs in the grid for B=4, H=8, n=1000, BLOCK_M=128", {
-        f"{4 * 8 * (1000 // 128)} = B·H·(n // BLOCK_M) leaves out the last, partial tile of 1000 - 7·128 = 104 "
-        "queries: the grid has cdiv(n, BLOCK_M) tiles": 4 * 8 * (1000 // 128),
-        "32 = B·H is one program per (batch, head); each also splits its queries into tiles of BLOCK_M":
-            32.0,
-        "8 is the number of query tiles of one (batch, head); the grid has one such row per (batch, head)": 8.0,
-    }),
-    "q_state_floats": number(128 + 128 + 128 * 64, "Q2: float32 numbers in one program's online-softmax state", {
-        "8192 counts the accumulator alone; the running max and the running sum hold one number per query too":
-            128 * 64,
-        f"{128 * 64 + 128} counts one of the two per-query vectors; there are two, the running max and sum":
-            128 * 64 + 128,
-        f"{2 * 128 * 64 + 256} counts the query tile too, an input loaded once, not the state it updates":
-            2 * 128 * 64 + 256,
-    }),
+    "q_programs": number(4 * 8 * math.ceil(1000 / 128), "Q1: programs in the grid for B=4, H=8, n=1000, BLOCK_M=128",
+                         {f"{wrong} {why}": wrong for wrong, why in [
+        (4 * 8 * (1000 // 128), "= B·H·(n // BLOCK_M) leaves out the last, partial tile of 1000 - 7·128 = 104 "
+                                "queries: the grid has cdiv(n, BLOCK_M) tiles"),
+        (32, "= B·H is one program per (batch, head); each also splits its queries into tiles of BLOCK_M"),
+        (8, "is the number of query tiles of one (batch, head); the grid has one such row per (batch, head)")]}),
+    "q_state_floats": number(128 + 128 + 128 * 64, "Q2: float32 numbers in one program's online-softmax state",
+                             {f"{wrong} {why}": wrong for wrong, why in [
+        (128 * 64, "counts the accumulator alone; the running max and the running sum hold one number per query too"),
+        (128 * 64 + 128, "counts one of the two per-query vectors; there are two, the running max and sum"),
+        (2 * 128 * 64 + 256, "counts the query tile too, an input loaded once, not the state it updates")]}),
     "q_qk_scale": number(LOG2_E / 8, "Q3: qk_scale for d = 64", {
         "0.125 = 1/sqrt(64) leaves out log2(e): exp2(s/8) is 2^(s/8), not e^(s/8)": 0.125,
         f"{LN_2 / 8:.4f} uses ln 2; exp(x) = exp2(x · log2(e)), so the factor is log2(e) ≈ 1.4427": LN_2 / 8,
