@@ -1,76 +1,50 @@
-"""Graded checks for exercise 10_flash_triton: the Triton kernel ``flash_forward_kernel``, its wrapper
-``flash_attention_forward`` and five conceptual questions. The requirements the exercise states are
-``STATED_REQUIREMENTS`` (data); print them with ``python -m autograder.judging.checks --requirements 10``.
-
-The kernel's checks launch the student's kernel themselves, on the grid and the arguments the exercise states,
-so a wrong wrapper costs no kernel check: the inputs sit in buffers that go on with NaN past their end (a load
-without a mask reads them), the outputs in buffers filled with a marker (a row never written keeps it, a store
-past the end shows in the tail). The wrapper's checks compare the wrapper with that launch of the student's own kernel,
-so a wrong kernel costs no wrapper check. Everything runs on the CPU, in Triton's interpreter (the sandbox has
-no GPU): sizes are small (n <= 130, tiles of 32 or 64) and each check launches twice at most. The interpreter
-hides what a GPU would refuse; the text states those requirements and the checks test them by their effect:
-tiles that are powers of two of at least 16 (the wrapper's ValueError), masked loads and stores (the NaN
-buffers), no bfloat16 in ``tl.dot`` (the interpreter multiplies its bits as integers: the one-hot weights that
-follow are named). The references are computed here, in float64, by an emulation of the tiled loop whose switches
-reproduce the classic mistakes (no rescaling, ``tl.exp`` with the base-2 scale, keys past the end not masked,
-a strict or a tile-wise causal mask, the log-sum-exp in base 2). The judge never imports Triton.
+"""Checks of exercise 10_flash_triton, run in Triton's interpreter on the CPU (n <= 130, tiles of 32 or 64, two
+launches a check at most; the judge never imports Triton). The kernel's checks launch it on the stated grid themselves
+(a wrong wrapper costs no kernel check): inputs in buffers that go on with NaN (a load without a mask reads them),
+outputs in buffers of a marker (a row never written keeps it, a store past the end changes the tail). The wrapper is
+judged against that launch of the student's own kernel (a wrong kernel costs no wrapper check). The references come
+from a float64 emulation of the tiled loop whose switches make the classic mistakes. What a GPU refuses but the
+interpreter runs is tested by its effect: tile sizes (a ValueError), masks (the NaN), bfloat16 in tl.dot (one-hot rows).
 """
 
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 from torch import Tensor
 
-from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, close, expect_value_error, number,
-                                       requirement)
+from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, close, expect_value_error,
+                                       fail_if_named, number, requirement)
 
 SUITE = Suite("10_flash_triton")
 KERNEL, WRAPPER = "flash_forward_kernel", "flash_attention_forward"
 LOG2_E, LN_2 = math.log2(math.e), math.log(2.0)
-KERNEL_CHECKS = ("test_kernel_tiles", "test_kernel_ragged", "test_kernel_causal", "test_kernel_lse")
-WRAPPER_CHECKS = ("test_wrapper_launch", "test_wrapper_shapes", "test_wrapper_strides")
-
-# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, the words
-# of the exercise text that state it); tests/test_stated_requirements.py and tests/test_ch10_grading.py read it
-STATED_REQUIREMENTS = {
-    'the running max rescales the sum and the accumulator': requirement(
-        'test_kernel_tiles', 'rescale', 'the running max rescales the sum and the accumulator',
-        also=('test_kernel_ragged', 'test_kernel_causal')),
-    'exp2 with log2(e) folded into the scale': requirement(
-        'test_kernel_tiles', 'log2(e)', 'tl.exp2 with log2(e) folded into the scale',
-        also=('test_kernel_ragged', 'test_kernel_causal', 'test_kernel_lse')),
-    'masked loads': requirement(
-        'test_kernel_ragged', 'without a mask', 'a mask on every tl.load and tl.store of a tile'),
-    'masked stores': requirement(
-        'test_kernel_ragged', 'past the end of o', 'a mask on every tl.load and tl.store of a tile'),
-    'keys past m are not attended': requirement(
-        'test_kernel_ragged', 'positions >= m', 'scores of keys past the end (positions >= m)'),
-    'causal: query i sees keys j <= i': requirement(
-        'test_kernel_causal', 'j <= i', 'query i sees the keys j <= i'),
-    'the log-sum-exp is a natural log': requirement(
-        'test_kernel_lse', 'natural log', 'as a natural logarithm'),
-    'no bfloat16 in tl.dot': requirement(
-        'test_kernel_tiles', 'bfloat16', "keep tl.dot's operands in the dtype of the inputs",
-        also=('test_kernel_ragged', 'test_kernel_causal', 'test_kernel_lse')),
-    'program ids: query tile, then head': requirement(
-        'test_kernel_tiles', 'program_id(0)', 'computes query tile tl.program_id(0) of head tl.program_id(1)',
-        also=('test_kernel_ragged', 'test_kernel_causal')),
-    'the wrapper returns (output, lse)': requirement(
-        'test_wrapper_shapes', '(output, lse)', 'returns (output, lse)',
-        also=('test_wrapper_launch', 'test_wrapper_strides')),
-    'tile sizes are powers of two of at least 16': requirement(
-        'test_wrapper_blocks', 'power of two', 'when block_m, block_n or d is not a power of two of at least 16'),
-    'qk_scale = log2(e) / sqrt(d)': requirement(
-        'test_wrapper_launch', 'log2(e)', 'qk_scale = log2_e / math.sqrt(d)'),
-    'the grid covers the last partial tile': requirement(
-        'test_wrapper_launch', 'triton.cdiv', 'the grid (triton.cdiv(n, block_m), b * h)'),
-    'causal is passed to the kernel': requirement(
-        'test_wrapper_launch', 'causal', 'causal as causal'),
-    'q, k, v made contiguous': requirement(
-        'test_wrapper_strides', 'contiguous', 'makes q, k, v contiguous'),
-}
+KERNEL_CHECKS = _TILES, _RAGGED, _CAUSAL, _LSE = ("test_kernel_tiles", "test_kernel_ragged", "test_kernel_causal",
+                                                  "test_kernel_lse")
+_LAUNCH, _SHAPES, _STRIDES = "test_wrapper_launch", "test_wrapper_shapes", "test_wrapper_strides"
+# requirement -> (its check(s), words of the message, words of the text that state it[, checks it fails too])
+STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
+    'the running max rescales the sum and the accumulator': (_TILES, 'rescale', 'rescales the sum and the accumulator',
+                                                             (_RAGGED, _CAUSAL)),
+    'exp2 with log2(e) folded into the scale': (_TILES, 'log2(e)', 'log2(e) folded into the scale', KERNEL_CHECKS[1:]),
+    'masked loads': (_RAGGED, 'without a mask', 'a mask on every tl.load and tl.store'),
+    'masked stores': (_RAGGED, 'past the end of o', 'a mask on every tl.load and tl.store'),
+    'keys past m are not attended': (_RAGGED, 'positions >= m', 'keys past the end (positions >= m)'),
+    'causal: query i sees keys j <= i': (_CAUSAL, 'j <= i', 'query i sees the keys j <= i'),
+    'the log-sum-exp is a natural log': (_LSE, 'natural log', 'as a natural logarithm'),
+    'no bfloat16 in tl.dot': (_TILES, 'bfloat16', "keep tl.dot's operands in the dtype", KERNEL_CHECKS[1:]),
+    'program ids: query tile, then head': (_TILES, 'program_id(0)', 'tl.program_id(0) of head tl.program_id(1)',
+                                           (_RAGGED, _CAUSAL)),
+    'the wrapper returns (output, lse)': (_SHAPES, '(output, lse)', 'returns (output, lse)', (_LAUNCH, _STRIDES)),
+    'tile sizes are powers of two of at least 16': ('test_wrapper_blocks', 'power of two',
+                                                    'is not a power of two of at least 16'),
+    'qk_scale = log2(e) / sqrt(d)': (_LAUNCH, 'log2(e)', 'qk_scale = log2_e / math.sqrt(d)'),
+    'the grid covers the last partial tile': (_LAUNCH, 'triton.cdiv', 'the grid (triton.cdiv(n, block_m), b * h)'),
+    'causal is passed to the kernel': (_LAUNCH, 'causal', 'causal as causal'),
+    'q, k, v made contiguous': (_STRIDES, 'contiguous', 'makes q, k, v contiguous'),
+}.items()}
 
 # The exercise asks for the kernel and the launch: torch's own attention (banned everywhere), softmax and matrix
 # products earn nothing in either part (the scan reads the names, the guard refuses the operators while a part runs).
@@ -78,6 +52,7 @@ _BANNED = {name: f"torch's {name}" for name in (
     "softmax", "log_softmax", "Softmax", "LogSoftmax", "softmin", "logsumexp", "matmul", "bmm", "addmm", "einsum",
     "tensordot")}
 SUITE.forbidden = {KERNEL: dict(_BANNED), WRAPPER: dict(_BANNED)}
+_same = partial(close, atol=1e-5, rtol=1e-5)  # equal up to float32 rounding
 
 
 # -- the judge's launch of the student's kernel, built in the student's process from this source ---------------------
@@ -86,31 +61,23 @@ UNWRITTEN = -7777.0  # what the output buffers hold before the kernel writes the
 LAUNCH = f'''
 import torch
 
-UNWRITTEN = {UNWRITTEN}
-
 
 class Launch:
-    """Inputs (B, H, len, d) copied into buffers that go on with NaN for ``tail`` numbers (a load past the end
-    reads NaN), outputs in buffers of UNWRITTEN with the same tail (a row never written keeps it, a store past the
-    end changes the tail); calling it with ``(kernel[grid], qk_scale, causal, block_m, block_n)`` runs the kernel on them
-    and returns copies of the whole output buffers, tails included."""
+    """Inputs (B, H, len, d) in buffers that go on with ``tail`` NaN (a load past the end reads NaN), outputs in
+    buffers of {UNWRITTEN} with the same tail (a row never written keeps it, a store past the end changes the tail);
+    called with ``(kernel[grid], qk_scale, causal, block_m, block_n)``, it runs the kernel on them and returns copies
+    of the whole output buffers, tails included."""
 
     def __init__(self, q, k, v, tail):
-        def padded(x):
-            buf = torch.full((x.numel() + tail,), float("nan"), dtype=x.dtype)
-            buf[: x.numel()] = x.reshape(-1)
-            return buf, buf[: x.numel()].view(x.shape)
-
-        (_, self.q), (_, self.k), (_, self.v) = padded(q), padded(k), padded(v)
-        B, H, n, d = q.shape
-        self.o_buf = torch.full((q.numel() + tail,), UNWRITTEN, dtype=q.dtype)
-        self.lse_buf = torch.full((B * H * n + tail,), UNWRITTEN, dtype=torch.float32)
-        self.o = self.o_buf[: q.numel()].view(q.shape)
-        self.lse = self.lse_buf[: B * H * n].view(B, H, n)
-        self.n, self.m, self.d = n, k.shape[2], d
+        self.q, self.k, self.v = (torch.cat([x.flatten(), torch.full((tail,), float("nan"), dtype=x.dtype)])
+                                  [: x.numel()].view(x.shape) for x in (q, k, v))
+        self.o_buf = torch.full((q.numel() + tail,), {UNWRITTEN}, dtype=q.dtype)
+        self.lse_buf = torch.full((q[..., 0].numel() + tail,), {UNWRITTEN}, dtype=torch.float32)
 
     def __call__(self, launcher, qk_scale, causal, block_m, block_n):
-        launcher(self.q, self.k, self.v, self.o, self.lse, self.n, self.m, qk_scale, causal, block_m, block_n, self.d)
+        (B, H, n, d), m = self.q.shape, self.k.shape[2]
+        o, lse = self.o_buf[: self.q.numel()].view(B, H, n, d), self.lse_buf[: B * H * n].view(B, H, n)
+        launcher(self.q, self.k, self.v, o, lse, n, m, qk_scale, causal, block_m, block_n, d)
         return self.o_buf.clone(), self.lse_buf.clone()
 
 
@@ -120,43 +87,50 @@ def strided(x):
 '''
 
 
-def _launch(t: Trial, q: Tensor, k: Tensor, v: Tensor, causal: bool, block_m: int, block_n: int,
-            qk_scale: float | None = None, grid: tuple[int, int] | None = None) -> tuple[Tensor, Tensor]:
-    """The student's kernel launched by the judge on the stated grid, (O buffer, LSE buffer) with their tails."""
+def _launch(t: Trial, q: Tensor, k: Tensor, v: Tensor, causal: bool, bm: int, bn: int, qk_scale: float | None = None,
+            tails: bool = False) -> tuple[Tensor, Tensor]:
+    """The student's kernel launched by the judge on the stated grid: (output, lse); with ``tails``, a store past the
+    end of either fails the check."""
     B, H, n, d = q.shape
-    grid = grid or (-(-n // block_m), B * H)
     try:
-        launcher = Obj(t, t.backend.call(KERNEL, [tuple(grid)], {}, t.bans, attr="__getitem__", keep=True))
+        launcher = Obj(t, t.backend.call(KERNEL, [(-(-n // bm), B * H)], {}, t.bans, attr="__getitem__", keep=True))
     except StudentError as e:
         if "NotImplementedError" in str(e) or str(e).startswith("not implemented"):
             raise
         raise CheckFailed(f"{KERNEL}[grid] could not be formed ({e}): define {KERNEL} with @triton.jit") from None
-    tail = 64 * d
-    launch = t.trusted(LAUNCH, "Launch", q, k, v, tail)
     scale = LOG2_E / math.sqrt(d) if qk_scale is None else qk_scale
     try:
-        return launch(launcher, scale, causal, block_m, block_n)
+        o_buf, lse_buf = t.trusted(LAUNCH, "Launch", q, k, v, 64 * d)(launcher, scale, causal, bm, bn)
     except StudentError as e:  # the interpreter wraps what the kernel raised
         if "InterpreterError: NotImplementedError()" in str(e):
             raise StudentError("not implemented yet: the cell still raises NotImplementedError") from None
         raise
+    if not (isinstance(o_buf, Tensor) and isinstance(lse_buf, Tensor)):
+        raise CheckFailed("the kernel's outputs could not be read back")
+    if tails and not bool((o_buf[q.numel():] == UNWRITTEN).all()):
+        raise CheckFailed("the kernel stores past the end of O (a tl.store without a mask): rows of the last tile past "
+                          "n belong to another tensor (or to none, on a GPU: an illegal memory access). Store with "
+                          "mask=rows[:, None] < n")
+    if tails and not bool((lse_buf[B * H * n:] == UNWRITTEN).all()):
+        raise CheckFailed("the kernel stores past the end of LSE (a tl.store without a mask): store with mask=rows < n")
+    return o_buf[: q.numel()].view(q.shape), lse_buf[: B * H * n].view(B, H, n)
 
 
 # -- the reference: the tiled loop in float64, with switches for the classic mistakes ------------------------------
 
 
-def emulate(q: Tensor, k: Tensor, v: Tensor, causal: bool, block_m: int, block_n: int, *, scale: float | None = None,
-            natural_exp: bool = False, rescale_acc: bool = True, rescale_sum: bool = True, mask_past_m: bool = True,
-            strict: bool = False, tile_causal: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-    """(output, lse in natural log, lse in base 2) of the kernel's loop on (B, H, n, d) inputs, in float64.
+def emulate(q: Tensor, k: Tensor, v: Tensor, causal: bool, block_m: int, block_n: int, *, natural_exp: bool = False,
+            rescale_acc: bool = True, rescale_sum: bool = True, mask_past_m: bool = True,
+            tile_causal: bool = False) -> tuple[Tensor, Tensor]:
+    """(output, lse in natural log) of the kernel's loop on (B, H, n, d) inputs, in float64.
 
     ``natural_exp``: ``exp`` where the kernel has ``exp2`` (the base-2 scale used with the natural exponential);
     ``rescale_acc`` / ``rescale_sum``: multiply by alpha; ``mask_past_m``: keys past m get -inf (else they are
-    loaded as zeros and scored 0); ``strict``: causal ``j < i``; ``tile_causal``: causal by whole tiles only."""
+    loaded as zeros and scored 0); ``tile_causal``: causal by whole tiles only."""
     B, H, n, d = q.shape
     m = k.shape[2]
     q, k, v = q.double(), k.double(), v.double()
-    qk_scale = (1 / math.sqrt(d) if scale is None else scale) * LOG2_E
+    qk_scale = LOG2_E / math.sqrt(d)
     exp = torch.exp if natural_exp else torch.exp2
     out = torch.empty(B, H, n, d, dtype=torch.float64)
     lse2 = torch.empty(B, H, n, dtype=torch.float64)
@@ -175,10 +149,8 @@ def emulate(q: Tensor, k: Tensor, v: Tensor, causal: bool, block_m: int, block_n
             keys = torch.arange(s0, s0 + block_n)
             s = qi @ kp[:, :, keys].transpose(-2, -1) * qk_scale  # (B, H, r, block_n)
             visible = (keys < m)[None, :] if mask_past_m else torch.ones(1, block_n, dtype=torch.bool)
-            if causal and not tile_causal:
-                visible = visible & ((keys[None, :] < rows[:, None]) if strict else (keys[None, :] <= rows[:, None]))
-            elif causal:
-                visible = visible & (keys[None, :] < start + block_m)
+            if causal:
+                visible = visible & (keys[None, :] < start + block_m if tile_causal else keys[None, :] <= rows[:, None])
             s = s.masked_fill(~visible, -math.inf)
             m_new = torch.maximum(m_i, s.amax(-1))
             alpha = exp(m_i - m_new)
@@ -188,48 +160,14 @@ def emulate(q: Tensor, k: Tensor, v: Tensor, causal: bool, block_m: int, block_n
             m_i = m_new
         out[:, :, rows] = acc / l_i[..., None]
         lse2[:, :, rows] = m_i + torch.log2(l_i)
-    return out, lse2 * LN_2, lse2
+    return out, lse2 * LN_2
 
 
 RESCALE = ("the online softmax does not rescale {what} when the running max grows: multiply the running sum and "
            "the accumulator by alpha = exp2(m_i - m_new) before adding the new tile's p and p @ v")
 EXP = ("the softmax comes out at scale log2(e)/sqrt(d) instead of 1/sqrt(d): qk_scale already holds log2(e), so "
        "use tl.exp2 (not tl.exp) and do not multiply by log2(e) again")
-PAST_M = ("keys past the end (positions >= m) are not masked: give their scores -inf (tl.where(keys < m, s, "
-          "-inf)); loaded as zeros they still score 0 and take weight")
-STRICT = "the causal mask is strict (j < i): query i sees the keys j <= i, itself included"
-TILE_CAUSAL = ("inside the diagonal tile, later keys are not masked: with CAUSAL, query i sees the keys j <= i "
-               "(stopping the loop after the diagonal tile skips whole tiles only)")
-NO_CAUSAL = "CAUSAL is ignored: with CAUSAL, query i sees the keys j <= i"
-BF16 = ("each output row is one row of v, as if every query put all its weight on one key: the scores are "
-        "enormous, what Triton's interpreter computes for bfloat16 operands of tl.dot (their bits multiplied as "
-        "integers); keep tl.dot's operands in the dtype of the inputs")
-BF16_LSE = ("values no log-sum-exp of these scores can take (the scores are enormous): Triton's interpreter computes "
-            "bfloat16 operands of tl.dot wrongly (their bits multiplied as integers); keep tl.dot's operands in the "
-            "dtype of the inputs")
-
-
-def _one_hot(got: Tensor, v: Tensor) -> bool:
-    """Most output rows equal one row of v of the same head: weights that are one-hot, scores that are enormous."""
-    dist = (got.double()[..., :, None, :] - v.double()[..., None, :, :]).abs().amax(-1).amin(-1)  # (B, H, n)
-    return bool((dist < 1e-5).double().mean() > 0.9)
-NOT_WRITTEN = ("{n} output rows were never written (they still hold what the grader filled the buffer with): "
-               "the program (tl.program_id(0), tl.program_id(1)) computes query tile tl.program_id(0) of head "
-               "tl.program_id(1), and stores all its rows below n")
-
-
-def _output_mistakes(q, k, v, causal, bm, bn) -> dict[str, Tensor]:
-    """message -> the output of each classic mistake of the kernel on these inputs (tried in order)."""
-    e = lambda **kw: emulate(q, k, v, causal, bm, bn, **kw)[0]  # noqa: E731
-    found = {RESCALE.format(what="the sum or the accumulator"): e(rescale_acc=False, rescale_sum=False),
-             RESCALE.format(what="the accumulator"): e(rescale_acc=False),
-             RESCALE.format(what="the running sum"): e(rescale_sum=False),
-             EXP: e(natural_exp=True)}
-    if k.shape[2] % bn:
-        found[PAST_M] = e(mask_past_m=False)
-    if causal:
-        found |= {TILE_CAUSAL: e(tile_causal=True), NO_CAUSAL: emulate(q, k, v, False, bm, bn)[0]}
-    return found
+SEES = "query i sees the keys j <= i"
 
 
 def _written_and_finite(got: Tensor, causal: bool, what: str) -> None:
@@ -238,13 +176,16 @@ def _written_and_finite(got: Tensor, causal: bool, what: str) -> None:
     unwritten = (got == UNWRITTEN).flatten(0, 1)  # (B·H, n[, d])
     rows = unwritten.all(-1) if got.dim() == 4 else unwritten
     if bool(rows.any()):
-        raise CheckFailed(f"{what}: " + NOT_WRITTEN.format(n=int(rows.sum())))
+        raise CheckFailed(f"{what}: {int(rows.sum())} output rows were never written (they still hold what the grader "
+                          "filled the buffer with): the program (tl.program_id(0), tl.program_id(1)) computes query "
+                          "tile tl.program_id(0) of head tl.program_id(1), and stores all its rows below n")
     nan = torch.isnan(got).flatten(0, 1)
     rows = nan.any(-1) if got.dim() == 4 else nan  # (B·H, n)
     if not bool(rows.any()):
         return
     if causal and bool(rows[:, 0].all()) and not bool(rows[:, 1:].any()):
-        raise CheckFailed(f"{what} is NaN for query 0 of every head: {STRICT}")
+        raise CheckFailed(f"{what} is NaN for query 0 of every head: the causal mask is strict (j < i): {SEES}, "
+                          "itself included")
     if not bool(rows[:-1].any()):
         raise CheckFailed(f"{what} holds NaN in the last head only, where the grader's buffers go on with NaN: the "
                           "kernel reads past the end of k or v, a tl.load without a mask (a GPU reads garbage there, "
@@ -252,91 +193,77 @@ def _written_and_finite(got: Tensor, causal: bool, what: str) -> None:
     raise CheckFailed(f"{what} contains NaN in {int(rows.sum())} rows")
 
 
-def _outputs(t: Trial, q, k, v, causal, bm, bn) -> tuple[Tensor, Tensor]:
-    """The student's kernel on the judge's launch: (output, lse), with the tails checked (stores past the end)."""
-    o_buf, lse_buf = _launch(t, q, k, v, causal, bm, bn)
-    if not (isinstance(o_buf, Tensor) and isinstance(lse_buf, Tensor)):
-        raise CheckFailed("the kernel's outputs could not be read back")
-    B, H, n, d = q.shape
-    if not bool((o_buf[q.numel():] == UNWRITTEN).all()):
-        raise CheckFailed("the kernel stores past the end of O (a tl.store without a mask): rows of the last tile past "
-                          "n belong to another tensor (or to none, on a GPU: an illegal memory access). Store with "
-                          "mask=rows[:, None] < n")
-    if not bool((lse_buf[B * H * n:] == UNWRITTEN).all()):
-        raise CheckFailed("the kernel stores past the end of LSE (a tl.store without a mask): store with mask=rows < n")
-    return o_buf[: q.numel()].view(q.shape), lse_buf[: B * H * n].view(B, H, n)
-
-
-def _expect_output(got: Tensor, q, k, v, causal, bm, bn, what: str) -> None:
-    _written_and_finite(got, causal, what)
-    expected = emulate(q, k, v, causal, bm, bn)[0]
-    if close(got, expected, 1e-5, 1e-5):
-        return
-    if _one_hot(got, v):
-        raise CheckFailed(f"{what}: {BF16}")
-    if close(got, expected, 3e-2, 3e-2):
-        raise CheckFailed(f"{what} matches softmax(q k^T / sqrt(d)) v only to about 1e-2: the products lose precision "
-                          "(operands cast to float16 or bfloat16, or TF32 on a GPU); keep tl.dot's operands in the "
-                          "dtype of the inputs, with input_precision=\"ieee\"")
-    for message, wrong in _output_mistakes(q, k, v, causal, bm, bn).items():
-        if close(got, wrong, 1e-5, 1e-5):
-            raise CheckFailed(f"mistake in {what}: {message}")
-    err = (got.double() - expected).abs().max().item()
-    raise CheckFailed(f"{what} does not match softmax(q k^T / sqrt(d)) v (largest difference {err:.3g})")
-
-
-def _kernel_cases(t: Trial, cases, causal: bool) -> None:
+def _kernel_cases(t: Trial, causal: bool, cases: list[tuple[int, ...]]) -> None:
+    """The kernel's output on each case (B, H, n, m, d, BLOCK_M, BLOCK_N) against the emulation, classic mistakes
+    named."""
     for B, H, n, m, d, bm, bn in cases:
         q, k, v = t.randn(B, H, n, d), t.randn(B, H, m, d), t.randn(B, H, m, d)
-        out, _ = _outputs(t, q, k, v, causal, bm, bn)
-        what = (f"the output of {KERNEL} for q {tuple(q.shape)}, k and v {tuple(k.shape)}, BLOCK_M={bm}, "
-                f"BLOCK_N={bn}" + (", CAUSAL" if causal else ""))
-        _expect_output(out, q, k, v, causal, bm, bn, what)
+        got, _ = _launch(t, q, k, v, causal, bm, bn, tails=True)
+        what = (f"the output of {KERNEL} for q {(B, H, n, d)}, k and v {(B, H, m, d)}, BLOCK_M={bm}, BLOCK_N={bn}"
+                + (", CAUSAL" if causal else ""))
+        _written_and_finite(got, causal, what)
+        e = partial(emulate, q, k, v, causal, bm, bn)
+        expected = e()[0]
+        if _same(got, expected):
+            continue
+        dist = (got.double()[..., :, None, :] - v.double()[..., None, :, :]).abs().amax(-1).amin(-1)  # (B, H, n)
+        if bool((dist < 1e-5).double().mean() > 0.9):  # most rows are one row of v: one-hot weights
+            raise CheckFailed(f"{what}: each output row is one row of v, as if every query put all its weight on one "
+                              "key: the scores are enormous, what Triton's interpreter computes for bfloat16 operands "
+                              "of tl.dot (their bits multiplied as integers); keep tl.dot's operands in the dtype of "
+                              "the inputs")
+        if close(got, expected, 3e-2, 3e-2):
+            raise CheckFailed(f"{what} matches softmax(q k^T / sqrt(d)) v only to about 1e-2: the products lose "
+                              "precision (operands cast to float16 or bfloat16, or TF32 on a GPU); keep tl.dot's "
+                              "operands in the dtype of the inputs, with input_precision=\"ieee\"")
+        named = {RESCALE.format(what="the sum or the accumulator"): e(rescale_acc=False, rescale_sum=False)[0],
+                 RESCALE.format(what="the accumulator"): e(rescale_acc=False)[0],
+                 RESCALE.format(what="the running sum"): e(rescale_sum=False)[0], EXP: e(natural_exp=True)[0]}
+        if m % bn:
+            named["keys past the end (positions >= m) are not masked: give their scores -inf (tl.where(keys < m, s, "
+                  "-inf)); loaded as zeros they still score 0 and take weight"] = e(mask_past_m=False)[0]
+        if causal:
+            named[f"inside the diagonal tile, later keys are not masked: with CAUSAL, {SEES} (stopping the loop after "
+                  "the diagonal tile skips whole tiles only)"] = e(tile_causal=True)[0]
+            named[f"CAUSAL is ignored: with CAUSAL, {SEES}"] = emulate(q, k, v, False, bm, bn)[0]
+        fail_if_named(got, named, what, _same)
+        err = (got.double() - expected).abs().max().item()
+        raise CheckFailed(f"{what} does not match softmax(q k^T / sqrt(d)) v (largest difference {err:.3g})")
 
 
-@SUITE.check("test_kernel_tiles", parts=[KERNEL])
-def kernel_tiles(t: Trial) -> None:
-    """The kernel, launched on the stated grid: several query and key tiles equal softmax(q k^T / sqrt(d)) v."""
-    _kernel_cases(t, [(1, 3, 128, 128, 32, 64, 64), (1, 1, 64, 128, 16, 64, 32)], causal=False)
+for _gid, _causal, _cases, _doc in (
+        (_TILES, False, [(1, 3, 128, 128, 32, 64, 64), (1, 1, 64, 128, 16, 64, 32)],
+         "The kernel, launched on the stated grid: several query and key tiles equal softmax(q k^T / sqrt(d)) v."),
+        (_RAGGED, False, [(1, 2, 100, 80, 16, 64, 64), (2, 1, 50, 130, 32, 64, 64)],
+         "Lengths that are not a multiple of the tiles: masked loads and stores, keys past m never attended."),
+        (_CAUSAL, True, [(1, 2, 128, 128, 16, 64, 64), (1, 1, 128, 128, 16, 64, 32)],
+         "With CAUSAL, query i sees the keys j <= i (tiles of 64 queries by 64 and by 32 keys).")):
+    SUITE.add(_gid, [KERNEL], partial(_kernel_cases, causal=_causal, cases=_cases), _doc)
 
 
-@SUITE.check("test_kernel_ragged", parts=[KERNEL])
-def kernel_ragged(t: Trial) -> None:
-    """Lengths that are not a multiple of the tiles: masked loads and stores, keys past m never attended."""
-    _kernel_cases(t, [(1, 2, 100, 80, 16, 64, 64), (2, 1, 50, 130, 32, 64, 64)], causal=False)
-
-
-@SUITE.check("test_kernel_causal", parts=[KERNEL])
-def kernel_causal(t: Trial) -> None:
-    """With CAUSAL, query i sees the keys j <= i (tiles of 64 queries by 64 and by 32 keys)."""
-    _kernel_cases(t, [(1, 2, 128, 128, 16, 64, 64), (1, 1, 128, 128, 16, 64, 32)], causal=True)
-
-
-@SUITE.check("test_kernel_lse", parts=[KERNEL])
+@SUITE.check(_LSE, parts=[KERNEL])
 def kernel_lse(t: Trial) -> None:
     """LSE holds the natural log-sum-exp of each query's scaled scores."""
     q, k, v = t.randn(1, 2, 128, 16), t.randn(1, 2, 128, 16), t.randn(1, 2, 128, 16)
-    _, lse = _outputs(t, q, k, v, False, 64, 64)
+    _, lse = _launch(t, q, k, v, False, 64, 64, tails=True)
     what = f"the LSE of {KERNEL} for q, k, v {tuple(q.shape)}"
     _written_and_finite(lse, False, what)
     s = q.double() @ k.double().transpose(-2, -1) / math.sqrt(16)
-    expected = torch.logsumexp(s, -1)
-    if bool((lse.double() > s.amax(-1) + math.log(128) + 1e-3).any() | (lse.double() < s.amax(-1) - 1e-3).any()):
-        if close(lse, expected / LN_2, 1e-5, 1e-5):
-            raise CheckFailed(f"mistake in {what}: it is a base-2 log-sum-exp, m_i + log2(l_i); store it as a natural "
-                              "log, (m_i + log2(l_i)) * ln 2")
-        if not close(lse, emulate(q, k, v, False, 64, 64, natural_exp=True)[1], 1e-5, 1e-5):
-            raise CheckFailed(f"{what} holds {BF16_LSE}")
-    if close(lse, expected, 1e-5, 1e-5):
+    expected, natural_exp = torch.logsumexp(s, -1), emulate(q, k, v, False, 64, 64, natural_exp=True)[1]
+    impossible = (lse.double() > s.amax(-1) + math.log(128) + 1e-3) | (lse.double() < s.amax(-1) - 1e-3)
+    if bool(impossible.any()) and not _same(lse, expected / LN_2) and not _same(lse, natural_exp):
+        raise CheckFailed(f"{what} holds values no log-sum-exp of these scores can take (the scores are enormous): "
+                          "Triton's interpreter computes bfloat16 operands of tl.dot wrongly (their bits multiplied "
+                          "as integers); keep tl.dot's operands in the dtype of the inputs")
+    if _same(lse, expected):
         return
-    e = lambda **kw: emulate(q, k, v, False, 64, 64, **kw)[1]  # noqa: E731
-    named = {EXP: e(natural_exp=True),
-             RESCALE.format(what="the running sum"): e(rescale_sum=False),
-             "it is the running max alone; the log-sum-exp adds the log of the running sum: (m_i + log2(l_i)) * ln 2":
-                 s.amax(-1)}
-    for message, wrong in named.items():
-        if close(lse, wrong, 1e-5, 1e-5):
-            raise CheckFailed(f"mistake in {what}: {message}")
+    fail_if_named(lse, {
+        "it is a base-2 log-sum-exp, m_i + log2(l_i); store it as a natural log, (m_i + log2(l_i)) * ln 2":
+            expected / LN_2,
+        EXP: natural_exp,
+        RESCALE.format(what="the running sum"): emulate(q, k, v, False, 64, 64, rescale_sum=False)[1],
+        "it is the running max alone; the log-sum-exp adds the log of the running sum: (m_i + log2(l_i)) * ln 2":
+            s.amax(-1)}, what, _same)
     err = (lse.double() - expected).abs().max().item()
     raise CheckFailed(f"{what} does not match the natural log-sum-exp of the scores (largest difference {err:.3g})")
 
@@ -355,7 +282,7 @@ def _pair(value, what: str) -> tuple[Tensor, Tensor]:
     return out, lse
 
 
-@SUITE.check("test_wrapper_shapes", parts=[WRAPPER])
+@SUITE.check(_SHAPES, parts=[WRAPPER])
 def wrapper_shapes(t: Trial) -> None:
     """Returns (output, lse): (B, H, n, d) in the inputs' dtype and (B, H, n) float32, for n != m."""
     q, k, v = t.randn(2, 2, 64, 16), t.randn(2, 2, 96, 16), t.randn(2, 2, 96, 16)
@@ -366,48 +293,29 @@ def wrapper_shapes(t: Trial) -> None:
                               f"{tuple(x.shape)} and dtype {x.dtype}; expected {shape}, torch.float32")
 
 
-def _wrapper_case(t: Trial, q, k, v, causal, bm, bn) -> None:
-    what = (f"{WRAPPER}(q {tuple(q.shape)}, k and v {tuple(k.shape)}, causal={causal}, block_m={bm}, "
-            f"block_n={bn})")
-    out, lse = _pair(t.call(WRAPPER, q, k, v, causal=causal, block_m=bm, block_n=bn), what)
-    own, own_lse = (x.view(s) for x, s in zip(_outputs_raw(t, q, k, v, causal, bm, bn), (q.shape, q.shape[:3])))
-    if close(out, own, 1e-5, 1e-5) and close(lse, own_lse, 1e-5, 1e-5):
-        return
-    n, full = q.shape[2], q.shape[2] // bm * bm
-    if n % bm and tuple(out.shape) == tuple(own.shape) and close(out[:, :, :full], own[:, :, :full], 1e-5, 1e-5):
-        raise CheckFailed(f"mistake in {what}: the last, partial tile of queries (rows {full} to {n - 1}) is not "
-                          f"computed: the grid needs triton.cdiv(n, block_m) query tiles, not n // block_m")
-    d = q.shape[-1]
-    wrong = {
-        "qk_scale lacks log2(e): the kernel uses exp2, so pass qk_scale = log2(e) / sqrt(d)":
-            dict(qk_scale=1 / math.sqrt(d)),
-        "qk_scale divides by d: pass qk_scale = log2(e) / sqrt(d)": dict(qk_scale=LOG2_E / d),
-    }
-    if causal:
-        wrong["causal is not passed to the kernel: launch it with CAUSAL = causal"] = dict(causal=False)
-    for message, change in wrong.items():
-        args = dict(causal=causal, qk_scale=None) | change
-        bad, _ = _outputs_raw(t, q, k, v, args["causal"], bm, bn, qk_scale=args["qk_scale"])
-        if close(out, bad.view(q.shape), 1e-5, 1e-5):
-            raise CheckFailed(f"mistake in {what}: {message}")
-    raise CheckFailed(f"{what} does not equal your kernel launched on the grid (triton.cdiv(n, block_m), B * H) with "
-                      "qk_scale = log2(e) / sqrt(d) and CAUSAL = causal")
-
-
-def _outputs_raw(t: Trial, q, k, v, causal, bm, bn, qk_scale=None) -> tuple[Tensor, Tensor]:
-    B, H, n, _ = q.shape
-    o_buf, lse_buf = _launch(t, q, k, v, causal, bm, bn, qk_scale=qk_scale)
-    return o_buf[: q.numel()], lse_buf[: B * H * n]
-
-
-@SUITE.check("test_wrapper_launch", parts=[WRAPPER])
+@SUITE.check(_LAUNCH, parts=[WRAPPER])
 def wrapper_launch(t: Trial) -> None:
     """The wrapper launches the kernel as stated: grid (cdiv(n, block_m), B * H), qk_scale, CAUSAL, the tiles."""
     for B, H, n, m, d, causal, bm, bn in [(1, 2, 100, 100, 16, True, 64, 32), (2, 1, 70, 90, 32, False, 64, 64)]:
-        _wrapper_case(t, t.randn(B, H, n, d), t.randn(B, H, m, d), t.randn(B, H, m, d), causal, bm, bn)
+        q, k, v = t.randn(B, H, n, d), t.randn(B, H, m, d), t.randn(B, H, m, d)
+        what = f"{WRAPPER}(q {(B, H, n, d)}, k and v {(B, H, m, d)}, causal={causal}, block_m={bm}, block_n={bn})"
+        out, lse = _pair(t.call(WRAPPER, q, k, v, causal=causal, block_m=bm, block_n=bn), what)
+        own, own_lse = _launch(t, q, k, v, causal, bm, bn)
+        if _same(out, own) and _same(lse, own_lse):
+            continue
+        full = n // bm * bm
+        if n % bm and tuple(out.shape) == tuple(own.shape) and _same(out[:, :, :full], own[:, :, :full]):
+            raise CheckFailed(f"mistake in {what}: the last, partial tile of queries (rows {full} to {n - 1}) is not "
+                              f"computed: the grid needs triton.cdiv(n, block_m) query tiles, not n // block_m")
+        wrong = [("qk_scale lacks log2(e): the kernel uses exp2, so pass qk_scale = log2(e) / sqrt(d)", causal,
+                  1 / math.sqrt(d)), ("qk_scale divides by d: pass qk_scale = log2(e) / sqrt(d)", causal, LOG2_E / d)]
+        wrong += [("causal is not passed to the kernel: launch it with CAUSAL = causal", False, None)] * causal
+        fail_if_named(out, ((why, _launch(t, q, k, v, c, bm, bn, qk_scale=s)[0]) for why, c, s in wrong), what, _same)
+        raise CheckFailed(f"{what} does not equal your kernel launched on the grid (triton.cdiv(n, block_m), B * H) "
+                          "with qk_scale = log2(e) / sqrt(d) and CAUSAL = causal")
 
 
-@SUITE.check("test_wrapper_strides", parts=[WRAPPER])
+@SUITE.check(_STRIDES, parts=[WRAPPER])
 def wrapper_strides(t: Trial) -> None:
     """Inputs whose rows are not contiguous (a transposed view) give what the same inputs give made contiguous."""
     x = [t.randn(1, 64, 2, 16) for _ in range(3)]  # (B, n, H, d)
@@ -415,10 +323,10 @@ def wrapper_strides(t: Trial) -> None:
     what = f"{WRAPPER} on q, k, v of shape (1, 2, 64, 16) whose rows are not contiguous (x.transpose(1, 2))"
     out, _ = _pair(t.call(WRAPPER, *views), what)
     same, _ = _pair(t.call(WRAPPER, *(xi.transpose(1, 2).contiguous() for xi in x)), f"{WRAPPER}(q, k, v)")
-    if not close(out, same, 1e-5, 1e-5):
-        raise CheckFailed(f"{what} differs from its result on the same inputs made contiguous: the kernel reads rows at "
-                          "(bh * n + i) * d, which holds only for contiguous tensors; call .contiguous() on q, k, v "
-                          "first")
+    if not _same(out, same):
+        raise CheckFailed(f"{what} differs from its result on the same inputs made contiguous: the kernel reads rows "
+                          "at (bh * n + i) * d, which holds only for contiguous tensors; call .contiguous() on q, k, "
+                          "v first")
 
 
 @SUITE.check("test_wrapper_blocks", parts=[WRAPPER])
@@ -438,21 +346,17 @@ def wrapper_blocks(t: Trial) -> None:
 # -- conceptual questions (the inputs are in the question; the answer is a value) ---------------------------------
 
 SUITE.questions({
-    "q_programs": number(4 * 8 * math.ceil(1000 / 128), "Q1: programs in the grid for B=4, H=8, n=1000, BLOCK_M=128", {
-        f"{4 * 8 * (1000 // 128)} = B·H·(n // BLOCK_M) leaves out the last, partial tile of 1000 - 7·128 = 104 "
-        "queries: the grid has cdiv(n, BLOCK_M) tiles": 4 * 8 * (1000 // 128),
-        "32 = B·H is one program per (batch, head); each also splits its queries into tiles of BLOCK_M":
-            32.0,
-        "8 is the number of query tiles of one (batch, head); the grid has one such row per (batch, head)": 8.0,
-    }),
-    "q_state_floats": number(128 + 128 + 128 * 64, "Q2: float32 numbers in one program's online-softmax state", {
-        "8192 counts the accumulator alone; the running max and the running sum hold one number per query too":
-            128 * 64,
-        f"{128 * 64 + 128} counts one of the two per-query vectors; there are two, the running max and sum":
-            128 * 64 + 128,
-        f"{2 * 128 * 64 + 256} counts the query tile too, an input loaded once, not the state it updates":
-            2 * 128 * 64 + 256,
-    }),
+    "q_programs": number(4 * 8 * math.ceil(1000 / 128), "Q1: programs in the grid for B=4, H=8, n=1000, BLOCK_M=128",
+                         {f"{wrong} {why}": wrong for wrong, why in [
+        (4 * 8 * (1000 // 128), "= B·H·(n // BLOCK_M) leaves out the last, partial tile of 1000 - 7·128 = 104 "
+                                "queries: the grid has cdiv(n, BLOCK_M) tiles"),
+        (32, "= B·H is one program per (batch, head); each also splits its queries into tiles of BLOCK_M"),
+        (8, "is the number of query tiles of one (batch, head); the grid has one such row per (batch, head)")]}),
+    "q_state_floats": number(128 + 128 + 128 * 64, "Q2: float32 numbers in one program's online-softmax state",
+                             {f"{wrong} {why}": wrong for wrong, why in [
+        (128 * 64, "counts the accumulator alone; the running max and the running sum hold one number per query too"),
+        (128 * 64 + 128, "counts one of the two per-query vectors; there are two, the running max and sum"),
+        (2 * 128 * 64 + 256, "counts the query tile too, an input loaded once, not the state it updates")]}),
     "q_qk_scale": number(LOG2_E / 8, "Q3: qk_scale for d = 64", {
         "0.125 = 1/sqrt(64) leaves out log2(e): exp2(s/8) is 2^(s/8), not e^(s/8)": 0.125,
         f"{LN_2 / 8:.4f} uses ln 2; exp(x) = exp2(x · log2(e)), so the factor is log2(e) ≈ 1.4427": LN_2 / 8,
