@@ -1,7 +1,5 @@
 """Graded checks for exercise 06_positional_encoding: the sinusoidal table, the shift matrix, learned embeddings,
-rotary embeddings (RoPE) and four conceptual questions; the requirements the exercise states are
-``STATED_REQUIREMENTS`` (``python -m autograder.judging.checks --requirements 06``).
-"""
+rotary embeddings (RoPE) and four conceptual questions; the requirements the exercise states: ``STATED_REQUIREMENTS``."""
 
 from __future__ import annotations
 
@@ -40,8 +38,6 @@ STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, w
 }
 PE, SHIFT, LEARNED = "sinusoidal_positional_encoding", "position_shift_matrix", "LearnedPositionalEmbedding"
 ROPE = "apply_rotary_embedding"
-PE_FROM_1 = ("the positions start at 1: row i is position i, counted from 0 (torch.arange(num_positions)), so row 0 "
-             "is [sin 0, cos 0, ...] = [0, 1, 0, 1, ...]")
 LEARNED_FROM_1 = ("the positions start at 1: the row of position i is table[i], counted from 0, so a sequence of "
                   "n positions uses rows 0..n-1 (torch.arange(n))")
 
@@ -79,7 +75,8 @@ def _pe_mistakes(n: int, d: int) -> dict[str, torch.Tensor]:
         "sin fills the first half of the columns and cos the second; they must interleave: column 2j is sin, 2j+1 cos":
             torch.cat([a.sin(), a.cos()], -1),
         "the base is 1000; the frequencies are w_j = 10000^(-2j/dim)": _table(n, d, _w(d, base=1000.0)),
-        PE_FROM_1: _table(n, d, _w(d), start=1),
+        "the positions start at 1: row i is position i, counted from 0 (torch.arange(num_positions)), so row 0 is "
+        "[sin 0, cos 0, ...] = [0, 1, 0, 1, ...]": _table(n, d, _w(d), start=1),
     }
 
 
@@ -111,19 +108,18 @@ def sinusoidal_odd_dim(t: Trial) -> None:
 # -- the shift matrix -----------------------------------------------------------------------------
 
 
-def _rotation(delta: int, d: int, w: torch.Tensor) -> torch.Tensor:
+def _rotation(delta: int, w: torch.Tensor) -> torch.Tensor:
     """The block-diagonal shift matrix (row-vector convention) with pair frequencies ``w``."""
     c, s = torch.cos(delta * w), torch.sin(delta * w)
-    return torch.block_diag(*[torch.stack([torch.stack([c[j], -s[j]]), torch.stack([s[j], c[j]])])
-                              for j in range(d // 2)])
+    return torch.block_diag(*torch.stack([c, -s, s, c], -1).reshape(-1, 2, 2))
 
 
 def _shift_mistakes(delta: int, d: int) -> dict[str, torch.Tensor]:
     return {
         "the rotation frequencies are missing the factor 2: block j turns by delta * w_j with "
-        "w_j = 10000^(-2j/dim), the frequency of the table's pair j": _rotation(delta, d, _w(d, 1)),
+        "w_j = 10000^(-2j/dim), the frequency of the table's pair j": _rotation(delta, _w(d, 1)),
         "the rotation frequencies use the column index 2j where the pair index j belongs: block j turns by "
-        "delta * w_j with w_j = 10000^(-2j/dim)": _rotation(delta, d, _w(d, 4)),
+        "delta * w_j with w_j = 10000^(-2j/dim)": _rotation(delta, _w(d, 4)),
         "M rotates the wrong way: P[i] @ M gives P[i - delta]. For row vectors, block j is "
         "[[cos(delta w_j), -sin(delta w_j)], [sin(delta w_j), cos(delta w_j)]]; you built its transpose "
         "(the column-vector rotation)": ref_shift(delta, d, dtype=torch.float64).T,
@@ -201,15 +197,14 @@ def learned_embedding_max_len(t: Trial) -> None:
     """Sequences up to max_len work; a longer one raises a ValueError (there is no learned row for it)."""
     obj = t.new(LEARNED, 5, 4)
     _, table = _table_of(obj, 5, 4)
-    x = t.randn(2, 5, 4)
     try:
-        out = obj(x)
+        out = obj(t.randn(2, 5, 4))
     except StudentError as err:
         if not str(err).startswith("not implemented"):
             short = t.randn(2, 3, 4)
             try:
                 from_1 = close(obj(short), short + table[1:4])
-            except CheckFailed:
+            except CheckFailed:  # (a StudentError too)
                 from_1 = False
             if from_1:
                 raise CheckFailed(f"a sequence of exactly max_len = 5 positions fails ({err}): {LEARNED_FROM_1}") from None

@@ -1,16 +1,10 @@
 """The classic mistakes of scaled dot-product attention, computed once for the checks of 01, 02 and 04.
 
-``wrong_attention(q, k, v, mask)`` gives, for each known-wrong variant of
-``softmax(Q K^T / sqrt(d_k)) V`` that applies to these inputs, the ``(output, weights)`` it computes.
-A chapter names the variants in its own words with ``named`` (a key -> message table, in the order
-the messages are tried), and hands ``outputs`` / ``weights`` of the result to ``expect_close``.
-Chapter 01 uses it on the student's attention, chapter 04 on the student's masked attention,
-chapter 02 head by head inside a multi-head layer (``(B, H, n, Dh)`` inputs and a 4-D mask).
-
-``expect_no_nan`` names the mistake that shows before any value is compared: NaN where a query has no
-allowed key (a softmax over a row of -inf is 0/0).
-
-Imports ``attnkit.softmax`` (zero weights for a row with no allowed key) and ``CheckFailed``.
+``wrong_attention(q, k, v, mask)``: for each known-wrong variant of ``softmax(Q K^T / sqrt(d_k)) V`` that applies to
+these inputs, the ``(output, weights)`` it computes. A chapter words them with ``named`` (key -> message, in the order
+tried) and hands ``outputs`` / ``weights`` of the result to ``expect_close``: chapter 01 on the student's attention, 04
+on the masked attention, 02 head by head (``(B, H, n, Dh)`` inputs, a 4-D mask). ``expect_no_nan`` names the mistake
+that shows before any value is compared: NaN where a query has no allowed key (a softmax over a row of -inf is 0/0).
 """
 
 from __future__ import annotations
