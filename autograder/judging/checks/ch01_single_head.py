@@ -42,8 +42,6 @@ STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
     'large scores stay finite': (_DTYPE, 'overflow', 'stable for large scores', (_FULL,)),
 }.items()}
 SOFTMAX, SDPA = "softmax", "scaled_dot_product_attention"
-KQ = ("the wrong operand is transposed: your scores are K Q^T, of shape (..., m, n); they must be "
-      "Q K^T = query @ key.transpose(-2, -1), of shape (..., n, m), one row per query")
 # The softmax exercise is to write the softmax: torch's own earns nothing there (it is fine elsewhere).
 # A name containing one of these (any case, any underscores: torch._softmax, aten._safe_softmax, F.softmin,
 # nn.LogSoftmax) is torch's too, as is a distribution built from logits (it computes their softmax).
@@ -83,7 +81,7 @@ def softmax_basic(t: Trial) -> None:
 
 SUITE.oracle(_DIM, SOFTMAX, "The ``dim`` argument chooses the axis, for every axis of a 3-D tensor.",
              cases=[0, 1, 2, -2], draw=lambda t, dim: args(t.randn(3, 4, 5, scale=2.0), dim=dim),
-             reference=lambda x, dim: ref_softmax(x, dim=dim), mistakes=lambda x, dim: _softmax_mistakes(x, dim),
+             reference=lambda x, dim: ref_softmax(x, dim=dim), mistakes=_softmax_mistakes,
              what=lambda x, dim: f"softmax(x, dim={dim})")
 
 
@@ -118,9 +116,9 @@ def softmax_stable(t: Trial) -> None:
 # -- scaled dot-product attention --------------------------------------------------------------
 
 
-def _mistakes(q, k, v, mask=None) -> mistakes.Pairs:
-    """message -> (output, weights) of each classic mistake on these inputs."""
-    return mistakes.named(mistakes.wrong_attention(q, k, v, mask), ATTENTION_MISTAKES)
+def _mistakes(q, k, v) -> mistakes.Pairs:
+    """message -> (output, weights) of each classic mistake on these unmasked inputs."""
+    return mistakes.named(mistakes.wrong_attention(q, k, v), ATTENTION_MISTAKES)
 
 
 def _why_it_failed(t: Trial, lead: tuple[int, ...]) -> str:
@@ -139,7 +137,8 @@ def _why_it_failed(t: Trial, lead: tuple[int, ...]) -> str:
     if square is None:
         return ""
     if close(square[1], ref_softmax(k @ q.transpose(-2, -1) / math.sqrt(4))):
-        return KQ[0].upper() + KQ[1:]
+        return ("The wrong operand is transposed: your scores are K Q^T, of shape (..., m, n); they must be "
+                "Q K^T = query @ key.transpose(-2, -1), of shape (..., n, m), one row per query")
     return ("It works when there are as many keys as queries (n == m): something uses the query length n or a "
             "shape (..., m, n) where the keys' length m belongs")
 

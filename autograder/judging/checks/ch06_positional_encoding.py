@@ -1,5 +1,5 @@
 """Graded checks for exercise 06_positional_encoding: the sinusoidal table, the shift matrix, learned embeddings,
-rotary embeddings (RoPE) and four conceptual questions; the requirements the exercise states: ``STATED_REQUIREMENTS``."""
+rotary embeddings (RoPE) and four conceptual questions; the requirements the exercise states are STATED_REQUIREMENTS."""
 
 from __future__ import annotations
 
@@ -141,15 +141,13 @@ def shift_matrix_shape(t: Trial) -> None:
 @SUITE.check(_SHIFT, parts=[SHIFT])
 def shift_matrix_property(t: Trial) -> None:
     """P[i + delta] = P[i] @ M for every position i, several offsets (including negative) and widths."""
+    n = 40
     for delta, d in [(1, 4), (5, 16), (-3, 8), (int(t.randint(10, 60, (1,))), 12)]:
-        n = 40
         P = ref_pe(n + abs(delta), d, dtype=torch.float64)
         M = expect_tensor(t.call(SHIFT, delta, d), (d, d), f"position_shift_matrix({delta}, {d})")
         i = torch.arange(max(0, -delta), n)
-        shifted = P[i] @ M.to(torch.float64)
-        wrong = {msg: P[i] @ W for msg, W in _shift_mistakes(delta, d).items()}
-        expect_close(shifted, P[i + delta], f"P[i] @ position_shift_matrix({delta}, {d}) (should be P[i + {delta}])",
-                     wrong, atol=2e-4)
+        expect_close(P[i] @ M.to(torch.float64), P[i + delta], f"P[i] @ position_shift_matrix({delta}, {d}) (should "
+                     f"be P[i + {delta}])", {msg: P[i] @ W for msg, W in _shift_mistakes(delta, d).items()}, atol=2e-4)
 
 
 # -- learned embeddings ---------------------------------------------------------------------------
@@ -229,11 +227,9 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, w: torch.Tensor, halves: boo
     a = positions.to(torch.float64)[:, None] * w  # (n, d/2)
     c, s = a.cos(), a.sin()
     x = x.to(torch.float64)
-    if halves:
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], -1)
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], -1).flatten(-2)
+    x1, x2 = x.chunk(2, dim=-1) if halves else (x[..., 0::2], x[..., 1::2])
+    y1, y2 = x1 * c - x2 * s, x1 * s + x2 * c
+    return torch.cat([y1, y2], -1) if halves else torch.stack([y1, y2], -1).flatten(-2)
 
 
 def _rope_mistakes(x: torch.Tensor, positions: torch.Tensor | None) -> dict[str, torch.Tensor]:
@@ -268,8 +264,8 @@ def rotary_values(t: Trial) -> None:
              ((2, 3, 6), torch.tensor([2.5, 10.0, 41.0]))]
     for shape, positions in cases:
         x = t.randn(*shape)
-        what = f"apply_rotary_embedding(x of shape {shape}" + ("" if positions is None else
-                                                               f", positions={positions.tolist()}") + ")"
+        given = "" if positions is None else f", positions={positions.tolist()}"
+        what = f"apply_rotary_embedding(x of shape {shape}{given})"
         expect_close(_call_rope(t, x, positions, what), ref_rope(x.to(torch.float64), positions), what,
                      _rope_mistakes(x, positions), atol=1e-4)
     x = t.randn(2, 3, 4, dtype=torch.float64)

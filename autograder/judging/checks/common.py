@@ -107,22 +107,19 @@ def reference(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor |
     return _heads(p, _lin(p, "q_proj", q), _lin(p, "k_proj", k), _lin(p, "v_proj", v), h, mask)
 
 
-def torch_reference(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """torch.nn.MultiheadAttention holding the weights ``p``, in float64 (its bool mask means 'may NOT attend')."""
+def expected(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The right (output, weights): torch.nn.MultiheadAttention holding ``p`` in float64, or the formula where some
+    query has no allowed key (torch gives NaN there; the contract asks for zero weights, so that row's output is
+    out_proj(0))."""
     (b, n, e), m = q.shape, k.shape[1]
+    full = None if mask is None else _full(mask, b, h, n, m)
+    if full is not None and not bool(full.any(-1).all()):
+        return reference(p, q, k, v, h, mask)
     ref = RefMHA(e, h, bias="q_proj.bias" in p).double()
     ref.load_state_dict({name: x.double() for name, x in p.items()})
-    hidden = None if mask is None else ~_full(mask, b, h, n, m).reshape(-1, n, m)
+    hidden = None if full is None else ~full.reshape(-1, n, m)  # torch's bool mask: True = may NOT attend
     with torch.no_grad():
         return to_torch_multihead(ref)(q.double(), k.double(), v.double(), attn_mask=hidden, average_attn_weights=False)
-
-
-def expected(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """The right (output, weights): torch's module, or the formula where some query has no allowed key
-    (torch gives NaN there; the contract asks for zero weights, so that row's output is out_proj(0))."""
-    if mask is not None and not bool(_full(mask, q.shape[0], h, q.shape[1], k.shape[1]).any(-1).all()):
-        return reference(p, q, k, v, h, mask)
-    return torch_reference(p, q, k, v, h, mask)
 
 
 def head_mistakes(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None) -> mistakes.Pairs:

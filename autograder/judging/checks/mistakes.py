@@ -44,16 +44,13 @@ def wrong_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None)
     d_k, d_v = q.shape[-1], v.shape[-1]
     raw = q @ k.transpose(-2, -1)  # (..., n, m) unscaled scores
     scaled = raw / math.sqrt(d_k)
-
-    def masked(s: Tensor) -> Tensor:
-        return s if mask is None else s.masked_fill(~mask, float("-inf"))
-
+    masked = raw if mask is None else raw.masked_fill(~mask, float("-inf"))  # the unscaled scores, masked
     found = {
-        NOT_SCALED: ref_softmax(masked(raw)),
-        BY_D_K: ref_softmax(masked(raw) / d_k),
-        TIMES_SQRT_D_K: ref_softmax(masked(raw) * math.sqrt(d_k)),
-        **({BY_SQRT_D_V: ref_softmax(masked(raw) / math.sqrt(d_v))} if d_v != d_k else {}),
-        OVER_QUERIES: ref_softmax(masked(scaled), dim=-2),
+        NOT_SCALED: ref_softmax(masked),
+        BY_D_K: ref_softmax(masked / d_k),
+        TIMES_SQRT_D_K: ref_softmax(masked * math.sqrt(d_k)),
+        **({BY_SQRT_D_V: ref_softmax(masked / math.sqrt(d_v))} if d_v != d_k else {}),
+        OVER_QUERIES: ref_softmax(masked / math.sqrt(d_k), dim=-2),
     }
     if mask is not None:
         # (masking after the softmax and renormalising is no mistake where a query has an allowed key: the
@@ -67,7 +64,7 @@ def wrong_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None)
             found[FINITE_FILL] = ref_softmax(scaled.double().masked_fill(~mask, -1e30))
     pairs = {key: (w @ v.to(w.dtype), w) for key, w in found.items()}  # FINITE_FILL's are float64
     if d_v == d_k:
-        right = ref_softmax(masked(scaled))
+        right = ref_softmax(masked / math.sqrt(d_k))
         pairs[WEIGHTS_ON_KEYS] = (right @ k, right)
     return pairs
 
