@@ -235,7 +235,7 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, w: torch.Tensor, halves: boo
 def _rope_mistakes(x: torch.Tensor, positions: torch.Tensor | None) -> dict[str, torch.Tensor]:
     n, d = x.shape[-2], x.shape[-1]
     p, w = torch.arange(n) if positions is None else positions, _w(d)
-    out = {
+    return {
         "each pair turns the wrong way (by -p w_j): the rotation of (x_2j, x_2j+1) by the angle a is "
         "(x_2j cos a - x_2j+1 sin a, x_2j sin a + x_2j+1 cos a)": _rope(x, -p, w),
         "the pairs are (j, j + d/2), the 'rotate half' layout; this exercise pairs neighbouring columns (2j, 2j+1), "
@@ -245,11 +245,10 @@ def _rope_mistakes(x: torch.Tensor, positions: torch.Tensor | None) -> dict[str,
         "the positions start at 1: row i is position i, counted from 0": _rope(x, p + 1, w),
         "the sinusoidal table was added instead of rotating: RoPE multiplies each pair by a rotation, it adds nothing":
             x.to(torch.float64) + ref_pe(n, d, dtype=torch.float64) if positions is None else x.to(torch.float64),
+        **({} if positions is None else {
+            "the positions argument is ignored: rotate row i by positions[i] w_j (0 .. n-1 only by default)":
+                _rope(x, torch.arange(n), w)}),
     }
-    if positions is not None:
-        out["the positions argument is ignored: rotate row i by positions[i] w_j (0 .. n-1 only by default)"] = \
-            _rope(x, torch.arange(n), w)
-    return out
 
 
 def _call_rope(t: Trial, x: torch.Tensor, positions: torch.Tensor | None, what: str) -> torch.Tensor:

@@ -108,9 +108,8 @@ def reference(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor |
 
 
 def expected(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """The right (output, weights): torch.nn.MultiheadAttention holding ``p`` in float64, or the formula where some
-    query has no allowed key (torch gives NaN there; the contract asks for zero weights, so that row's output is
-    out_proj(0))."""
+    """The right (output, weights): torch.nn.MultiheadAttention holding ``p``, in float64, or the formula where a query
+    has no allowed key (torch gives NaN; the contract asks for zero weights, so that row's output is out_proj(0))."""
     (b, n, e), m = q.shape, k.shape[1]
     full = None if mask is None else _full(mask, b, h, n, m)
     if full is not None and not bool(full.any(-1).all()):

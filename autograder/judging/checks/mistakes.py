@@ -35,12 +35,9 @@ Pairs = dict[str, tuple[Tensor, Tensor]]
 
 
 def wrong_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Pairs:
-    """key -> ``(output, weights)`` of each classic mistake that applies to these inputs.
-
-    ``q`` (..., n, d_k), ``k`` (..., m, d_k), ``v`` (..., m, d_v); ``mask`` bool, broadcastable to
-    (..., n, m), True = may attend. The mask variants come only with a mask, ``FINITE_FILL`` only
-    when some query has no allowed key (elsewhere it equals the right answer).
-    """
+    """key -> ``(output, weights)`` of each classic mistake that applies to ``q`` (..., n, d_k), ``k`` (..., m, d_k),
+    ``v`` (..., m, d_v) and ``mask`` (bool, broadcastable to (..., n, m), True = may attend): the mask variants only
+    with a mask, ``FINITE_FILL`` only when some query has no allowed key (elsewhere it equals the right answer)."""
     d_k, d_v = q.shape[-1], v.shape[-1]
     raw = q @ k.transpose(-2, -1)  # (..., n, m) unscaled scores
     scaled = raw / math.sqrt(d_k)
