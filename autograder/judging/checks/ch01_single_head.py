@@ -123,17 +123,12 @@ def _mistakes(q, k, v) -> mistakes.Pairs:
 
 def _why_it_failed(t: Trial, lead: tuple[int, ...]) -> str:
     """Probe the student's attention to explain a failure on inputs with ``lead`` leading dims and n != m."""
-    def runs(q, k, v) -> tuple | None:  # (output, weights) of the right shapes, or None
-        try:
-            return _own(t, q, k, v, what="attention", explain=False)
-        except CheckFailed:
-            return None
-
-    if len(lead) != 1 and runs(t.randn(2, 4, 5), t.randn(2, 6, 5), t.randn(2, 6, 3)) is not None:
+    if len(lead) != 1 and _own(t, t.randn(2, 4, 5), t.randn(2, 6, 5), t.randn(2, 6, 3), what="attention",
+                               probe=True) is not None:
         return (f"Inputs with {len(lead)} leading dimension(s) must work too (3-D ones do): use transpose(-2, -1) "
                 "and @ (or matmul), not bmm or transpose(1, 2)")
     q, k = t.randn(2, 5, 4), t.randn(2, 5, 4)
-    square = runs(q, k, t.randn(2, 5, 3))
+    square = _own(t, q, k, t.randn(2, 5, 3), what="attention", probe=True)
     if square is None:
         return ""
     if close(square[1], ref_softmax(k @ q.transpose(-2, -1) / math.sqrt(4))):
@@ -143,16 +138,18 @@ def _why_it_failed(t: Trial, lead: tuple[int, ...]) -> str:
             "shape (..., m, n) where the keys' length m belongs")
 
 
-def _own(t: Trial, q, k, v, mask=None, what: str = "", explain: bool = True) -> tuple:
-    """The student's (output, weights) on these inputs, of the right shapes when ``what`` names the call; with
-    ``explain``, an error is explained when probing finds why."""
+def _own(t: Trial, q, k, v, mask=None, what: str = "", probe: bool = False) -> tuple | None:
+    """The student's (output, weights) on these inputs, of the right shapes when ``what`` names the call; an error is
+    explained when probing finds why, or, for a probe's own call (``probe``), None."""
     try:
         out, w = expect_pair(t.call(SDPA, *((q, k, v) if mask is None else (q, k, v, mask))), SDPA)
         if what:
             expect_tensor(w, (*q.shape[:-1], k.shape[-2]), f"the weights of {what}")
             expect_tensor(out, (*q.shape[:-1], v.shape[-1]), f"the output of {what}")
     except CheckFailed as e:
-        hint = "" if not explain or str(e).startswith("not implemented") else _why_it_failed(t, tuple(q.shape[:-2]))
+        if probe:
+            return None
+        hint = "" if str(e).startswith("not implemented") else _why_it_failed(t, tuple(q.shape[:-2]))
         raise (CheckFailed(f"{str(e).rstrip('.')}. {hint}") if hint else e) from None
     return out, w
 

@@ -259,9 +259,8 @@ def _call_rope(t: Trial, x: torch.Tensor, positions: torch.Tensor | None, what: 
 @SUITE.check(_ROPE, parts=[ROPE])
 def rotary_values(t: Trial) -> None:
     """Equals attnkit's RoPE for default and given positions, several shapes; keeps x's dtype (float32, float64)."""
-    cases = [((2, 5, 8), None), ((3, 2, 6, 4), None), ((1, 4, 16), torch.tensor([7, 3, 12, 0])),
-             ((2, 3, 6), torch.tensor([2.5, 10.0, 41.0]))]
-    for shape, positions in cases:
+    for shape, positions in [((2, 5, 8), None), ((3, 2, 6, 4), None), ((1, 4, 16), torch.tensor([7, 3, 12, 0])),
+                             ((2, 3, 6), torch.tensor([2.5, 10.0, 41.0]))]:
         x = t.randn(*shape)
         given = "" if positions is None else f", positions={positions.tolist()}"
         what = f"apply_rotary_embedding(x of shape {shape}{given})"
