@@ -2,8 +2,7 @@
 Each attention check tests one property: test_sdpa_values the formula (scale, softmax axis, values); the others
 compare the student's answer with the student's own answer on related inputs (a 3-D batch, the unmasked weights
 renormalised, the rows without the masked one, float64), so a wrong scale costs test_sdpa_values alone. Not graded,
-on purpose: "use your softmax" in the attention is advice (torch's softmax is allowed there); the device.
-"""
+on purpose: "use your softmax" in the attention is advice (torch's softmax is allowed there); the device."""
 
 from __future__ import annotations
 
@@ -21,32 +20,28 @@ from autograder.judging.checks.common import (ATTENTION_MISTAKES, expect_distrib
 
 SUITE = Suite("01_single_head")
 _BASIC, _DIM, _STABLE = (f"test_softmax_{c}" for c in ("basic", "dim", "stable"))
-_SHAPES, _VALUES, _BATCH, _MASK, _FULL, _DTYPE = (f"test_sdpa_{c}" for c in (
+_SHAPES, _VALUES, _BATCH, _MASK, _FULL, _DTYPE = _SDPA = tuple(f"test_sdpa_{c}" for c in (
     "shapes", "values", "batch_dims", "mask", "fully_masked", "dtype_stability"))
-STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
-    'softmax along dim': requirement(_DIM, 'dim', 'along the axis dim'),
-    'softmax stable near 1e4': requirement(_STABLE, 'overflow', 'subtract the maximum'),
-    'softmax of an all -inf slice is zero': requirement(_STABLE, 'entirely -inf', 'must give zeros, not nan'),
-    'softmax keeps shape and dtype': requirement(_BASIC, 'dtype', 'shape and dtype of x'),
+# requirement -> (its check(s), words of the message, words of the text that state it[, checks it fails too])
+STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
+    'softmax along dim': (_DIM, 'dim', 'along the axis dim'),
+    'softmax stable near 1e4': (_STABLE, 'overflow', 'subtract the maximum'),
+    'softmax of an all -inf slice is zero': (_STABLE, 'entirely -inf', 'must give zeros, not nan'),
+    'softmax keeps shape and dtype': (_BASIC, 'dtype', 'shape and dtype of x'),
     # a wrong pair or shape fails every attention check
-    'attention returns a pair': requirement(_SHAPES, 'pair', 'returning (output, weights)',
-                                            also=(_VALUES, _BATCH, _MASK, _FULL, _DTYPE)),
-    'shapes with n != m and d_v != d_k': requirement(_SHAPES, 'wrong operand', '(..., n, d_v) and (..., n, m)',
-                                                     also=(_VALUES, _BATCH, _MASK, _FULL, _DTYPE)),
-    'any number of leading dimensions': requirement(_BATCH, 'leading dimension', 'leading batch dimensions'),
-    'scale 1/sqrt(d_k)': requirement(_VALUES, 'not scaled', 'softmax(q k^t / sqrt(d_k)) v'),
-    'softmax over the keys': requirement(_VALUES, 'over the keys', 'weights of the visible keys still sum to 1',
-                                         also=(_BATCH, _MASK, _FULL)),
-    'mask True means may attend': requirement(_MASK, 'polarity', 'true means "may attend"', also=(_FULL,)),
-    'mask before the softmax': requirement(_MASK, 'after the softmax', 'becomes -inf before the softmax'),
-    'mask broadcast, per-example mask': requirement(_MASK, 'per-example (B, n, m) mask', 'to (..., n_queries, n_keys)'),
-    'fully masked row gives zeros': requirement(_FULL, 'zeros', 'a zero output row, never nan'),
-    'float64 in, float64 out': requirement(_DTYPE, 'float64', 'float64 in, float64 out'),
-    'large scores stay finite': requirement(_DTYPE, 'overflow', 'stable for large scores', also=(_FULL,)),
-}
+    'attention returns a pair': (_SHAPES, 'pair', 'returning (output, weights)', _SDPA[1:]),
+    'shapes with n != m and d_v != d_k': (_SHAPES, 'wrong operand', '(..., n, d_v) and (..., n, m)', _SDPA[1:]),
+    'any number of leading dimensions': (_BATCH, 'leading dimension', 'leading batch dimensions'),
+    'scale 1/sqrt(d_k)': (_VALUES, 'not scaled', 'softmax(q k^t / sqrt(d_k)) v'),
+    'softmax over the keys': (_VALUES, 'over the keys', 'visible keys still sum to 1', (_BATCH, _MASK, _FULL)),
+    'mask True means may attend': (_MASK, 'polarity', 'true means "may attend"', (_FULL,)),
+    'mask before the softmax': (_MASK, 'after the softmax', 'becomes -inf before the softmax'),
+    'mask broadcast, per-example mask': (_MASK, 'per-example (B, n, m) mask', 'to (..., n_queries, n_keys)'),
+    'fully masked row gives zeros': (_FULL, 'zeros', 'a zero output row, never nan'),
+    'float64 in, float64 out': (_DTYPE, 'float64', 'float64 in, float64 out'),
+    'large scores stay finite': (_DTYPE, 'overflow', 'stable for large scores', (_FULL,)),
+}.items()}
 SOFTMAX, SDPA = "softmax", "scaled_dot_product_attention"
-KQ = ("the wrong operand is transposed: your scores are K Q^T, of shape (..., m, n); they must be "
-      "Q K^T = query @ key.transpose(-2, -1), of shape (..., n, m), one row per query")
 # The softmax exercise is to write the softmax: torch's own earns nothing there (it is fine elsewhere).
 # A name containing one of these (any case, any underscores: torch._softmax, aten._safe_softmax, F.softmin,
 # nn.LogSoftmax) is torch's too, as is a distribution built from logits (it computes their softmax).
@@ -86,7 +81,7 @@ def softmax_basic(t: Trial) -> None:
 
 SUITE.oracle(_DIM, SOFTMAX, "The ``dim`` argument chooses the axis, for every axis of a 3-D tensor.",
              cases=[0, 1, 2, -2], draw=lambda t, dim: args(t.randn(3, 4, 5, scale=2.0), dim=dim),
-             reference=lambda x, dim: ref_softmax(x, dim=dim), mistakes=lambda x, dim: _softmax_mistakes(x, dim),
+             reference=lambda x, dim: ref_softmax(x, dim=dim), mistakes=_softmax_mistakes,
              what=lambda x, dim: f"softmax(x, dim={dim})")
 
 
@@ -121,42 +116,40 @@ def softmax_stable(t: Trial) -> None:
 # -- scaled dot-product attention --------------------------------------------------------------
 
 
-def _mistakes(q, k, v, mask=None) -> mistakes.Pairs:
-    """message -> (output, weights) of each classic mistake on these inputs."""
-    return mistakes.named(mistakes.wrong_attention(q, k, v, mask), ATTENTION_MISTAKES)
+def _mistakes(q, k, v) -> mistakes.Pairs:
+    """message -> (output, weights) of each classic mistake on these unmasked inputs."""
+    return mistakes.named(mistakes.wrong_attention(q, k, v), ATTENTION_MISTAKES)
 
 
 def _why_it_failed(t: Trial, lead: tuple[int, ...]) -> str:
     """Probe the student's attention to explain a failure on inputs with ``lead`` leading dims and n != m."""
-    def runs(q, k, v) -> tuple | None:  # (output, weights) of the right shapes, or None
-        try:
-            return _own(t, q, k, v, what="attention", explain=False)
-        except CheckFailed:
-            return None
-
-    if len(lead) != 1 and runs(t.randn(2, 4, 5), t.randn(2, 6, 5), t.randn(2, 6, 3)) is not None:
+    if len(lead) != 1 and _own(t, t.randn(2, 4, 5), t.randn(2, 6, 5), t.randn(2, 6, 3), what="attention",
+                               probe=True) is not None:
         return (f"Inputs with {len(lead)} leading dimension(s) must work too (3-D ones do): use transpose(-2, -1) "
                 "and @ (or matmul), not bmm or transpose(1, 2)")
     q, k = t.randn(2, 5, 4), t.randn(2, 5, 4)
-    square = runs(q, k, t.randn(2, 5, 3))
+    square = _own(t, q, k, t.randn(2, 5, 3), what="attention", probe=True)
     if square is None:
         return ""
     if close(square[1], ref_softmax(k @ q.transpose(-2, -1) / math.sqrt(4))):
-        return KQ[0].upper() + KQ[1:]
+        return ("The wrong operand is transposed: your scores are K Q^T, of shape (..., m, n); they must be "
+                "Q K^T = query @ key.transpose(-2, -1), of shape (..., n, m), one row per query")
     return ("It works when there are as many keys as queries (n == m): something uses the query length n or a "
             "shape (..., m, n) where the keys' length m belongs")
 
 
-def _own(t: Trial, q, k, v, mask=None, what: str = "", explain: bool = True) -> tuple:
-    """The student's (output, weights) on these inputs, of the right shapes when ``what`` names the call; with
-    ``explain``, an error is explained when probing finds why."""
+def _own(t: Trial, q, k, v, mask=None, what: str = "", probe: bool = False) -> tuple | None:
+    """The student's (output, weights) on these inputs, of the right shapes when ``what`` names the call; an error is
+    explained when probing finds why, or, for a probe's own call (``probe``), None."""
     try:
         out, w = expect_pair(t.call(SDPA, *((q, k, v) if mask is None else (q, k, v, mask))), SDPA)
         if what:
             expect_tensor(w, (*q.shape[:-1], k.shape[-2]), f"the weights of {what}")
             expect_tensor(out, (*q.shape[:-1], v.shape[-1]), f"the output of {what}")
     except CheckFailed as e:
-        hint = "" if not explain or str(e).startswith("not implemented") else _why_it_failed(t, tuple(q.shape[:-2]))
+        if probe:
+            return None
+        hint = "" if str(e).startswith("not implemented") else _why_it_failed(t, tuple(q.shape[:-2]))
         raise (CheckFailed(f"{str(e).rstrip('.')}. {hint}") if hint else e) from None
     return out, w
 
@@ -255,7 +248,7 @@ def sdpa_dtype_stability(t: Trial) -> None:
 
 # -- conceptual questions: the right values computed from the question's inputs ----------------------------
 # q_score_variance, q_variance_over_dk: q and k have D_K independent entries of mean 0, variance 1. q_weight: d_k = 4,
-# one query q = (2, 0, 0, 0), keys k1 = (1, 0, 0, 0), k2 = (0, 0, 0, 0).
+# one query q = (2, 0, 0, 0), keys k1 = (1, 0, 0, 0), k2 = (0, 0, 0, 0). A wrong answer's message starts with it.
 
 D_K = 64
 S1, S2 = 2.0 / math.sqrt(4), 0.0  # q_weight's scaled scores of the two keys
@@ -266,35 +259,32 @@ def _weight_on_first(s1: float, s2: float) -> float:
 
 
 SUITE.questions({
-    "q_score_variance": number(float(D_K), "Var(q . k) for d_k = 64 independent entries of variance 1 (no scaling).", {
-        "1 is the variance after dividing by sqrt(d_k); the question asks for the raw dot product q . k": 1.0,
-        f"{math.sqrt(D_K):g} = sqrt(d_k) is the standard deviation; the variance is its square": math.sqrt(D_K),
-        f"{D_K ** 2} = d_k^2 is too large: q . k is a sum of d_k independent products, each of variance 1, "
-        "and the variances of independent terms add": float(D_K ** 2),
-        "0 is the mean of q . k; its variance is the sum of the d_k products' variances": 0.0}),
+    "q_score_variance": number(float(D_K), "Var(q . k) for d_k = 64 independent entries of variance 1 (no scaling).",
+                               {f"{wrong:g} {why}": wrong for wrong, why in [
+        (1.0, "is the variance after dividing by sqrt(d_k); the question asks for the raw dot product q . k"),
+        (math.sqrt(D_K), "= sqrt(d_k) is the standard deviation; the variance is its square"),
+        (D_K ** 2, "= d_k^2 is too large: q . k is a sum of d_k independent products, each of variance 1, and the "
+         "variances of independent terms add"),
+        (0.0, "is the mean of q . k; its variance is the sum of the d_k products' variances")]}),
     "q_variance_over_dk": number(D_K / D_K ** 2, "Var(q . k / d_k) for d_k = 64: dividing by c divides the variance "
-                                 "by c^2.", {
-        "1 is the variance after dividing by sqrt(d_k) (or the variance divided by d_k once); dividing q . k "
-        "by d_k = 64 divides its variance by d_k^2": 1.0,
-        f"{1 / math.sqrt(D_K):g} = 1/sqrt(d_k) is the standard deviation; the variance is its square":
-            1 / math.sqrt(D_K),
-        f"{D_K:g} is the variance without any scaling": float(D_K),
-        f"{math.sqrt(D_K):g}: dividing by c divides the variance by c^2 = {D_K ** 2}, not by sqrt(c)":
-            D_K / math.sqrt(D_K)}),
+                                 "by c^2.", {f"{wrong:g}{why}": wrong for wrong, why in [
+        (1.0, " is the variance after dividing by sqrt(d_k) (or the variance divided by d_k once); dividing q . k by "
+         "d_k = 64 divides its variance by d_k^2"),
+        (1 / math.sqrt(D_K), " = 1/sqrt(d_k) is the standard deviation; the variance is its square"),
+        (D_K, " is the variance without any scaling"),
+        (math.sqrt(D_K), f": dividing by c divides the variance by c^2 = {D_K ** 2}, not by sqrt(c)")]}),
     "q_weight": number(_weight_on_first(S1, S2), "The weight the query puts on the first key in a hand-sized example "
-                       "(d_k = 4, two keys).", {
-        f"{_weight_on_first(2.0, 0.0):.3f} is the weight without the 1/sqrt(d_k) scaling: the scores are "
-        "q . k / sqrt(4)": _weight_on_first(2.0, 0.0),
-        f"{_weight_on_first(0.5, 0.0):.3f} divides the score by d_k = 4; the scale is 1/sqrt(d_k) = 1/2":
-            _weight_on_first(0.5, 0.0),
-        f"{_weight_on_first(S2, S1):.3f} is the weight on the second key (the all-zero one)": _weight_on_first(S2, S1),
+                       "(d_k = 4, two keys).", {**{f"{wrong:.3f} {why}": wrong for wrong, why in [
+        (_weight_on_first(2.0, 0.0), "is the weight without the 1/sqrt(d_k) scaling: the scores are q . k / sqrt(4)"),
+        (_weight_on_first(0.5, 0.0), "divides the score by d_k = 4; the scale is 1/sqrt(d_k) = 1/2"),
+        (_weight_on_first(S2, S1), "is the weight on the second key (the all-zero one)")]},
         "1.0 normalises the scores themselves (1 / (1 + 0)); the weights are exp(score) / sum of exp(scores)": 1.0,
         "0.5 treats the two keys alike, but their scores q . k differ": 0.5}, rel=2e-3),
     "q_output_shape": listed((8, 3, 5, 32), "The output shape of attention for query (8, 3, 5, 16), key (8, 3, 7, 16), "
-                             "value (8, 3, 7, 32).", {
-        "(8, 3, 5, 16) has the width d_k of the queries and keys; the output mixes value rows, so its width "
-        "is d_v = 32": (8, 3, 5, 16),
-        "(8, 3, 7, 32) has one row per key; the output has one row per query (n = 5)": (8, 3, 7, 32),
-        "(8, 3, 5, 7) is the shape of the weights (one weight per query and key), not of the output": (8, 3, 5, 7),
-        "(5, 32) drops the leading (batch, head) dimensions; they are kept": (5, 32)}),
+                             "value (8, 3, 7, 32).", {f"{wrong} {why}": wrong for wrong, why in [
+        ((8, 3, 5, 16), "has the width d_k of the queries and keys; the output mixes value rows, so its width is "
+         "d_v = 32"),
+        ((8, 3, 7, 32), "has one row per key; the output has one row per query (n = 5)"),
+        ((8, 3, 5, 7), "is the shape of the weights (one weight per query and key), not of the output"),
+        ((5, 32), "drops the leading (batch, head) dimensions; they are kept")]}),
 })

@@ -1,7 +1,5 @@
 """Graded checks for exercise 06_positional_encoding: the sinusoidal table, the shift matrix, learned embeddings,
-rotary embeddings (RoPE) and four conceptual questions; the requirements the exercise states are
-``STATED_REQUIREMENTS`` (``python -m autograder.judging.checks --requirements 06``).
-"""
+rotary embeddings (RoPE) and four conceptual questions; the requirements the exercise states are STATED_REQUIREMENTS."""
 
 from __future__ import annotations
 
@@ -40,8 +38,6 @@ STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, w
 }
 PE, SHIFT, LEARNED = "sinusoidal_positional_encoding", "position_shift_matrix", "LearnedPositionalEmbedding"
 ROPE = "apply_rotary_embedding"
-PE_FROM_1 = ("the positions start at 1: row i is position i, counted from 0 (torch.arange(num_positions)), so row 0 "
-             "is [sin 0, cos 0, ...] = [0, 1, 0, 1, ...]")
 LEARNED_FROM_1 = ("the positions start at 1: the row of position i is table[i], counted from 0, so a sequence of "
                   "n positions uses rows 0..n-1 (torch.arange(n))")
 
@@ -79,7 +75,8 @@ def _pe_mistakes(n: int, d: int) -> dict[str, torch.Tensor]:
         "sin fills the first half of the columns and cos the second; they must interleave: column 2j is sin, 2j+1 cos":
             torch.cat([a.sin(), a.cos()], -1),
         "the base is 1000; the frequencies are w_j = 10000^(-2j/dim)": _table(n, d, _w(d, base=1000.0)),
-        PE_FROM_1: _table(n, d, _w(d), start=1),
+        "the positions start at 1: row i is position i, counted from 0 (torch.arange(num_positions)), so row 0 is "
+        "[sin 0, cos 0, ...] = [0, 1, 0, 1, ...]": _table(n, d, _w(d), start=1),
     }
 
 
@@ -111,19 +108,18 @@ def sinusoidal_odd_dim(t: Trial) -> None:
 # -- the shift matrix -----------------------------------------------------------------------------
 
 
-def _rotation(delta: int, d: int, w: torch.Tensor) -> torch.Tensor:
+def _rotation(delta: int, w: torch.Tensor) -> torch.Tensor:
     """The block-diagonal shift matrix (row-vector convention) with pair frequencies ``w``."""
     c, s = torch.cos(delta * w), torch.sin(delta * w)
-    return torch.block_diag(*[torch.stack([torch.stack([c[j], -s[j]]), torch.stack([s[j], c[j]])])
-                              for j in range(d // 2)])
+    return torch.block_diag(*torch.stack([c, -s, s, c], -1).reshape(-1, 2, 2))
 
 
 def _shift_mistakes(delta: int, d: int) -> dict[str, torch.Tensor]:
     return {
         "the rotation frequencies are missing the factor 2: block j turns by delta * w_j with "
-        "w_j = 10000^(-2j/dim), the frequency of the table's pair j": _rotation(delta, d, _w(d, 1)),
+        "w_j = 10000^(-2j/dim), the frequency of the table's pair j": _rotation(delta, _w(d, 1)),
         "the rotation frequencies use the column index 2j where the pair index j belongs: block j turns by "
-        "delta * w_j with w_j = 10000^(-2j/dim)": _rotation(delta, d, _w(d, 4)),
+        "delta * w_j with w_j = 10000^(-2j/dim)": _rotation(delta, _w(d, 4)),
         "M rotates the wrong way: P[i] @ M gives P[i - delta]. For row vectors, block j is "
         "[[cos(delta w_j), -sin(delta w_j)], [sin(delta w_j), cos(delta w_j)]]; you built its transpose "
         "(the column-vector rotation)": ref_shift(delta, d, dtype=torch.float64).T,
@@ -145,15 +141,13 @@ def shift_matrix_shape(t: Trial) -> None:
 @SUITE.check(_SHIFT, parts=[SHIFT])
 def shift_matrix_property(t: Trial) -> None:
     """P[i + delta] = P[i] @ M for every position i, several offsets (including negative) and widths."""
+    n = 40
     for delta, d in [(1, 4), (5, 16), (-3, 8), (int(t.randint(10, 60, (1,))), 12)]:
-        n = 40
         P = ref_pe(n + abs(delta), d, dtype=torch.float64)
         M = expect_tensor(t.call(SHIFT, delta, d), (d, d), f"position_shift_matrix({delta}, {d})")
         i = torch.arange(max(0, -delta), n)
-        shifted = P[i] @ M.to(torch.float64)
-        wrong = {msg: P[i] @ W for msg, W in _shift_mistakes(delta, d).items()}
-        expect_close(shifted, P[i + delta], f"P[i] @ position_shift_matrix({delta}, {d}) (should be P[i + {delta}])",
-                     wrong, atol=2e-4)
+        expect_close(P[i] @ M.to(torch.float64), P[i + delta], f"P[i] @ position_shift_matrix({delta}, {d}) (should "
+                     f"be P[i + {delta}])", {msg: P[i] @ W for msg, W in _shift_mistakes(delta, d).items()}, atol=2e-4)
 
 
 # -- learned embeddings ---------------------------------------------------------------------------
@@ -201,15 +195,14 @@ def learned_embedding_max_len(t: Trial) -> None:
     """Sequences up to max_len work; a longer one raises a ValueError (there is no learned row for it)."""
     obj = t.new(LEARNED, 5, 4)
     _, table = _table_of(obj, 5, 4)
-    x = t.randn(2, 5, 4)
     try:
-        out = obj(x)
+        out = obj(t.randn(2, 5, 4))
     except StudentError as err:
         if not str(err).startswith("not implemented"):
             short = t.randn(2, 3, 4)
             try:
                 from_1 = close(obj(short), short + table[1:4])
-            except CheckFailed:
+            except CheckFailed:  # (a StudentError too)
                 from_1 = False
             if from_1:
                 raise CheckFailed(f"a sequence of exactly max_len = 5 positions fails ({err}): {LEARNED_FROM_1}") from None
@@ -234,17 +227,15 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, w: torch.Tensor, halves: boo
     a = positions.to(torch.float64)[:, None] * w  # (n, d/2)
     c, s = a.cos(), a.sin()
     x = x.to(torch.float64)
-    if halves:
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], -1)
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], -1).flatten(-2)
+    x1, x2 = x.chunk(2, dim=-1) if halves else (x[..., 0::2], x[..., 1::2])
+    y1, y2 = x1 * c - x2 * s, x1 * s + x2 * c
+    return torch.cat([y1, y2], -1) if halves else torch.stack([y1, y2], -1).flatten(-2)
 
 
 def _rope_mistakes(x: torch.Tensor, positions: torch.Tensor | None) -> dict[str, torch.Tensor]:
     n, d = x.shape[-2], x.shape[-1]
     p, w = torch.arange(n) if positions is None else positions, _w(d)
-    out = {
+    return {
         "each pair turns the wrong way (by -p w_j): the rotation of (x_2j, x_2j+1) by the angle a is "
         "(x_2j cos a - x_2j+1 sin a, x_2j sin a + x_2j+1 cos a)": _rope(x, -p, w),
         "the pairs are (j, j + d/2), the 'rotate half' layout; this exercise pairs neighbouring columns (2j, 2j+1), "
@@ -254,11 +245,10 @@ def _rope_mistakes(x: torch.Tensor, positions: torch.Tensor | None) -> dict[str,
         "the positions start at 1: row i is position i, counted from 0": _rope(x, p + 1, w),
         "the sinusoidal table was added instead of rotating: RoPE multiplies each pair by a rotation, it adds nothing":
             x.to(torch.float64) + ref_pe(n, d, dtype=torch.float64) if positions is None else x.to(torch.float64),
+        **({} if positions is None else {
+            "the positions argument is ignored: rotate row i by positions[i] w_j (0 .. n-1 only by default)":
+                _rope(x, torch.arange(n), w)}),
     }
-    if positions is not None:
-        out["the positions argument is ignored: rotate row i by positions[i] w_j (0 .. n-1 only by default)"] = \
-            _rope(x, torch.arange(n), w)
-    return out
 
 
 def _call_rope(t: Trial, x: torch.Tensor, positions: torch.Tensor | None, what: str) -> torch.Tensor:
@@ -269,12 +259,11 @@ def _call_rope(t: Trial, x: torch.Tensor, positions: torch.Tensor | None, what: 
 @SUITE.check(_ROPE, parts=[ROPE])
 def rotary_values(t: Trial) -> None:
     """Equals attnkit's RoPE for default and given positions, several shapes; keeps x's dtype (float32, float64)."""
-    cases = [((2, 5, 8), None), ((3, 2, 6, 4), None), ((1, 4, 16), torch.tensor([7, 3, 12, 0])),
-             ((2, 3, 6), torch.tensor([2.5, 10.0, 41.0]))]
-    for shape, positions in cases:
+    for shape, positions in [((2, 5, 8), None), ((3, 2, 6, 4), None), ((1, 4, 16), torch.tensor([7, 3, 12, 0])),
+                             ((2, 3, 6), torch.tensor([2.5, 10.0, 41.0]))]:
         x = t.randn(*shape)
-        what = f"apply_rotary_embedding(x of shape {shape}" + ("" if positions is None else
-                                                               f", positions={positions.tolist()}") + ")"
+        given = "" if positions is None else f", positions={positions.tolist()}"
+        what = f"apply_rotary_embedding(x of shape {shape}{given})"
         expect_close(_call_rope(t, x, positions, what), ref_rope(x.to(torch.float64), positions), what,
                      _rope_mistakes(x, positions), atol=1e-4)
     x = t.randn(2, 3, 4, dtype=torch.float64)

@@ -1,19 +1,15 @@
-"""What the checks of several chapters share: no chapter's checks import another chapter's (issue 20).
-
-- ``ATTENTION_MISTAKES``: attention's classic mistakes (:mod:`mistakes`) in the words of chapters 01 and 04;
-  ``UNIFORM_ROWS`` names the finite fill that makes a fully masked row uniform (chapters 01, 02, 04).
-- The multi-head layer of chapter 02, as the judge computes it: ``random_weights`` for a
-  ``MultiHeadAttention(E, H)``, ``reference`` / ``expected`` for its ``(output, weights)``, ``head_mistakes`` and
-  ``mha_mistakes`` for its classic mistakes, and ``expect_layer`` that compares a layer's answer with all of them
-  (chapter 02's layer, chapter 03's self-attention, chapter 04's masked layer).
-
-Everything here runs in the judge, on the judge's tensors; nothing reaches the student's process.
+"""What the checks of several chapters share (no chapter's checks import another chapter's, issue 20): attention's
+classic mistakes (:mod:`mistakes`) in the words of chapters 01 and 04, ``ATTENTION_MISTAKES``; chapter 02's
+multi-head layer as the judge computes it (``random_weights``, ``reference`` / ``expected``, ``head_mistakes`` and
+``mha_mistakes``, and ``expect_layer``, which compares a layer's answer with all of them: chapters 02, 03 and 04); the
+checks of a mask on the student's own weights (``expect_masked``, ``fitted_scale``). All run in the judge.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -28,18 +24,17 @@ from autograder.judging.checks.compare import expect_close, expect_tensor
 from autograder.judging.checks.verdicts import CheckFailed
 from autograder.judging.checks.trial import Trial
 
-TIMES_SQRT = "the scores are multiplied by sqrt(d_k); the scale is 1/sqrt(d_k): divide Q K^T by sqrt(d_k)"
 UNIFORM_ROWS = ("a query whose keys are all masked gets equal weights on every key instead of zeros: filling with a "
                 "large negative number (such as torch.finfo(dtype).min) instead of -inf makes such a row uniform. The "
                 "contract asks for zero weights and a zero output row there (fill with -inf and turn the NaN rows "
                 "into 0, or zero the rows that have no allowed key)")
 
-# the classic mistakes of attention (computed in mistakes.py), in the words of chapters 01 and 04. Tried in
-# this order: the first one the answer equals is named.
+# attention's classic mistakes in the words of chapters 01 and 04, tried in this order (the first one equalled is named)
 ATTENTION_MISTAKES = {
     mistakes.NOT_SCALED: "the scores are not scaled: divide Q K^T by sqrt(d_k)",
     mistakes.BY_D_K: "the scores are divided by d_k; the scale is 1/sqrt(d_k)",
-    mistakes.TIMES_SQRT_D_K: TIMES_SQRT,
+    mistakes.TIMES_SQRT_D_K: "the scores are multiplied by sqrt(d_k); the scale is 1/sqrt(d_k): divide Q K^T by "
+                             "sqrt(d_k)",
     mistakes.BY_SQRT_D_V: "the scores are scaled by sqrt(d_v); the scale uses the key width d_k",
     mistakes.OVER_QUERIES: "the softmax runs over the queries (dim=-2); it must run over the keys (dim=-1)",
     mistakes.WEIGHTS_ON_KEYS: "the weights multiply the keys; they must multiply the values",
@@ -80,21 +75,18 @@ def random_weights(t: Trial, e: int, bias: bool = True) -> Params:
     return p
 
 
-def reference_module(p: Params, h: int) -> RefMHA:
-    """attnkit's MultiHeadAttention holding the weights ``p``, in float64."""
-    ref = RefMHA(p["q_proj.weight"].shape[0], h, bias="q_proj.bias" in p).double()
-    ref.load_state_dict({k: v.double() for k, v in p.items()})
-    return ref
-
-
 def _lin(p: Params, name: str, x: Tensor) -> Tensor:
     y = x.double() @ p[f"{name}.weight"].double().T
     return y + p[f"{name}.bias"].double() if f"{name}.bias" in p else y
 
 
+def _per_head(mask: Tensor | None) -> Tensor | None:
+    """``mask`` broadcastable to (B, H, n, m): a 3-D (B, n, m) one applies to every head."""
+    return mask.unsqueeze(1) if mask is not None and mask.dim() == 3 else mask
+
+
 def _full(mask: Tensor, b: int, h: int, n: int, m: int) -> Tensor:
-    """``mask`` broadcast to (B, H, n, m), a 3-D one applying to every head."""
-    return (mask.unsqueeze(1) if mask.dim() == 3 else mask).expand(b, h, n, m)
+    return _per_head(mask).expand(b, h, n, m)
 
 
 def _heads(p: Params, qp: Tensor, kp: Tensor, vp: Tensor, h: int, mask: Tensor | None = None, *,
@@ -105,7 +97,7 @@ def _heads(p: Params, qp: Tensor, kp: Tensor, vp: Tensor, h: int, mask: Tensor |
     q, k, v = split(qp, h), split(kp, h), split(vp, h)  # (B, H, n|m, Dh)
     s = q @ k.transpose(-2, -1) / math.sqrt(scale or q.shape[-1])  # (B, H, n, m)
     if mask is not None:
-        s = s.masked_fill(~(mask.unsqueeze(1) if mask.dim() == 3 else mask), float("-inf"))
+        s = s.masked_fill(~_per_head(mask), float("-inf"))
     w = ref_softmax(s)
     o = merge(w @ v)  # (B, n, E)
     return (_lin(p, "out_proj", o) if out_proj else o), w
@@ -115,33 +107,26 @@ def reference(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor |
     return _heads(p, _lin(p, "q_proj", q), _lin(p, "k_proj", k), _lin(p, "v_proj", v), h, mask)
 
 
-def torch_reference(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """torch.nn.MultiheadAttention with the same weights (its bool mask means 'may NOT attend')."""
-    kw = {}
-    if mask is not None:
-        full = _full(mask, q.shape[0], h, q.shape[1], k.shape[1]).reshape(-1, q.shape[1], k.shape[1])
-        kw["attn_mask"] = ~full  # ours: True = may attend; torch's: True = may not
-    with torch.no_grad():
-        out, w = to_torch_multihead(reference_module(p, h))(q.double(), k.double(), v.double(),
-                                                            average_attn_weights=False, **kw)
-    return out, w
-
-
 def expected(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """The right (output, weights): torch's module, or the formula where some query has no allowed key
-    (torch gives NaN there; the contract asks for zero weights, so that row's output is out_proj(0))."""
-    if mask is not None and not bool(_full(mask, q.shape[0], h, q.shape[1], k.shape[1]).any(-1).all()):
+    """The right (output, weights): torch.nn.MultiheadAttention holding ``p``, in float64, or the formula where a query
+    has no allowed key (torch gives NaN; the contract asks for zero weights, so that row's output is out_proj(0))."""
+    (b, n, e), m = q.shape, k.shape[1]
+    full = None if mask is None else _full(mask, b, h, n, m)
+    if full is not None and not bool(full.any(-1).all()):
         return reference(p, q, k, v, h, mask)
-    return torch_reference(p, q, k, v, h, mask)
+    ref = RefMHA(e, h, bias="q_proj.bias" in p).double()
+    ref.load_state_dict({name: x.double() for name, x in p.items()})
+    hidden = None if full is None else ~full.reshape(-1, n, m)  # torch's bool mask: True = may NOT attend
+    with torch.no_grad():
+        return to_torch_multihead(ref)(q.double(), k.double(), v.double(), attn_mask=hidden, average_attn_weights=False)
 
 
 def head_mistakes(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = None) -> mistakes.Pairs:
     """message -> (output, weights) of the layer when every head makes one of attention's classic mistakes
     (unscaled scores, the mask ignored, inverted, applied after the softmax, filled with a finite number)."""
     e = q.shape[-1]
-    heads = mistakes.wrong_attention(ref_split(_lin(p, "q_proj", q), h), ref_split(_lin(p, "k_proj", k), h),
-                                     ref_split(_lin(p, "v_proj", v), h),
-                                     None if mask is None else (mask.unsqueeze(1) if mask.dim() == 3 else mask))
+    heads = mistakes.wrong_attention(*(ref_split(_lin(p, f"{c}_proj", x), h) for c, x in zip("qkv", (q, k, v))),
+                                     _per_head(mask))
     messages = {
         mistakes.MASK_IGNORED: "the mask is ignored: pass it to the attention of every head (True = may attend)",
         mistakes.MASK_INVERTED: "the mask polarity is inverted: True means 'may attend', so fill the scores where the "
@@ -158,47 +143,45 @@ def mha_mistakes(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tenso
     """message -> (output, weights) a classic mistake would produce on these inputs and weights."""
     e = q.shape[-1]
     Q, K, V = _lin(p, "q_proj", q), _lin(p, "k_proj", k), _lin(p, "v_proj", v)
-    out: mistakes.Pairs = {}
+    kv, vk = _lin(p, "k_proj", v), _lin(p, "v_proj", k)  # k_proj(value), v_proj(key)
 
-    def bad_split(x: Tensor, heads: int) -> Tensor:
+    def run(keys: Tensor = K, values: Tensor = V, **kw: Any) -> tuple[Tensor, Tensor]:
+        return _heads(p, Q, keys, values, h, mask, **kw)
+
+    def bad_split(x: Tensor, heads: int) -> Tensor:  # (B, n, E) read as (B, H, n, Dh): no transpose
         return x.reshape(x.shape[0], heads, x.shape[1], x.shape[2] // heads)
-
-    def interleaved(x: Tensor, heads: int) -> Tensor:
-        return x.reshape(x.shape[0], x.shape[1], x.shape[2] // heads, heads).permute(0, 3, 1, 2)
 
     def bad_merge(x: Tensor) -> Tensor:
         return x.reshape(x.shape[0], x.shape[2], x.shape[1] * x.shape[3])
 
+    out: mistakes.Pairs = {}
     if h > 1:
         out[f"the scores are divided by sqrt(embed_dim) = sqrt({e}); each head is a {e // h}-wide attention, so "
-            f"divide by sqrt(head_dim) = sqrt({e // h})"] = _heads(p, Q, K, V, h, mask, scale=e)
-    out["the output projection out_proj is missing: apply it to the concatenated heads"] = _heads(
-        p, Q, K, V, h, mask, out_proj=False)
+            f"divide by sqrt(head_dim) = sqrt({e // h})"] = run(scale=e)
+    out["the output projection out_proj is missing: apply it to the concatenated heads"] = run(out_proj=False)
     out |= head_mistakes(p, q, k, v, h, mask)
     if h > 1:
-        out["splitting the heads: " + NO_TRANSPOSE_SPLIT] = _heads(p, Q, K, V, h, mask, split=bad_split)
-        out["splitting the heads: " + INTERLEAVED_SPLIT] = _heads(p, Q, K, V, h, mask, split=interleaved)
-        out["merging the heads: " + NO_TRANSPOSE_MERGE] = _heads(p, Q, K, V, h, mask, merge=bad_merge)
-        out["merging the heads: " + REVERSED_HEADS] = _heads(p, Q, K, V, h, mask, merge=lambda x: ref_merge(x.flip(1)))
+        out["splitting the heads: " + NO_TRANSPOSE_SPLIT] = run(split=bad_split)
+        out["splitting the heads: " + INTERLEAVED_SPLIT] = run(
+            split=lambda x, heads: x.unflatten(-1, (-1, heads)).permute(0, 3, 1, 2))
+        out["merging the heads: " + NO_TRANSPOSE_MERGE] = run(merge=bad_merge)
+        out["merging the heads: " + REVERSED_HEADS] = run(merge=lambda x: ref_merge(x.flip(1)))
         out["the heads are split and merged with reshape but no transpose, which mixes positions into heads: "
-            "view as (B, n, H, Dh), then transpose(1, 2)"] = _heads(p, Q, K, V, h, mask, split=bad_split, merge=bad_merge)
+            "view as (B, n, H, Dh), then transpose(1, 2)"] = run(split=bad_split, merge=bad_merge)
     wrong = "a projection is applied to the wrong input: "
-    out[wrong + "k_proj and v_proj are swapped (keys must go through k_proj, values through v_proj)"] = _heads(
-        p, Q, _lin(p, "v_proj", k), _lin(p, "k_proj", v), h, mask)
+    out[wrong + "k_proj and v_proj are swapped (keys must go through k_proj, values through v_proj)"] = run(vk, kv)
     out[wrong + "the key and value tensors are swapped (k_proj(value), v_proj(key)); keys are k_proj(key), "
-        "values v_proj(value)"] = _heads(p, Q, _lin(p, "k_proj", v), _lin(p, "v_proj", k), h, mask)
-    out[wrong + "the keys are projected with q_proj; use k_proj"] = _heads(p, Q, _lin(p, "q_proj", k), V, h, mask)
-    out[wrong + "the values are projected with k_proj; use v_proj"] = _heads(p, Q, K, _lin(p, "k_proj", v), h, mask)
-    out[wrong + "the values go through k_proj(key) instead of v_proj(value)"] = _heads(p, Q, K, K, h, mask)
-    out[wrong + "the keys come from the value tensor (k_proj(value)); keys are k_proj(key)"] = _heads(
-        p, Q, _lin(p, "k_proj", v), V, h, mask)
-    out[wrong + "the values come from the key tensor (v_proj(key)); values are v_proj(value)"] = _heads(
-        p, Q, K, _lin(p, "v_proj", k), h, mask)
+        "values v_proj(value)"] = run(kv, vk)
+    out[wrong + "the keys are projected with q_proj; use k_proj"] = run(_lin(p, "q_proj", k))
+    out[wrong + "the values are projected with k_proj; use v_proj"] = run(values=kv)
+    out[wrong + "the values go through k_proj(key) instead of v_proj(value)"] = run(values=K)
+    out[wrong + "the keys come from the value tensor (k_proj(value)); keys are k_proj(key)"] = run(kv)
+    out[wrong + "the values come from the key tensor (v_proj(key)); values are v_proj(value)"] = run(values=vk)
     if q.shape == k.shape:
-        out[wrong + "the keys come from the query tensor (k_proj(query)); keys are k_proj(key)"] = _heads(
-            p, Q, _lin(p, "k_proj", q), V, h, mask)
-        out[wrong + "the values come from the query tensor; values are v_proj(value)"] = _heads(
-            p, Q, K, _lin(p, "v_proj", q), h, mask)
+        out[wrong + "the keys come from the query tensor (k_proj(query)); keys are k_proj(key)"] = run(
+            _lin(p, "k_proj", q))
+        out[wrong + "the values come from the query tensor; values are v_proj(value)"] = run(
+            values=_lin(p, "v_proj", q))
     if mask is not None and mask.dim() == 3 and mask.shape[0] == h:
         out[MASK_AXES] = _heads(p, Q, K, V, h, mask.unsqueeze(0))  # example b's mask lands on head b
     return out
@@ -223,9 +206,8 @@ def expect_layer(out, w, p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mas
 
 
 def renormalised(w0: Tensor, full: Tensor) -> Tensor:
-    """What masking the scores with ``full`` (True = may attend) before the softmax does to weights ``w0`` computed
-    without the mask, whatever made the scores (their scale, the projections): the allowed keys' weights scaled
-    back to sum 1; a row with no allowed key all zero."""
+    """``w0`` (weights computed without a mask) as masking the scores with ``full`` (True = may attend) before the
+    softmax makes them, whatever the scores: the allowed keys' weights scaled to sum 1, a row with no allowed key 0."""
     kept = w0.double() * full
     total = kept.sum(-1, keepdim=True)
     return torch.where(total > 0, kept / total.clamp_min(1e-300), 0.0)
@@ -233,10 +215,9 @@ def renormalised(w0: Tensor, full: Tensor) -> Tensor:
 
 def expect_masked(w: Tensor, w0: Tensor, full: Tensor, what: str, wrong_masks: dict[str, Tensor] | None = None,
                   name: str = "the mask") -> None:
-    """Weights ``w`` under the mask ``full`` (broadcast to their shape) must be the student's own unmasked weights
-    ``w0`` renormalised on the allowed keys (:func:`renormalised`): the mask's property alone, so a wrong scale or
-    projection costs the checks of the values, not this one. Names the mask's classic mistakes, and
-    ``wrong_masks`` (message -> the mask a mistake applies instead); ``name``: the mask's name in the messages."""
+    """Weights ``w`` under the mask ``full`` must be the student's own unmasked weights ``w0`` :func:`renormalised`:
+    the mask's property alone (a wrong scale or projection costs the checks of the values). Names the mask's classic
+    mistakes and ``wrong_masks`` (message -> the mask a mistake applies); ``name``: the mask's name in the messages."""
     expect_distributions(w0, what.replace("weights", "weights without the mask", 1))
     right = renormalised(w0, full)
     expect_close(w, right, what, {
@@ -265,10 +246,9 @@ def hidden_keys_changed(value: Tensor, full: Tensor) -> Tensor | None:
 
 
 def fitted_scale(scores: Tensor, w: Tensor, allowed: Tensor | None = None) -> float | None:
-    """The student's own scale: ``c`` with ``w = softmax(c * scores)`` on the ``allowed`` keys, fitted by least
-    squares on the log-weights, row by row. A check of another property than the scale compares with the
-    reference at this scale, so a wrong scale costs the check of the values alone. None when the weights do not
-    follow the scores (c <= 0.01: uniform weights, say), and the right scale applies."""
+    """The student's own scale: ``c`` with ``w = softmax(c * scores)`` on the ``allowed`` keys, fitted by least squares
+    on the log-weights, row by row, for checks of other properties (a wrong scale costs the check of the values
+    alone). None when the weights do not follow the scores (c <= 0.01: uniform weights, say): the right scale holds."""
     s = scores.double().expand(w.shape)
     keep = (w.double() > 1e-12) & (True if allowed is None else allowed.expand(w.shape))
     n = keep.sum(-1, keepdim=True).clamp_min(1)

@@ -1,16 +1,10 @@
 """The classic mistakes of scaled dot-product attention, computed once for the checks of 01, 02 and 04.
 
-``wrong_attention(q, k, v, mask)`` gives, for each known-wrong variant of
-``softmax(Q K^T / sqrt(d_k)) V`` that applies to these inputs, the ``(output, weights)`` it computes.
-A chapter names the variants in its own words with ``named`` (a key -> message table, in the order
-the messages are tried), and hands ``outputs`` / ``weights`` of the result to ``expect_close``.
-Chapter 01 uses it on the student's attention, chapter 04 on the student's masked attention,
-chapter 02 head by head inside a multi-head layer (``(B, H, n, Dh)`` inputs and a 4-D mask).
-
-``expect_no_nan`` names the mistake that shows before any value is compared: NaN where a query has no
-allowed key (a softmax over a row of -inf is 0/0).
-
-Imports ``attnkit.softmax`` (zero weights for a row with no allowed key) and ``CheckFailed``.
+``wrong_attention(q, k, v, mask)``: for each known-wrong variant of ``softmax(Q K^T / sqrt(d_k)) V`` that applies to
+these inputs, the ``(output, weights)`` it computes. A chapter words them with ``named`` (key -> message, in the order
+tried) and hands ``outputs`` / ``weights`` of the result to ``expect_close``: chapter 01 on the student's attention, 04
+on the masked attention, 02 head by head (``(B, H, n, Dh)`` inputs, a 4-D mask). ``expect_no_nan`` names the mistake
+that shows before any value is compared: NaN where a query has no allowed key (a softmax over a row of -inf is 0/0).
 """
 
 from __future__ import annotations
@@ -41,25 +35,19 @@ Pairs = dict[str, tuple[Tensor, Tensor]]
 
 
 def wrong_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Pairs:
-    """key -> ``(output, weights)`` of each classic mistake that applies to these inputs.
-
-    ``q`` (..., n, d_k), ``k`` (..., m, d_k), ``v`` (..., m, d_v); ``mask`` bool, broadcastable to
-    (..., n, m), True = may attend. The mask variants come only with a mask, ``FINITE_FILL`` only
-    when some query has no allowed key (elsewhere it equals the right answer).
-    """
+    """key -> ``(output, weights)`` of each classic mistake that applies to ``q`` (..., n, d_k), ``k`` (..., m, d_k),
+    ``v`` (..., m, d_v) and ``mask`` (bool, broadcastable to (..., n, m), True = may attend): the mask variants only
+    with a mask, ``FINITE_FILL`` only when some query has no allowed key (elsewhere it equals the right answer)."""
     d_k, d_v = q.shape[-1], v.shape[-1]
     raw = q @ k.transpose(-2, -1)  # (..., n, m) unscaled scores
     scaled = raw / math.sqrt(d_k)
-
-    def masked(s: Tensor) -> Tensor:
-        return s if mask is None else s.masked_fill(~mask, float("-inf"))
-
+    masked = raw if mask is None else raw.masked_fill(~mask, float("-inf"))  # the unscaled scores, masked
     found = {
-        NOT_SCALED: ref_softmax(masked(raw)),
-        BY_D_K: ref_softmax(masked(raw) / d_k),
-        TIMES_SQRT_D_K: ref_softmax(masked(raw) * math.sqrt(d_k)),
-        **({BY_SQRT_D_V: ref_softmax(masked(raw) / math.sqrt(d_v))} if d_v != d_k else {}),
-        OVER_QUERIES: ref_softmax(masked(scaled), dim=-2),
+        NOT_SCALED: ref_softmax(masked),
+        BY_D_K: ref_softmax(masked / d_k),
+        TIMES_SQRT_D_K: ref_softmax(masked * math.sqrt(d_k)),
+        **({BY_SQRT_D_V: ref_softmax(masked / math.sqrt(d_v))} if d_v != d_k else {}),
+        OVER_QUERIES: ref_softmax(masked / math.sqrt(d_k), dim=-2),
     }
     if mask is not None:
         # (masking after the softmax and renormalising is no mistake where a query has an allowed key: the
@@ -73,7 +61,7 @@ def wrong_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None)
             found[FINITE_FILL] = ref_softmax(scaled.double().masked_fill(~mask, -1e30))
     pairs = {key: (w @ v.to(w.dtype), w) for key, w in found.items()}  # FINITE_FILL's are float64
     if d_v == d_k:
-        right = ref_softmax(masked(scaled))
+        right = ref_softmax(masked / math.sqrt(d_k))
         pairs[WEIGHTS_ON_KEYS] = (right @ k, right)
     return pairs
 
