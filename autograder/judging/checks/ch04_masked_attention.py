@@ -1,13 +1,8 @@
-"""Graded checks for exercise 04_masked_attention: ``causal_mask``, ``padding_mask``, ``masked_attention`` and five
-conceptual questions; the requirements the exercise states are ``STATED_REQUIREMENTS`` (``python -m
-autograder.judging.checks --requirements 04``). Not stated, not graded: the dtype, and the device of
-padding_mask's result.
-
-The notebook's read-only setup gives ``MultiHeadAttention`` and ``SelfAttention``, whose heads call the student's
-``masked_attention``; the last two checks run masked attention through them (weights drawn here), and verify
-causality by perturbing future inputs and by gradients, with the student's own causal mask. test_masked_attention
-tests the formula; the others compare at the student's own scale (``common.scaled_reference``) or with the
-student's own rows, so an unscaled attention costs test_masked_attention alone.
+"""Graded checks for exercise 04_masked_attention (requirements: ``STATED_REQUIREMENTS``; not graded: the dtype,
+and the device of padding_mask's result). test_masked_attention tests the formula; the checks through the setup's
+``MultiHeadAttention`` and ``SelfAttention`` (weights drawn here; causality by perturbing future inputs and by
+gradients, with the student's own causal mask) compare at the student's own scale (``common.scaled_reference``) or
+with the student's own rows, so an unscaled attention costs test_masked_attention alone.
 """
 
 from __future__ import annotations
@@ -22,9 +17,9 @@ from attnkit import causal_mask as ref_causal
 from attnkit import padding_mask as ref_padding
 from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
-from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, choice, expect_close, expect_pair,
-                                       expect_tensor, fail_if_named, listed, mistakes, named_mistake, number,
-                                       requirement, row_set, twin)
+from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, choice, close, expect_close,
+                                       expect_pair, expect_tensor, fail_if_named, listed, mistakes, named_mistake,
+                                       number, requirement, row_set, twin)
 from autograder.judging.checks.common import (ATTENTION_MISTAKES, UNIFORM_ROWS, expect_distributions, head_mistakes,
                                               random_weights, scaled_reference)
 
@@ -32,13 +27,10 @@ SUITE = Suite("04_masked_attention")
 STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
     'causal: bool': requirement('test_causal_mask', 'bool', '(n, n) bool mask', also=('test_causality',)),
     'causal: on and below the diagonal': requirement('test_causal_mask', 'diagonal is hidden',
-        'the mask is true on and below the diagonal', also=('test_causality',)),
-    'causal: device honoured': requirement('test_causal_mask', 'device argument is ignored',
-        'return a torch.bool tensor on device'),
-    'padding: (B, 1, max_len)': requirement('test_padding_mask', '(B, 1, max_len)',
-        'return a bool (b, 1, max_len) mask'),
-    'padding: True at the real tokens': requirement('test_padding_mask', 'off by one',
-        'example b has real tokens at positions 0..lengths[b]-1'),
+        'true on and below the diagonal', also=('test_causality',)),
+    'causal: device honoured': requirement('test_causal_mask', 'device argument is ignored', 'bool tensor on device'),
+    'padding: (B, 1, max_len)': requirement('test_padding_mask', '(B, 1, max_len)', 'a bool (b, 1, max_len) mask'),
+    'padding: True at the real tokens': requirement('test_padding_mask', 'off by one', 'positions 0..lengths[b]-1'),
     'attention: scaled scores': requirement('test_masked_attention', 'not scaled', 's = q k^t / sqrt(d_k)'),
     'attention: -inf before the softmax, True = may attend': requirement('test_masked_attention', 'after the softmax',
         'replaced by -inf before the softmax', also=('test_masked_mha', 'test_causality')),
@@ -50,9 +42,9 @@ STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, w
     'attention: any leading dimensions': requirement('test_masked_mha', 'leading dimensions',
         'any number of leading dimensions', also=('test_causality',)),
     'attention: fully masked row gives zeros': requirement('test_masked_attention_fully_masked', 'NaN',
-        'the contract asks for zero weights and a zero output row', also=('test_masked_mha',)),
-    'causality end to end': requirement('test_causality', 'future',
-        'changing a later input must not change an earlier output', also=('test_causal_mask',)),
+        'zero weights and a zero output row', also=('test_masked_mha',)),
+    'causality end to end': requirement('test_causality', 'future', 'changing a later input must not change',
+        also=('test_causal_mask',)),
 }
 CAUSAL, PADDING, MASKED = "causal_mask", "padding_mask", "masked_attention"
 
@@ -61,7 +53,6 @@ STRICT = ("off by one: the diagonal is hidden (a strictly lower triangle, tril(d
           "to itself, so the mask is True on and below the diagonal (tril with diagonal=0)")
 SEES_NEXT = ("off by one: the mask also lets each position see the next (future) position i+1 (tril(diagonal=1)); "
              "query i may only see keys 0..i, so use tril with diagonal=0")
-NOT_SCALED = "the scores are not scaled: divide Q K^T by sqrt(d_k) before masking"
 NAN_ROWS = ("a query whose keys are all masked gives NaN: the softmax of a row of -inf is 0/0. The contract asks for "
             "zero weights and a zero output row (for example torch.nan_to_num, or divide only where the sum is positive)")
 
@@ -170,17 +161,10 @@ MISTAKES = {
                          "the masked scores with -inf before the softmax",
     mistakes.MASK_INVERTED: INVERTED + ", so fill the scores where the mask is False",
     mistakes.MASK_IGNORED: "the mask is ignored: fill the scores where the mask is False with -inf",
-    mistakes.NOT_SCALED: NOT_SCALED,
+    mistakes.NOT_SCALED: "the scores are not scaled: divide Q K^T by sqrt(d_k) before masking",
     mistakes.FINITE_FILL: UNIFORM_ROWS,
-    **{key: message for key, message in ATTENTION_MISTAKES.items() if key not in (
-        mistakes.MASK_AFTER, mistakes.MASK_INVERTED, mistakes.NOT_SCALED,
-        mistakes.FINITE_FILL)},
 }
-
-
-def _mistakes(q, k, v, mask) -> mistakes.Pairs:
-    """message -> (output, weights) of each classic mistake on these inputs."""
-    return mistakes.named(mistakes.wrong_attention(q, k, v, mask), MISTAKES)
+MISTAKES |= {key: message for key, message in ATTENTION_MISTAKES.items() if key not in MISTAKES}
 
 
 @SUITE.check("test_masked_attention", parts=[MASKED])
@@ -190,12 +174,10 @@ def masked_attention_check(t: Trial) -> None:
     q, k, v = t.randn(b, n, d), t.randn(b, m, d), t.randn(b, m, d + 2)
     random_mask = t.rand_mask(n, m, p=0.6)
     random_mask[:, 0] = True
-    causal = ref_causal(6)
-    qs = t.randn(b, 6, d)
-    padding = ref_padding(torch.tensor([6, 3]), m)  # (B, 1, m)
-    for (qq, mask, what) in [(qs, causal, "attention with a causal mask"),  # square first: names a transposed mask
+    # the causal mask first: a square one shows a transposed mask
+    for (qq, mask, what) in [(t.randn(b, 6, d), ref_causal(6), "attention with a causal mask"),
                              (q, random_mask, "attention with an (n, m) mask"),
-                             (q, padding, "attention with a (B, 1, m) padding mask")]:
+                             (q, ref_padding(torch.tensor([6, 3]), m), "attention with a (B, 1, m) padding mask")]:
         try:
             out, w, exp_out, exp_w = _against_reference(t, qq, k, v, mask, what)
         except StudentError as err:
@@ -205,22 +187,19 @@ def masked_attention_check(t: Trial) -> None:
                               f"{tuple(v.shape)}, mask {tuple(mask.shape)}). The mask must broadcast against the "
                               "scores (..., n, m) as it is, and n, m, d_k and d_v may all differ") from None
         full = mask.expand_as(w)
-        if bool((w.masked_select(~full).abs() > 1e-6).any()):
+        if bool((w.masked_select(~full).abs() > 1e-6).any()):  # a masked key has weight: name how it leaks
+            scores = qq @ k.transpose(-2, -1) / math.sqrt(d)
+            leaks = {"the mask is ignored: fill the scores where the mask is False with -inf before the softmax":
+                     ref_softmax(scores)}
+            if mask.shape[-1] == mask.shape[-2]:
+                leaks["the mask is used transposed: mask[..., i, j] says whether query i (row) may see key j (column), "
+                      "the same layout as the scores"] = ref_softmax(scores.masked_fill(~mask.mT, float("-inf")))
+            why = named_mistake(w, leaks, lambda a, b: close(a, b, atol=1e-4, rtol=1e-5))
             if bool((w.masked_select(full).abs() < 1e-9).all()):
-                raise CheckFailed(f"{what}: {INVERTED}, so the keys where the mask is False must get weight 0")
-            unmasked = ref_softmax(qq @ k.transpose(-2, -1) / math.sqrt(d))
-            if w.shape == unmasked.shape and torch.allclose(w.double(), unmasked.double(), atol=1e-4):
-                raise CheckFailed(f"{what}: the mask is ignored: fill the scores where the mask is False with -inf "
-                                  "before the softmax")
-            if mask.shape[-1] == mask.shape[-2] and w.shape[-1] == w.shape[-2]:
-                scores = qq @ k.transpose(-2, -1) / math.sqrt(d)
-                transposed = ref_softmax(scores.masked_fill(~mask.transpose(-2, -1), float("-inf")))
-                if w.shape == transposed.shape and torch.allclose(w.double(), transposed.double(), atol=1e-4):
-                    raise CheckFailed(f"{what}: the mask is used transposed: mask[..., i, j] says whether query i "
-                                      "(row) may see key j (column), the same layout as the scores")
-            raise CheckFailed(f"{what}: masked keys (mask False) get non-zero weight: fill their scores with -inf "
-                              "before the softmax")
-        wrong = _mistakes(qq, k, v, mask)
+                why = f"{INVERTED}, so the keys where the mask is False must get weight 0"
+            raise CheckFailed(f"{what}: " + (why or "masked keys (mask False) get non-zero weight: fill their scores "
+                                             "with -inf before the softmax"))
+        wrong = mistakes.named(mistakes.wrong_attention(qq, k, v, mask), MISTAKES)
         expect_close(w, exp_w, f"the weights of {what}", mistakes.weights(wrong))
         expect_close(out, F.scaled_dot_product_attention(qq, k, v, attn_mask=mask), f"the output of {what}",
                      mistakes.outputs(wrong))
@@ -321,12 +300,8 @@ def causality_check(t: Trial) -> None:
 # -- conceptual questions (the inputs are in the question; the answer is a value) ----------------------
 SEEN = (ref_causal(6) & ref_padding(torch.tensor([4]), 6))[0].sum(-1)  # q_keys_seen: causal_mask(6) & padding([4], 6)
 # q_mask_pattern: the four patterns of the question (rows = queries, columns = keys, 1 = may attend)
-PATTERNS = {
-    "a": ["1000", "1100", "1110", "1111"],
-    "b": ["1000", "1100", "1110", "1110"],
-    "c": ["1000", "1100", "1110", "0000"],
-    "d": ["1110", "1110", "1110", "1110"],
-}
+PATTERNS = {"a": ["1000", "1100", "1110", "1111"], "b": ["1000", "1100", "1110", "1110"],
+            "c": ["1000", "1100", "1110", "0000"], "d": ["1110", "1110", "1110", "1110"]}
 PATTERN = next(k for k, rows in PATTERNS.items()  # the one causal_mask(4) & padding_mask(tensor([3]), 4) draws
                if ["".join(str(int(b)) for b in r) for r in (ref_causal(4) & ref_padding(torch.tensor([3]), 4))[0]] == rows)
 # q_nan_step: the steps of a plain softmax, e = exp(s); w = e / e.sum(); out = w @ V, on a row of three -inf
