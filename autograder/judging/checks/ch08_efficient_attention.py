@@ -1,15 +1,9 @@
-"""Graded checks for exercise 08_efficient_attention: ``online_softmax_update``, ``tiled_attention``,
-``append_to_cache``, ``cached_attention``, ``grouped_query_attention``, four conceptual questions; the requirements
-the exercise states are ``STATED_REQUIREMENTS`` (``python -m autograder.judging.checks --requirements 08``).
-Calling the setup's ``attention`` (which refuses more than MAX_SCORES = 2^16 scores) is caught by a large case in
-each test_tiled_*; inlining the whole score matrix is left to the formgrader.
-
-The online-softmax checks fold one more block into a realistic state built here and name the classic mistakes
-(no rescaling, a stale or block-only maximum, the inverted factor, NaN rows) computed from the same inputs. The
-cache checks compare with causal attention over the whole sequence. test_tiled_attention tests the formula; the
-causal and mask checks compare each row with the student's own tiled_attention over the keys that row may see,
-so a wrong scale or a missing division costs test_tiled_attention alone. The grouped-query checks compare with
-torch's ``enable_gqa`` (attnkit on repeated heads where it is missing or a query is fully masked).
+"""Graded checks for exercise 08_efficient_attention (requirements: ``STATED_REQUIREMENTS``). The online-softmax
+checks fold one more block into a realistic state built here and name the classic mistakes computed from the same
+inputs; the cache checks compare with causal attention over the whole sequence. test_tiled_attention tests the
+formula; the causal and mask checks compare each row with the student's own tiled_attention over the keys it may see,
+so a wrong scale costs test_tiled_attention alone. A large case in each test_tiled_* catches a call of the setup's
+``attention`` (it refuses more than 2^16 scores; inlining the whole score matrix is left to the formgrader).
 """
 
 from __future__ import annotations
@@ -118,6 +112,7 @@ TWICE = ("the new positions are appended twice, so each appears twice in the key
          "(torch.cat([cache, new], dim=-2) in append_to_cache, and one call of append_to_cache in cached_attention)")
 
 State = tuple[Tensor, Tensor, Tensor]
+STATE = ("running_max", "running_sum", "acc")
 
 
 # -- the online softmax ------------------------------------------------------------------------------
@@ -125,65 +120,65 @@ State = tuple[Tensor, Tensor, Tensor]
 
 def _finite(x: Tensor) -> Tensor:
     """-inf as a large negative number, so that maxima compare with ``close``."""
-    return torch.nan_to_num(x.to(torch.float64), neginf=-1e30)
+    return x.to(torch.float64).clamp_min(-1e30)
 
 
-def _mistaken_updates(m: Tensor, l: Tensor, acc: Tensor, s: Tensor, v: Tensor) -> list[tuple[str, State]]:
-    new = torch.maximum(m, s.amax(-1, keepdim=True))
-    shift = torch.where(new.isfinite(), new, torch.zeros_like(new))
-    r = torch.exp(m - shift)
-    p = torch.exp(s - shift)
+def _start(lead: tuple[int, ...], n: int, d_v: int, dtype: torch.dtype = torch.float64) -> State:
+    """The state before any block: (-inf, 0, 0)."""
+    return (torch.full((*lead, n, 1), -math.inf, dtype=dtype), torch.zeros(*lead, n, 1, dtype=dtype),
+            torch.zeros(*lead, n, d_v, dtype=dtype))
+
+
+def _update(m: Tensor, l: Tensor, acc: Tensor, s: Tensor, v: Tensor, kind: str = "") -> State:
+    """The update, or the one the classic mistake ``kind`` computes: the maximum it returns, the maximum its
+    exponentials are relative to, and the factors of the old sum and accumulator."""
     block = s.amax(-1, keepdim=True)
-    bshift = torch.where(block.isfinite(), block, torch.zeros_like(block))
-    rb, pb = torch.exp(m - bshift), torch.exp(s - bshift)
-    mshift = torch.where(m.isfinite(), m, torch.zeros_like(m))
-    po = torch.exp(s - mshift)  # relative to the old maximum, never updated
-    return [
-        (NO_RESCALE, (new, l + p.sum(-1, keepdim=True), acc + p @ v)),
-        (NO_RESCALE_SUM, (new, l + p.sum(-1, keepdim=True), r * acc + p @ v)),
-        (NO_RESCALE_ACC, (new, r * l + p.sum(-1, keepdim=True), acc + p @ v)),
-        (STALE_MAX, (m, r * l + p.sum(-1, keepdim=True), r * acc + p @ v)),
-        (STALE_MAX, (m, l + po.sum(-1, keepdim=True), acc + po @ v)),
-        (BLOCK_MAX, (block, rb * l + pb.sum(-1, keepdim=True), rb * acc + pb @ v)),
-        (INVERTED, (new, l / r + p.sum(-1, keepdim=True), acc / r + p @ v)),
-    ]
+    new = torch.maximum(m, block)
+    first = torch.where(m.isfinite(), m, new)  # the first block's maximum, kept for every later block
+    top = {"stale max": m, "old max": m, "block max": block, "first max": first}.get(kind, new)
+    base = {"old max": m, "block max": block, "first max": first}.get(kind, new)
+    shift = torch.where(base.isfinite(), base, torch.zeros_like(base))
+    r, p = torch.exp(m - shift), torch.exp(s - shift)
+    r_sum, r_acc = {"no rescale": (1, 1), "no rescale sum": (1, r), "no rescale acc": (r, 1), "old max": (1, 1),
+                    "inverted": (1 / r, 1 / r)}.get(kind, (r, r))
+    return top, r_sum * l + p.sum(-1, keepdim=True), r_acc * acc + p @ v
+
+
+def _mistaken_updates(*state_and_block: Tensor) -> list[tuple[str, State]]:
+    """message -> the state a classic mistake returns after one update (float64 inputs)."""
+    return [(message, _update(*state_and_block, kind)) for message, kind in [
+        (NO_RESCALE, "no rescale"), (NO_RESCALE_SUM, "no rescale sum"), (NO_RESCALE_ACC, "no rescale acc"),
+        (STALE_MAX, "stale max"), (STALE_MAX, "old max"), (BLOCK_MAX, "block max"), (INVERTED, "inverted")]]
 
 
 def _state(value, what: str, n: int, d_v: int, lead: tuple[int, ...]) -> State:
     if not isinstance(value, (tuple, list)) or len(value) != 3:
         raise CheckFailed(f"{what} should return a tuple (running_max, running_sum, acc), got "
                           f"{type(value).__name__}" + (f" of length {len(value)}" if isinstance(value, (tuple, list)) else ""))
-    m, l, a = value
-    for name, t, shape in (("running_max", m, (*lead, n, 1)), ("running_sum", l, (*lead, n, 1)),
-                           ("acc", a, (*lead, n, d_v))):
-        if not isinstance(t, Tensor):
-            raise CheckFailed(f"{what}: {name} should be a torch.Tensor, got {type(t).__name__}")
-        if tuple(t.shape) != shape:
-            raise CheckFailed(f"{what}: {name} has shape {tuple(t.shape)}, expected {shape}")
-        if torch.isnan(t).any():
+    for name, x, shape in zip(STATE, value, ((*lead, n, 1), (*lead, n, 1), (*lead, n, d_v))):
+        if not isinstance(x, Tensor):
+            raise CheckFailed(f"{what}: {name} should be a torch.Tensor, got {type(x).__name__}")
+        if tuple(x.shape) != shape:
+            raise CheckFailed(f"{what}: {name} has shape {tuple(x.shape)}, expected {shape}")
+        if torch.isnan(x).any():
             raise CheckFailed(f"{what}: {name} contains NaN")
-    return m, l, a
+    return tuple(value)
 
 
 def _states_close(a: State, b: State) -> bool:
-    return close(_finite(a[0]), _finite(b[0])) and close(a[1], b[1]) and close(a[2], b[2])
+    return all(close(_finite(x), _finite(y)) for x, y in zip(a, b))
 
 
 def _expect_state(got: State, expected: State, what: str, mistakes: list[tuple[str, State]]) -> None:
-    if _states_close(got, expected):
-        return
-    fail_if_named(got, mistakes, what, _states_close)
-    for name, i in (("running_max", 0), ("running_sum", 1), ("acc", 2)):
-        g, e = (_finite(got[i]), _finite(expected[i])) if i == 0 else (got[i], expected[i])
-        if not close(g, e):
-            err = (g.to(torch.float64) - e.to(torch.float64)).abs().max().item()
-            raise CheckFailed(f"{what}: {name} does not match the expected values (largest difference {err:.3g})")
+    if not _states_close(got, expected):
+        fail_if_named(got, mistakes, what, _states_close)
+    for name, x, y in zip(STATE, got, expected):
+        expect_close(_finite(x), _finite(y), f"{what}: {name}")
 
 
 def _prior_state(t: Trial, lead: tuple[int, ...], n: int, d_v: int, blocks: int) -> State:
     """The reference state after ``blocks`` random blocks of keys (scores of scale 2)."""
-    state = (torch.full((*lead, n, 1), -math.inf, dtype=torch.float64), torch.zeros(*lead, n, 1, dtype=torch.float64),
-             torch.zeros(*lead, n, d_v, dtype=torch.float64))
+    state = _start(lead, n, d_v)
     for _ in range(blocks):
         state = ref_update(*state, t.randn(*lead, n, 3, scale=2.0).double(), t.randn(*lead, 3, d_v).double())
     return state
@@ -200,9 +195,8 @@ def update_one_block(t: Trial) -> None:
         values = t.randn(*lead, b, d_v)
         what = f"online_softmax_update with a {tuple(scores.shape)} block of scores"
         got = _state(t.call(UPDATE, m, l, a, scores, values), what, n, d_v, lead)
-        expected = ref_update(m.double(), l.double(), a.double(), scores.double(), values.double())
-        _expect_state(got, expected, what, _mistaken_updates(m.double(), l.double(), a.double(), scores.double(),
-                                                             values.double()))
+        args = [x.double() for x in (m, l, a, scores, values)]
+        _expect_state(got, ref_update(*args), what, _mistaken_updates(*args))
 
 
 @SUITE.check("test_online_softmax_blocks", parts=[UPDATE])
@@ -212,20 +206,16 @@ def update_chain(t: Trial) -> None:
                                          (torch.float32, (2, 7, 3, 2, 7))]:
         q, k, v = t.randn(2, n, d, dtype=dtype), t.randn(2, m, d, dtype=dtype, scale=2.0), t.randn(2, m, d_v, dtype=dtype)
         expected, _ = ref_attention(q.double(), k.double(), v.double())
-        state: State = (torch.full((2, n, 1), -math.inf, dtype=dtype), torch.zeros(2, n, 1, dtype=dtype),
-                        torch.zeros(2, n, d_v, dtype=dtype))
-        ref_state = tuple(x.double() for x in state)
-        qs = q / math.sqrt(d)
+        state, ref_state, qs = _start((2,), n, d_v, dtype), _start((2,), n, d_v), q / math.sqrt(d)
         for j in range(0, m, block):
             scores, vals = qs @ k[:, j:j + block].transpose(-2, -1), v[:, j:j + block]
             what = f"online_softmax_update at keys {j}..{min(m, j + block) - 1} of {m} ({dtype})"
-            mistakes = _mistaken_updates(*ref_state, scores.double(), vals.double())
             state = _state(t.call(UPDATE, *state, scores, vals), what, n, d_v, (2,))
             if state[0].dtype != dtype:
                 raise CheckFailed(f"{what}: returned {state[0].dtype} for {dtype} inputs; keep the inputs' dtype")
-            expected_state = ref_update(*ref_state, scores.double(), vals.double())
-            _expect_state(state, expected_state, what, mistakes)
-            ref_state = expected_state
+            args = (*ref_state, scores.double(), vals.double())
+            ref_state = ref_update(*args)
+            _expect_state(state, ref_state, what, _mistaken_updates(*args))
         out = state[2].double() / state[1].double()
         if not close(out, expected, atol=1e-4 if dtype == torch.float32 else 1e-9):
             raise CheckFailed("acc / running_sum after the last block differs from softmax attention")
@@ -246,12 +236,11 @@ def update_masked(t: Trial) -> None:
             and any(torch.isnan(x).any() for x in raw):
         raise CheckFailed(f"mistake in {what}: {NAN_ROWS}")
     got = _state(raw, what, n, d_v, ())
-    expected = ref_update(m.double(), l.double(), a.double(), scores.double(), values.double())
     if not (got[0][2].item() == -math.inf and got[1][2].item() == 0 and torch.all(got[2][2] == 0)):
         raise CheckFailed(f"{what}: a row whose scores are all -inf so far must keep running_max = -inf, "
                           f"running_sum = 0, acc = 0; got {got[0][2].item()}, {got[1][2].item()}, {got[2][2].tolist()}")
-    _expect_state(got, expected, what, _mistaken_updates(m.double(), l.double(), a.double(), scores.double(),
-                                                         values.double()))
+    args = [x.double() for x in (m, l, a, scores, values)]
+    _expect_state(got, ref_update(*args), what, _mistaken_updates(*args))
 
 
 # -- the key-value cache -------------------------------------------------------------------------------
@@ -261,24 +250,19 @@ def _expect_cache(value, expected: tuple[Tensor, Tensor], what: str, old: tuple[
                   new: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         raise CheckFailed(f"{what} should be a pair (keys, values), got {type(value).__name__}")
-    for name, got, exp in zip(("keys", "values"), value, expected):
+    for i, (name, got, exp) in enumerate(zip(("keys", "values"), value, expected)):
         if not isinstance(got, Tensor):
             raise CheckFailed(f"{what}: {name} should be a torch.Tensor, got {type(got).__name__}")
-        i = 0 if name == "keys" else 1
         if new is not None:
-            twice = torch.cat([*([old[i]] if old is not None else []), new[i], new[i]], dim=-2)
-            if close(got, twice):
-                raise CheckFailed(f"mistake in {what}: {TWICE}")
+            before = [] if old is None else [old[i]]
+            fail_if_named(got, {TWICE: torch.cat([*before, new[i], new[i]], dim=-2),
+                                NEW_FIRST: torch.cat([new[i], *before], dim=-2) if before else None}, what, close)
         if tuple(got.shape) != tuple(exp.shape):
             if old is not None and tuple(got.shape) == tuple(old[i].shape):
                 raise CheckFailed(f"mistake in {what}: {OLD_CACHE}")
-            if got.dim() == exp.dim() and got.numel() == exp.numel():
-                raise CheckFailed(f"{what}: {name} have shape {tuple(got.shape)}, expected {tuple(exp.shape)}: "
-                                  f"{WRONG_AXIS}")
-            raise CheckFailed(f"{what}: {name} have shape {tuple(got.shape)}, expected {tuple(exp.shape)} = (B, H, t + s, d)")
+            axis = f": {WRONG_AXIS}" if got.dim() == exp.dim() and got.numel() == exp.numel() else " = (B, H, t + s, d)"
+            raise CheckFailed(f"{what}: {name} have shape {tuple(got.shape)}, expected {tuple(exp.shape)}{axis}")
         if not close(got, exp):
-            if old is not None and new is not None and close(got, torch.cat([new[i], old[i]], dim=-2)):
-                raise CheckFailed(f"mistake in {what}: {NEW_FIRST}")
             raise CheckFailed(f"{what}: {name} do not hold the cached positions followed by the new ones")
     return value[0], value[1]
 
@@ -297,12 +281,10 @@ def append_check(t: Trial) -> None:
                       f"append_to_cache of {s} position(s) to a cache of {told}", old, new)
 
 
-def _causal(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    return ref_attention(q.double(), k.double(), v.double(), ref_causal(q.shape[-2]))[0]
-
-
 def _expect_output(got, expected: Tensor, what: str, mistakes: dict[str, Tensor],
                    against: str = "causal attention over the whole sequence") -> Tensor:
+    if isinstance(got, Tensor) and tuple(got.shape) != tuple(expected.shape):
+        fail_if_named(got, mistakes, what, close)  # a wrong shape can be a known mistake
     got = expect_tensor(got, tuple(expected.shape), what)
     if close(got, expected):
         return got
@@ -332,7 +314,7 @@ def _step_mistakes(q: Tensor, keys: Tensor, values: Tensor, t0: int, s: int) -> 
 
 
 def _decode(t: Trial, q: Tensor, k: Tensor, v: Tensor, chunks: list[int], label: str) -> None:
-    full = _causal(q, k, v)  # (B, H, n, d_v)
+    full = ref_attention(q.double(), k.double(), v.double(), ref_causal(q.shape[-2]))[0]  # (B, H, n, d_v)
     cache, t0 = None, 0
     for s in chunks:
         sl = slice(t0, t0 + s)
@@ -384,41 +366,16 @@ EMPTY_NAN = ("a query with no allowed key gives NaN (0 / 0): its running sum is 
              "(divide by 1 where running_sum is 0)")
 
 
-def _variant_update(kind: str):
-    """The reference update, or one with a classic mistake (for the tiled loop's named mistakes)."""
-    def update(m: Tensor, l: Tensor, acc: Tensor, s: Tensor, v: Tensor) -> State:
-        new = torch.maximum(m, s.amax(-1, keepdim=True))
-        shift = torch.where(new.isfinite(), new, torch.zeros_like(new))
-        r = torch.exp(m - shift)
-        p = torch.exp(s - shift)
-        if kind == "no rescale acc":
-            return new, r * l + p.sum(-1, keepdim=True), acc + p @ v
-        if kind == "no rescale":
-            return new, l + p.sum(-1, keepdim=True), acc + p @ v
-        if kind == "stale max":  # the first block's maximum is kept: later blocks are relative to it
-            keep = torch.where(m.isfinite(), m, new)
-            ks = torch.where(keep.isfinite(), keep, torch.zeros_like(keep))
-            rk = torch.exp(m - ks)
-            pk = torch.exp(s - ks)
-            return keep, rk * l + pk.sum(-1, keepdim=True), rk * acc + pk @ v
-        return new, r * l + p.sum(-1, keepdim=True), r * acc + p @ v
-    return update
-
-
 def _tiled(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, block: int, update: str = "",
-           scale: bool = True, divide: bool = True, skip_last: bool = False, causal_rule: str = "j > i",
-           guard: bool = True) -> Tensor:
+           scale: bool = True, divide: bool = True, skip_last: bool = False, causal_rule: str = "j > i") -> Tensor:
     """The tiled loop in float64, with a switch for each classic mistake."""
     q, k, v = q.double(), k.double(), v.double()
     n, m = q.shape[-2], k.shape[-2]
     q = q / math.sqrt(q.shape[-1]) if scale else q
-    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-    state: State = (torch.full((*lead, n, 1), -math.inf, dtype=torch.float64),
-                    torch.zeros(*lead, n, 1, dtype=torch.float64), torch.zeros(*lead, n, v.shape[-1], dtype=torch.float64))
+    state = _start(torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), n, v.shape[-1])
     if mask is not None:
         mask = mask.expand(*mask.shape[:-2], n, m)
     rows = torch.arange(n)[:, None]
-    fn = _variant_update(update)
     stop = m - (m % block or block) if skip_last else m
     for j in range(0, stop, block):
         s = q @ k[..., j:j + block, :].transpose(-2, -1)
@@ -429,18 +386,16 @@ def _tiled(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, b
             hide = {"j > i": cols > rows, "j >= i": cols >= rows, "j > i + 1": cols > rows + 1,
                     "local": torch.arange(s.shape[-1]) > rows}[causal_rule]
             s = s.masked_fill(hide, -math.inf)
-        state = fn(*state, s, v[..., j:j + block, :])
+        state = _update(*state, s, v[..., j:j + block, :], update)
     _, total, acc = state
-    if not divide:
-        return acc
-    return acc / torch.where(total > 0, total, torch.ones_like(total)) if guard else acc / total
+    return acc / torch.where(total > 0, total, torch.ones_like(total)) if divide else acc
 
 
 def _tiled_mistakes(q, k, v, mask, causal, block) -> dict[str, Tensor]:
     def t(**kw) -> Tensor:
         return _tiled(q, k, v, mask, causal, block, **kw)
     out = {NO_RESCALE_ACC: t(update="no rescale acc"), NO_RESCALE: t(update="no rescale"),
-           STALE_MAX: t(update="stale max"), NO_SCALE: t(scale=False), NOT_DIVIDED: t(divide=False)}
+           STALE_MAX: t(update="first max"), NO_SCALE: t(scale=False), NOT_DIVIDED: t(divide=False)}
     if k.shape[-2] % block:
         out[SKIPS_LAST] = t(skip_last=True)
     if causal:
@@ -583,13 +538,11 @@ GQA_EMPTY = "a query with no allowed key gives NaN (0 / 0): its row of the outpu
 
 
 def _reference_gqa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-    """The oracle: torch's ``enable_gqa`` where it exists and no query is fully masked, else attnkit on repeated heads."""
+    """The oracle: torch's ``enable_gqa`` (torch >= 2.5; requirements.txt pins it), attnkit on repeated heads with a
+    mask (where a query may be fully masked)."""
     q, k, v = q.double(), k.double(), v.double()
     if mask is None:
-        try:
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-        except TypeError:  # torch < 2.5: no enable_gqa
-            pass
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     r = q.shape[-3] // k.shape[-3]
     return ref_attention(q, k.repeat_interleave(r, dim=-3), v.repeat_interleave(r, dim=-3), mask)[0]
 
@@ -619,11 +572,8 @@ def _expect_gqa(t: Trial, q: Tensor, k: Tensor, v: Tensor, what: str, mask: Tens
         raise CheckFailed(f"{what} returned a pair; return the output tensor (B, H, n, d_v) only")
     if isinstance(got, Tensor) and got.is_floating_point() and torch.isnan(got).any() and mask is not None:
         raise CheckFailed(f"{what} contains NaN: {GQA_EMPTY}")
-    expected = _reference_gqa(q, k, v, mask)
-    mistakes = _gqa_mistakes(q, k, v, mask)
-    if isinstance(got, Tensor) and tuple(got.shape) != tuple(expected.shape):
-        fail_if_named(got, mistakes, what, close)
-    _expect_output(got, expected, what, mistakes, "attention with each query head given its group's key-value head")
+    _expect_output(got, _reference_gqa(q, k, v, mask), what, _gqa_mistakes(q, k, v, mask),
+                   "attention with each query head given its group's key-value head")
     if got.dtype != q.dtype:
         raise CheckFailed(f"{what} has dtype {got.dtype} for {q.dtype} inputs: keep the inputs' dtype")
     return got
