@@ -68,10 +68,16 @@ def expect_bool_mask(value, shape: tuple[int, ...], what: str) -> Tensor:
     return value
 
 
-def expect_equal_mask(actual: Tensor, expected: Tensor, what: str, known: dict[str, Tensor]) -> None:
+def expect_mask(got, expected: Tensor, what: str, known: dict[str, Tensor]) -> None:
+    """``got`` must be the bool mask ``expected``; else the ``known`` mistake (message -> mask) it is, or where it differs."""
+    def same(a: Tensor, b: Tensor) -> bool:
+        return a.shape == b.shape and torch.equal(a, b)
+    if isinstance(got, Tensor) and tuple(got.shape) != tuple(expected.shape) and got.dim() and got.shape[0] != 1:
+        fail_if_named(got.bool(), known, what, same)
+    actual = expect_bool_mask(got, tuple(expected.shape), what)
     if torch.equal(actual, expected):
         return
-    fail_if_named(actual, known, what, lambda a, b: a.shape == b.shape and torch.equal(a, b))
+    fail_if_named(actual, known, what, same)
     bad = (actual != expected).nonzero()[0].tolist()
     raise CheckFailed(f"mistake in {what} at index {tuple(bad)}: got {bool(actual[tuple(bad)])}, "
                       f"expected {bool(expected[tuple(bad)])}")
@@ -97,9 +103,8 @@ def _causal_mistakes(n: int) -> dict[str, Tensor]:
 def causal_mask_check(t: Trial) -> None:
     """causal_mask(n) is a bool (n, n) tensor, True on and below the diagonal."""
     for n in (5, 2, 1, 8):  # n=5 first: for n=1 several mistakes coincide
-        m = expect_bool_mask(t.call(CAUSAL, n) if n != 5 else t.call(CAUSAL, n, device="cpu"), (n, n),
-                             f"causal_mask({n})")
-        expect_equal_mask(m, ref_causal(n), f"causal_mask({n})", _causal_mistakes(n))
+        expect_mask(t.call(CAUSAL, n) if n != 5 else t.call(CAUSAL, n, device="cpu"), ref_causal(n),
+                    f"causal_mask({n})", _causal_mistakes(n))
     # "a torch.bool tensor on device": ask for the meta device (every machine has it, it holds no data) and read
     # the tensor's type name in the student's process; a mask that comes back on the CPU ignored the argument.
     try:
@@ -129,16 +134,10 @@ def _padding_mistakes(lengths: Tensor, max_len: int) -> dict[str, Tensor]:
         INVERTED + ": it is True at the padding": (pos >= lengths[:, None])[:, None]}
 
 
-def _same_mask(got, expected: Tensor, what: str, known: dict[str, Tensor]) -> None:
-    if isinstance(got, Tensor) and tuple(got.shape) != tuple(expected.shape) and got.shape[0] != 1:
-        fail_if_named(got.bool(), known, what, lambda a, b: a.shape == b.shape and torch.equal(a, b))
-    expect_equal_mask(expect_bool_mask(got, tuple(expected.shape), what), expected, what, known)
-
-
 SUITE.oracle("test_padding_mask", PADDING, "padding_mask(lengths, max_len) is a bool (B, 1, max_len) tensor, True at "
              "the first lengths[b] positions.", cases=[([3, 1, 4], 5), ([2, 2], 2), ([0, 3, 1, 2], 3)],
              draw=lambda t, lengths, max_len: (torch.tensor(lengths, dtype=torch.int64), max_len),
-             reference=ref_padding, mistakes=_padding_mistakes, compare=_same_mask,
+             reference=ref_padding, mistakes=_padding_mistakes, compare=expect_mask,
              what=lambda lengths, max_len: f"padding_mask(lengths={lengths.tolist()}, max_len={max_len})")
 
 
