@@ -240,14 +240,13 @@ def masked_mha_check(t: Trial) -> None:
         raise CheckFailed(f"{err}. The given MultiHeadAttention calls masked_attention with 4-D inputs "
                           "(B, H, n, Dh) and a (B, 1, n, m) mask: it must work for any number of leading "
                           "dimensions (use transpose(-2, -1) and @, not bmm or transpose(1, 2))") from None
-    mistakes.expect_no_nan({"weights": w, "output": out}, " of MultiHeadAttention with a causal & padding mask",
+    what = "MultiHeadAttention with a causal & padding mask"
+    mistakes.expect_no_nan({"weights": w, "output": out}, f" of {what}",
                            f" (the example of length 0 has no key to attend to): {NAN_ROWS}")
-    w = expect_tensor(w, (b, h, n, n), "the per-head weights of MultiHeadAttention with a causal & padding mask")
-    exp_out, exp_w = scaled_reference(p, x, x, x, h, mask, w)
-    wrong = _mask_mistakes(p, x, h, mask)
-    expect_close(w, exp_w, "the per-head weights of MultiHeadAttention with a causal & padding mask",
-                 mistakes.weights(wrong))
-    expect_close(out, exp_out, "the output of MultiHeadAttention with a causal & padding mask", mistakes.outputs(wrong))
+    w = expect_tensor(w, (b, h, n, n), f"the per-head weights of {what}")
+    (exp_out, exp_w), wrong = scaled_reference(p, x, x, x, h, mask, w), _mask_mistakes(p, x, h, mask)
+    expect_close(w, exp_w, f"the per-head weights of {what}", mistakes.weights(wrong))
+    expect_close(out, exp_out, f"the output of {what}", mistakes.outputs(wrong))
 
 
 def _mask_mistakes(p: dict[str, Tensor], x: Tensor, h: int, mask: Tensor) -> mistakes.Pairs:
@@ -280,10 +279,9 @@ def causality_check(t: Trial) -> None:
                                      "query i may only see keys 0..i"))
             because = named_mistake(out.double(), mistakes.outputs(_mask_mistakes(p, x, h, mask)),
                                     lambda a, b: torch.allclose(a, b, atol=1e-4))
-            if because:
-                raise CheckFailed(f"changing inputs after position {i} changes output {i}, because {because}")
-            raise CheckFailed(f"changing inputs after position {i} changes output {i}: masked attention leaks "
-                              "the future (mask the scores with -inf before the softmax)")
+            raise CheckFailed(f"changing inputs after position {i} changes output {i}" + (
+                f", because {because}" if because else ": masked attention leaks the future (mask the scores with "
+                "-inf before the softmax)"))
         probe = torch.zeros(1, n, e)
         probe[0, i] = t.randn(e)
         g = expect_tensor(t.grad(obj, x, mask, wrt=0, probe=probe), (1, n, e), "the gradient")

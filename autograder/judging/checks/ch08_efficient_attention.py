@@ -144,13 +144,6 @@ def _update(m: Tensor, l: Tensor, acc: Tensor, s: Tensor, v: Tensor, kind: str =
     return top, r_sum * l + p.sum(-1, keepdim=True), r_acc * acc + p @ v
 
 
-def _mistaken_updates(*state_and_block: Tensor) -> list[tuple[str, State]]:
-    """message -> the state a classic mistake returns after one update (float64 inputs)."""
-    return [(message, _update(*state_and_block, kind)) for message, kind in [
-        (NO_RESCALE, "no rescale"), (NO_RESCALE_SUM, "no rescale sum"), (NO_RESCALE_ACC, "no rescale acc"),
-        (STALE_MAX, "stale max"), (STALE_MAX, "old max"), (BLOCK_MAX, "block max"), (INVERTED, "inverted")]]
-
-
 def _state(value, what: str, n: int, d_v: int, lead: tuple[int, ...]) -> State:
     if not isinstance(value, (tuple, list)) or len(value) != 3:
         raise CheckFailed(f"{what} should return a tuple (running_max, running_sum, acc), got "
@@ -169,11 +162,18 @@ def _states_close(a: State, b: State) -> bool:
     return all(close(_finite(x), _finite(y)) for x, y in zip(a, b))
 
 
-def _expect_state(got: State, expected: State, what: str, mistakes: list[tuple[str, State]]) -> None:
+def _expect_update(got: State, inputs: list[Tensor], what: str) -> State:
+    """``got``, the student's update of ``inputs`` (running_max, running_sum, acc, scores, values; float64), must be
+    the reference's (returned); else the classic mistake it is, or the part that differs."""
+    expected = ref_update(*inputs)
     if not _states_close(got, expected):
-        fail_if_named(got, mistakes, what, _states_close)
+        fail_if_named(got, [(message, _update(*inputs, kind)) for message, kind in [
+            (NO_RESCALE, "no rescale"), (NO_RESCALE_SUM, "no rescale sum"), (NO_RESCALE_ACC, "no rescale acc"),
+            (STALE_MAX, "stale max"), (STALE_MAX, "old max"), (BLOCK_MAX, "block max"), (INVERTED, "inverted")]],
+            what, _states_close)
     for name, x, y in zip(STATE, got, expected):
         expect_close(_finite(x), _finite(y), f"{what}: {name}")
+    return expected
 
 
 def _prior_state(t: Trial, lead: tuple[int, ...], n: int, d_v: int, blocks: int) -> State:
@@ -195,8 +195,7 @@ def update_one_block(t: Trial) -> None:
         values = t.randn(*lead, b, d_v)
         what = f"online_softmax_update with a {tuple(scores.shape)} block of scores"
         got = _state(t.call(UPDATE, m, l, a, scores, values), what, n, d_v, lead)
-        args = [x.double() for x in (m, l, a, scores, values)]
-        _expect_state(got, ref_update(*args), what, _mistaken_updates(*args))
+        _expect_update(got, [x.double() for x in (m, l, a, scores, values)], what)
 
 
 @SUITE.check("test_online_softmax_blocks", parts=[UPDATE])
@@ -213,9 +212,7 @@ def update_chain(t: Trial) -> None:
             state = _state(t.call(UPDATE, *state, scores, vals), what, n, d_v, (2,))
             if state[0].dtype != dtype:
                 raise CheckFailed(f"{what}: returned {state[0].dtype} for {dtype} inputs; keep the inputs' dtype")
-            args = (*ref_state, scores.double(), vals.double())
-            ref_state = ref_update(*args)
-            _expect_state(state, ref_state, what, _mistaken_updates(*args))
+            ref_state = _expect_update(state, [*ref_state, scores.double(), vals.double()], what)
         out = state[2].double() / state[1].double()
         if not close(out, expected, atol=1e-4 if dtype == torch.float32 else 1e-9):
             raise CheckFailed("acc / running_sum after the last block differs from softmax attention")
@@ -239,8 +236,7 @@ def update_masked(t: Trial) -> None:
     if not (got[0][2].item() == -math.inf and got[1][2].item() == 0 and torch.all(got[2][2] == 0)):
         raise CheckFailed(f"{what}: a row whose scores are all -inf so far must keep running_max = -inf, "
                           f"running_sum = 0, acc = 0; got {got[0][2].item()}, {got[1][2].item()}, {got[2][2].tolist()}")
-    args = [x.double() for x in (m, l, a, scores, values)]
-    _expect_state(got, ref_update(*args), what, _mistaken_updates(*args))
+    _expect_update(got, [x.double() for x in (m, l, a, scores, values)], what)
 
 
 # -- the key-value cache -------------------------------------------------------------------------------
