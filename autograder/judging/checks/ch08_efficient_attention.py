@@ -278,15 +278,14 @@ def append_check(t: Trial) -> None:
 
 
 def _expect_output(got, expected: Tensor, what: str, mistakes: dict[str, Tensor],
-                   against: str = "causal attention over the whole sequence") -> Tensor:
+                   against: str = "causal attention over the whole sequence") -> None:
     if isinstance(got, Tensor) and tuple(got.shape) != tuple(expected.shape):
         fail_if_named(got, mistakes, what, close)  # a wrong shape can be a known mistake
     got = expect_tensor(got, tuple(expected.shape), what)
-    if close(got, expected):
-        return got
-    fail_if_named(got, mistakes, what, close)
-    err = (got.double() - expected).abs().max().item()
-    raise CheckFailed(f"{what} differs from {against} (largest difference {err:.3g})")
+    if not close(got, expected):
+        fail_if_named(got, mistakes, what, close)
+        err = (got.double() - expected).abs().max().item()
+        raise CheckFailed(f"{what} differs from {against} (largest difference {err:.3g})")
 
 
 def _step_mistakes(q: Tensor, keys: Tensor, values: Tensor, t0: int, s: int) -> dict[str, Tensor]:
@@ -434,7 +433,7 @@ def _expect_own_rows(t: Trial, got: Tensor, q: Tensor, k: Tensor, v: Tensor, wha
 
 
 def _expect_tiled(t: Trial, q: Tensor, k: Tensor, v: Tensor, what: str, mask: Tensor | None = None,
-                  causal: bool = False, block: int = 4) -> Tensor:
+                  causal: bool = False, block: int = 4) -> None:
     shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), q.shape[-2], v.shape[-1])
     if math.prod(shape[:-1]) * k.shape[-2] > MAX_SCORES:
         what += " (more scores than the setup's attention accepts)"
@@ -459,7 +458,6 @@ def _expect_tiled(t: Trial, q: Tensor, k: Tensor, v: Tensor, what: str, mask: Te
         _expect_own_rows(t, got, q, k, v, what, mask, causal, block)
     if got.dtype != q.dtype:
         raise CheckFailed(f"{what} has dtype {got.dtype} for {q.dtype} inputs: keep the inputs' dtype")
-    return got
 
 
 @SUITE.check("test_tiled_attention", parts=[TILED])
@@ -557,7 +555,7 @@ def _gqa_mistakes(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -
     return out
 
 
-def _expect_gqa(t: Trial, q: Tensor, k: Tensor, v: Tensor, what: str, mask: Tensor | None = None) -> Tensor:
+def _expect_gqa(t: Trial, q: Tensor, k: Tensor, v: Tensor, what: str, mask: Tensor | None = None) -> None:
     got = t.call(GQA, q, k, v, mask) if mask is not None else t.call(GQA, q, k, v)
     if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], Tensor):
         raise CheckFailed(f"{what} returned a pair; return the output tensor (B, H, n, d_v) only")
@@ -567,7 +565,6 @@ def _expect_gqa(t: Trial, q: Tensor, k: Tensor, v: Tensor, what: str, mask: Tens
                    "attention with each query head given its group's key-value head")
     if got.dtype != q.dtype:
         raise CheckFailed(f"{what} has dtype {got.dtype} for {q.dtype} inputs: keep the inputs' dtype")
-    return got
 
 
 @SUITE.check("test_grouped_query_attention", parts=[GQA])
@@ -585,16 +582,14 @@ def gqa_check(t: Trial) -> None:
 def gqa_mask(t: Trial) -> None:
     """A (B, 1, 1, m) padding mask, an (n, m) mask and a per-head (B, H, n, m) one; no allowed key gives zeros."""
     q, k, v = t.randn(2, 6, 4, 4), t.randn(2, 2, 5, 4, scale=1.5), t.randn(2, 2, 5, 3)
-    keep = t.rand_mask(2, 1, 1, 5, p=0.6)
+    keep, full = t.rand_mask(2, 1, 1, 5, p=0.6), t.rand_mask(2, 6, 4, 5, p=0.5)
     keep[0, ..., 0] = True
     keep[1] = False  # example 1 may attend to nothing
-    _expect_gqa(t, q, k, v, "grouped_query_attention (H=6, G=2) with a (B, 1, 1, m) padding mask, example 1 all "
-                "padding", keep)
-    tril = torch.ones(4, 5, dtype=torch.bool).tril(1)
-    _expect_gqa(t, q, k, v, "grouped_query_attention (H=6, G=2) with an (n, m) mask", tril)
-    full = t.rand_mask(2, 6, 4, 5, p=0.5)
     full[:, :, 2] = False  # query 2 of every head may attend to nothing
-    _expect_gqa(t, q, k, v, "grouped_query_attention (H=6, G=2) with a (B, H, n, m) mask, query 2 fully masked", full)
+    for mask, about in [(keep, "a (B, 1, 1, m) padding mask, example 1 all padding"),
+                        (torch.ones(4, 5, dtype=torch.bool).tril(1), "an (n, m) mask"),
+                        (full, "a (B, H, n, m) mask, query 2 fully masked")]:
+        _expect_gqa(t, q, k, v, f"grouped_query_attention (H=6, G=2) with {about}", mask)
 
 
 @SUITE.check("test_grouped_query_attention_heads", parts=[GQA])
