@@ -69,7 +69,7 @@ def expect_bool_mask(value, shape: tuple[int, ...], what: str) -> Tensor:
 
 
 def expect_mask(got, expected: Tensor, what: str, known: dict[str, Tensor]) -> None:
-    """``got`` must be the bool mask ``expected``; else the ``known`` mistake (message -> mask) it is, or where it differs."""
+    """``got`` must be the bool mask ``expected``; else the ``known`` mistake (message -> mask) it is, or where not."""
     def same(a: Tensor, b: Tensor) -> bool:
         return a.shape == b.shape and torch.equal(a, b)
     if isinstance(got, Tensor) and tuple(got.shape) != tuple(expected.shape) and got.dim() and got.shape[0] != 1:

@@ -22,63 +22,53 @@ from autograder.judging.checks import (CheckFailed, Question, StudentError, Suit
                                        expect_number, expect_tensor, fail_if_named, number, requirement)
 
 SUITE = Suite("08_efficient_attention")
-STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
-    'update: rescale the sum and the accumulator': requirement(('test_online_softmax_basic', 'test_online_softmax_blocks'),
-        'accumulator is not rescaled', "a' = e^{m - m'}\\, a", also=('test_online_softmax_masked',)),
-    'update: new maximum': requirement(('test_online_softmax_basic', 'test_online_softmax_blocks'), 'not updated',
-        "m' = \\max(m, \\max_j s_j)", also=('test_online_softmax_masked',)),
-    'update: -inf rows stay (-inf, 0, 0)': requirement('test_online_softmax_masked', '-inf',
-        "the row's state must stay (-inf, 0, 0) with no nan"),
-    "update: keeps the inputs' dtype": requirement('test_online_softmax_blocks', "keep the inputs' dtype",
-        'return the new (running_max, running_sum, acc), in the dtype of the inputs'),
-    'tiled: accumulator rescaled (through the update)': requirement('test_tiled_attention',
-        'accumulator is not rescaled', 'fold every block in with your online_softmax_update',
-        also=('test_tiled_attention_mask',)),
-    'tiled: scaled by 1/sqrt(d_k)': requirement('test_tiled_attention', 'not scaled',
-        '\\mathrm{softmax}(qk^\\top/\\sqrt{d_k})'),
-    'tiled: divide by the running sum': requirement('test_tiled_attention', 'accumulator itself',
-        'and return acc / running_sum, shape (..., n, d_v)'),
-    'tiled: every block, the last shorter one too': requirement('test_tiled_attention', 'last, shorter block',
-        'm need not be a multiple of block_k (the last block is shorter)',
-        also=('test_tiled_attention_causal', 'test_tiled_attention_mask')),
-    "tiled: keeps the inputs' dtype": requirement('test_tiled_attention', "keep the inputs' dtype",
-        "shape (..., n, d_v), in the inputs' dtype"),
-    'tiled: causal includes the diagonal': requirement('test_tiled_attention_causal', 'itself included',
-        'query i may see keys 0 .. i, itself included'),
-    'tiled: causal hides the next key': requirement('test_tiled_attention_causal', 'one step in its future',
-        'hidden from query i when j > i'),
-    'tiled: causal uses positions in the sequence': requirement('test_tiled_attention_causal', 'whole sequence',
-        'key j of the sequence'),
-    'tiled: mask hides keys': requirement('test_tiled_attention_mask', 'mask is ignored',
-        'give the masked keys of each block the score -\\infty'),
-    'tiled: mask True = may attend': requirement('test_tiled_attention_mask', 'polarity', 'true = may attend'),
-    'tiled: no allowed key gives zeros, not NaN': requirement('test_tiled_attention_mask', '0 / 0',
-        'a query with no allowed key at all gets a row of zeros'),
-    "tiled: does not call the setup's attention (it refuses large inputs)": requirement(('test_tiled_attention', 'test_tiled_attention_causal', 'test_tiled_attention_mask'),
-        "setup's attention", 'so do not call attention from it'),
-    'gqa: ValueError when G does not divide H': requirement('test_grouped_query_attention_heads', 'check is missing',
-        'when g does not divide h (for example h = 6, g = 4, or g > h)'),
-    'gqa: the ValueError names H and G': requirement('test_grouped_query_attention_heads', 'name both numbers',
-        'raise a valueerror whose message names both numbers'),
-    'gqa: every G that divides H works': requirement('test_grouped_query_attention_heads', 'reversed',
-        'every g that divides h works', also=('test_grouped_query_attention', 'test_grouped_query_attention_mask')),
-    'gqa: query head h uses key-value head h // (H / G)': requirement(('test_grouped_query_attention', 'test_grouped_query_attention_mask'),
-        'interleaved instead of grouped', 'cut into g groups of r = h / g consecutive heads'),
-    'gqa: every query head keeps its own query': requirement('test_grouped_query_attention', 'averaged',
-        'grouped-query attention keeps the h query heads', also=('test_grouped_query_attention_mask',)),
-    'gqa: mask hides keys': requirement('test_grouped_query_attention_mask', 'mask is ignored',
-        'mask (optional): bool, broadcastable to (b, h, n, m)'),
-    'gqa: mask True = may attend': requirement('test_grouped_query_attention_mask', 'polarity',
-        'broadcastable to (b, h, n, m), true = may attend'),
-    'gqa: a query with no allowed key gives zeros': requirement('test_grouped_query_attention_mask', 'NaN',
-        'true = may attend; a query with no allowed key gets a row of zeros'),
-    "gqa: keeps the inputs' dtype": requirement('test_grouped_query_attention', "keep the inputs' dtype",
-        "the output keeps the inputs' dtype"),
-    'cache: time axis': requirement('test_append_to_cache', 'wrong axis',
-        'appended along the time axis (after the old ones)'),
-    'cached: causal shifted by t': requirement(('test_cached_attention_prompt', 'test_cached_attention_step'),
-        'aligned to the start', 'the mask is a lower triangle shifted right by t'),
-}
+_UPDATE_BASIC, _UPDATE_BLOCKS, _UPDATE_MASKED = ("test_online_softmax_basic", "test_online_softmax_blocks",
+                                                "test_online_softmax_masked")
+_APPEND, _CACHED_STEP, _CACHED_PROMPT = ("test_append_to_cache", "test_cached_attention_step",
+                                         "test_cached_attention_prompt")
+_TILED_VALUES, _TILED_CAUSAL, _TILED_MASK = ("test_tiled_attention", "test_tiled_attention_causal",
+                                             "test_tiled_attention_mask")
+_GQA_VALUES, _GQA_MASK, _GQA_HEADS = ("test_grouped_query_attention", "test_grouped_query_attention_mask",
+                                      "test_grouped_query_attention_heads")
+# requirement -> (its check(s), words of the message, words of the text that state it[, checks it fails too])
+STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
+    'update: rescale the sum and the accumulator': ((_UPDATE_BASIC, _UPDATE_BLOCKS), 'accumulator is not rescaled',
+                                                    "a' = e^{m - m'}\\, a", (_UPDATE_MASKED,)),
+    'update: new maximum': ((_UPDATE_BASIC, _UPDATE_BLOCKS), 'not updated', "m' = \\max(m, \\max_j s_j)",
+                            (_UPDATE_MASKED,)),
+    'update: -inf rows stay (-inf, 0, 0)': (_UPDATE_MASKED, '-inf', 'state must stay (-inf, 0, 0)'),
+    "update: keeps the inputs' dtype": (_UPDATE_BLOCKS, "keep the inputs' dtype", 'in the dtype of the inputs'),
+    'tiled: accumulator rescaled (through the update)': (_TILED_VALUES, 'accumulator is not rescaled',
+                                                         'with your online_softmax_update', (_TILED_MASK,)),
+    'tiled: scaled by 1/sqrt(d_k)': (_TILED_VALUES, 'not scaled', '\\mathrm{softmax}(qk^\\top/\\sqrt{d_k})'),
+    'tiled: divide by the running sum': (_TILED_VALUES, 'accumulator itself', 'return acc / running_sum'),
+    'tiled: every block, the last shorter one too': (_TILED_VALUES, 'last, shorter block', 'the last block is shorter',
+                                                     (_TILED_CAUSAL, _TILED_MASK)),
+    "tiled: keeps the inputs' dtype": (_TILED_VALUES, "keep the inputs' dtype",
+                                       "shape (..., n, d_v), in the inputs' dtype"),
+    'tiled: causal includes the diagonal': (_TILED_CAUSAL, 'itself included', 'keys 0 .. i, itself included'),
+    'tiled: causal hides the next key': (_TILED_CAUSAL, 'one step in its future', 'hidden from query i when j > i'),
+    'tiled: causal uses positions in the sequence': (_TILED_CAUSAL, 'whole sequence', 'key j of the sequence'),
+    'tiled: mask hides keys': (_TILED_MASK, 'mask is ignored', 'give the masked keys of each block the score -\\infty'),
+    'tiled: mask True = may attend': (_TILED_MASK, 'polarity', 'true = may attend'),
+    'tiled: no allowed key gives zeros, not NaN': (_TILED_MASK, '0 / 0', 'no allowed key at all gets a row of zeros'),
+    "tiled: does not call the setup's attention (it refuses large inputs)":
+        ((_TILED_VALUES, _TILED_CAUSAL, _TILED_MASK), "setup's attention", 'so do not call attention from it'),
+    'gqa: ValueError when G does not divide H': (_GQA_HEADS, 'check is missing', 'when g does not divide h'),
+    'gqa: the ValueError names H and G': (_GQA_HEADS, 'name both numbers', 'message names both numbers'),
+    'gqa: every G that divides H works': (_GQA_HEADS, 'reversed', 'every g that divides h works',
+                                          (_GQA_VALUES, _GQA_MASK)),
+    'gqa: query head h uses key-value head h // (H / G)': ((_GQA_VALUES, _GQA_MASK), 'interleaved instead of grouped',
+                                                           'r = h / g consecutive heads'),
+    'gqa: every query head keeps its own query': (_GQA_VALUES, 'averaged', 'keeps the h query heads', (_GQA_MASK,)),
+    'gqa: mask hides keys': (_GQA_MASK, 'mask is ignored', 'mask (optional): bool, broadcastable to (b, h, n, m)'),
+    'gqa: mask True = may attend': (_GQA_MASK, 'polarity', 'broadcastable to (b, h, n, m), true = may attend'),
+    'gqa: a query with no allowed key gives zeros': (_GQA_MASK, 'NaN', 'no allowed key gets a row of zeros'),
+    "gqa: keeps the inputs' dtype": (_GQA_VALUES, "keep the inputs' dtype", "the output keeps the inputs' dtype"),
+    'cache: time axis': (_APPEND, 'wrong axis', 'appended along the time axis (after the old ones)'),
+    'cached: causal shifted by t': ((_CACHED_PROMPT, _CACHED_STEP), 'aligned to the start',
+                                    'lower triangle shifted right by t'),
+}.items()}
 UPDATE, APPEND, CACHED, TILED = "online_softmax_update", "append_to_cache", "cached_attention", "tiled_attention"
 
 NO_RESCALE_SUM = ("the running sum is not rescaled when the maximum grows: multiply the old running_sum by "
@@ -184,7 +174,7 @@ def _prior_state(t: Trial, lead: tuple[int, ...], n: int, d_v: int, blocks: int)
     return state
 
 
-@SUITE.check("test_online_softmax_basic", parts=[UPDATE])
+@SUITE.check(_UPDATE_BASIC, parts=[UPDATE])
 def update_one_block(t: Trial) -> None:
     """One update from a realistic state: new maximum, rescaled sum and accumulator; maxima that grow and that do not."""
     for lead, n, b, d_v in [((), 4, 3, 2), ((2,), 3, 5, 4), ((2, 3), 2, 1, 3)]:
@@ -198,7 +188,7 @@ def update_one_block(t: Trial) -> None:
         _expect_update(got, [x.double() for x in (m, l, a, scores, values)], what)
 
 
-@SUITE.check("test_online_softmax_blocks", parts=[UPDATE])
+@SUITE.check(_UPDATE_BLOCKS, parts=[UPDATE])
 def update_chain(t: Trial) -> None:
     """Fed block by block through the student's update, acc / running_sum equals softmax attention (float32 and float64)."""
     for dtype, (n, m, d, d_v, block) in [(torch.float32, (5, 13, 4, 3, 4)), (torch.float64, (3, 9, 2, 5, 2)),
@@ -218,7 +208,7 @@ def update_chain(t: Trial) -> None:
             raise CheckFailed("acc / running_sum after the last block differs from softmax attention")
 
 
-@SUITE.check("test_online_softmax_masked", parts=[UPDATE])
+@SUITE.check(_UPDATE_MASKED, parts=[UPDATE])
 def update_masked(t: Trial) -> None:
     """-inf scores (masked keys): no NaN; a row with nothing allowed yet keeps (-inf, 0, 0); a later block recovers it."""
     n, d_v = 4, 3
@@ -263,7 +253,7 @@ def _expect_cache(value, expected: tuple[Tensor, Tensor], what: str, old: tuple[
     return value[0], value[1]
 
 
-@SUITE.check("test_append_to_cache", parts=[APPEND])
+@SUITE.check(_APPEND, parts=[APPEND])
 def append_check(t: Trial) -> None:
     """None starts a cache; new positions go last along the time axis, for one or several positions."""
     b, h, d_k, d_v = 2, 3, 4, 5
@@ -325,7 +315,7 @@ def _decode(t: Trial, q: Tensor, k: Tensor, v: Tensor, chunks: list[int], label:
         t0 += s
 
 
-@SUITE.check("test_cached_attention_step", parts=[CACHED])
+@SUITE.check(_CACHED_STEP, parts=[CACHED])
 def cached_step(t: Trial) -> None:
     """One position per step, feeding back the returned cache, equals causal attention over the sequence."""
     for b, h, n, d, d_v in [(2, 3, 7, 4, 5), (1, 1, 4, 2, 2)]:
@@ -333,7 +323,7 @@ def cached_step(t: Trial) -> None:
         _decode(t, q, k, v, [1] * n, "one position per step")
 
 
-@SUITE.check("test_cached_attention_prompt", parts=[CACHED])
+@SUITE.check(_CACHED_PROMPT, parts=[CACHED])
 def cached_prompt(t: Trial) -> None:
     """A prompt of several positions, then single steps, then several again: causal, never the future."""
     q, k, v = t.randn(2, 2, 9, 4), t.randn(2, 2, 9, 4), t.randn(2, 2, 9, 3)
@@ -460,7 +450,7 @@ def _expect_tiled(t: Trial, q: Tensor, k: Tensor, v: Tensor, what: str, mask: Te
         raise CheckFailed(f"{what} has dtype {got.dtype} for {q.dtype} inputs: keep the inputs' dtype")
 
 
-@SUITE.check("test_tiled_attention", parts=[TILED])
+@SUITE.check(_TILED_VALUES, parts=[TILED])
 def tiled_check(t: Trial) -> None:
     """Equals softmax attention for blocks that do and do not divide m, any leading dimensions, float32 and float64."""
     for lead, n, m, d, d_v, block, dtype in [((2,), 5, 11, 4, 3, 4, torch.float32), ((2, 3), 3, 8, 2, 5, 8, torch.float32),
@@ -479,7 +469,7 @@ def tiled_check(t: Trial) -> None:
     _expect_tiled(t, q, k, v, "tiled_attention for query (1, 300, 4), key (1, 260, 4), block_k=64", block=64)
 
 
-@SUITE.check("test_tiled_attention_causal", parts=[TILED])
+@SUITE.check(_TILED_CAUSAL, parts=[TILED])
 def tiled_causal(t: Trial) -> None:
     """causal=True: query i sees keys 0..i, for blocks that do and do not divide n."""
     for b, n, d, block in [(2, 7, 4, 3), (1, 8, 2, 4), (2, 5, 3, 1), (1, 270, 4, 32)]:  # 72 900 scores > MAX_SCORES
@@ -488,7 +478,7 @@ def tiled_causal(t: Trial) -> None:
                       causal=True, block=block)
 
 
-@SUITE.check("test_tiled_attention_mask", parts=[TILED])
+@SUITE.check(_TILED_MASK, parts=[TILED])
 def tiled_mask(t: Trial) -> None:
     """A padding mask (B, 1, m) and a full (B, n, m) mask hide keys; a query with no allowed key gets zeros."""
     q, k, v = t.randn(3, 4, 4), t.randn(3, 7, 4, scale=2.0), t.randn(3, 7, 2)
@@ -567,7 +557,7 @@ def _expect_gqa(t: Trial, q: Tensor, k: Tensor, v: Tensor, what: str, mask: Tens
         raise CheckFailed(f"{what} has dtype {got.dtype} for {q.dtype} inputs: keep the inputs' dtype")
 
 
-@SUITE.check("test_grouped_query_attention", parts=[GQA])
+@SUITE.check(_GQA_VALUES, parts=[GQA])
 def gqa_check(t: Trial) -> None:
     """Equals torch's enable_gqa (attnkit without it): G == H is multi-head, 1 < G < H grouped, G == 1 multi-query."""
     for b, h, g, n, m, d, d_v, dtype in [(2, 3, 3, 4, 5, 4, 3, torch.float32), (2, 4, 2, 3, 5, 4, 3, torch.float32),
@@ -578,7 +568,7 @@ def gqa_check(t: Trial) -> None:
         _expect_gqa(t, q, k, v, f"grouped_query_attention with H={h} query heads, G={g} key-value heads ({dtype})")
 
 
-@SUITE.check("test_grouped_query_attention_mask", parts=[GQA])
+@SUITE.check(_GQA_MASK, parts=[GQA])
 def gqa_mask(t: Trial) -> None:
     """A (B, 1, 1, m) padding mask, an (n, m) mask and a per-head (B, H, n, m) one; no allowed key gives zeros."""
     q, k, v = t.randn(2, 6, 4, 4), t.randn(2, 2, 5, 4, scale=1.5), t.randn(2, 2, 5, 3)
@@ -592,7 +582,7 @@ def gqa_mask(t: Trial) -> None:
         _expect_gqa(t, q, k, v, f"grouped_query_attention (H=6, G=2) with {about}", mask)
 
 
-@SUITE.check("test_grouped_query_attention_heads", parts=[GQA])
+@SUITE.check(_GQA_HEADS, parts=[GQA])
 def gqa_heads(t: Trial) -> None:
     """A ValueError naming H and G when G does not divide H (G < H and G > H); every G that divides H works."""
     for h, g in [(8, 2), (6, 3), (4, 1), (4, 4)]:
