@@ -24,28 +24,28 @@ from autograder.judging.checks.common import (ATTENTION_MISTAKES, UNIFORM_ROWS, 
                                               random_weights, scaled_reference)
 
 SUITE = Suite("04_masked_attention")
-STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
-    'causal: bool': requirement('test_causal_mask', 'bool', '(n, n) bool mask', also=('test_causality',)),
-    'causal: on and below the diagonal': requirement('test_causal_mask', 'diagonal is hidden',
-        'true on and below the diagonal', also=('test_causality',)),
-    'causal: device honoured': requirement('test_causal_mask', 'device argument is ignored', 'bool tensor on device'),
-    'padding: (B, 1, max_len)': requirement('test_padding_mask', '(B, 1, max_len)', 'a bool (b, 1, max_len) mask'),
-    'padding: True at the real tokens': requirement('test_padding_mask', 'off by one', 'positions 0..lengths[b]-1'),
-    'attention: scaled scores': requirement('test_masked_attention', 'not scaled', 's = q k^t / sqrt(d_k)'),
-    'attention: -inf before the softmax, True = may attend': requirement('test_masked_attention', 'after the softmax',
-        'replaced by -inf before the softmax', also=('test_masked_mha', 'test_causality')),
-    'attention: rows are queries': requirement('test_masked_attention', 'transposed',
-        '(output (..., n, d_v), weights (..., n, m))',
-        also=('test_masked_attention_fully_masked', 'test_masked_mha', 'test_causality')),
-    'attention: n != m, d_v != d_k, broadcast masks': requirement('test_masked_attention', 'must broadcast',
-        'mask bool broadcastable to (..., n, m)', also=('test_masked_mha',)),
-    'attention: any leading dimensions': requirement('test_masked_mha', 'leading dimensions',
-        'any number of leading dimensions', also=('test_causality',)),
-    'attention: fully masked row gives zeros': requirement('test_masked_attention_fully_masked', 'NaN',
-        'zero weights and a zero output row', also=('test_masked_mha',)),
-    'causality end to end': requirement('test_causality', 'future', 'changing a later input must not change',
-        also=('test_causal_mask',)),
-}
+_CAUSAL_CHECK, _PADDING_CHECK, _VALUES = "test_causal_mask", "test_padding_mask", "test_masked_attention"
+_FULLY_MASKED, _MHA, _CAUSALITY = "test_masked_attention_fully_masked", "test_masked_mha", "test_causality"
+# requirement -> (its check(s), words of the message, words of the text that state it[, checks it fails too])
+STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
+    'causal: bool': (_CAUSAL_CHECK, 'bool', '(n, n) bool mask', (_CAUSALITY,)),
+    'causal: on and below the diagonal': (_CAUSAL_CHECK, 'diagonal is hidden', 'true on and below the diagonal',
+                                          (_CAUSALITY,)),
+    'causal: device honoured': (_CAUSAL_CHECK, 'device argument is ignored', 'bool tensor on device'),
+    'padding: (B, 1, max_len)': (_PADDING_CHECK, '(B, 1, max_len)', 'a bool (b, 1, max_len) mask'),
+    'padding: True at the real tokens': (_PADDING_CHECK, 'off by one', 'positions 0..lengths[b]-1'),
+    'attention: scaled scores': (_VALUES, 'not scaled', 's = q k^t / sqrt(d_k)'),
+    'attention: -inf before the softmax, True = may attend':
+        (_VALUES, 'after the softmax', 'replaced by -inf before the softmax', (_MHA, _CAUSALITY)),
+    'attention: rows are queries': (_VALUES, 'transposed', '(output (..., n, d_v), weights (..., n, m))',
+                                    (_FULLY_MASKED, _MHA, _CAUSALITY)),
+    'attention: n != m, d_v != d_k, broadcast masks': (_VALUES, 'must broadcast',
+                                                       'mask bool broadcastable to (..., n, m)', (_MHA,)),
+    'attention: any leading dimensions': (_MHA, 'leading dimensions', 'any number of leading dimensions',
+                                          (_CAUSALITY,)),
+    'attention: fully masked row gives zeros': (_FULLY_MASKED, 'NaN', 'zero weights and a zero output row', (_MHA,)),
+    'causality end to end': (_CAUSALITY, 'future', 'changing a later input must not change', (_CAUSAL_CHECK,)),
+}.items()}
 CAUSAL, PADDING, MASKED = "causal_mask", "padding_mask", "masked_attention"
 
 INVERTED = "the mask is inverted: True must mean 'may attend'"
@@ -99,7 +99,7 @@ def _causal_mistakes(n: int) -> dict[str, Tensor]:
     }
 
 
-@SUITE.check("test_causal_mask", parts=[CAUSAL])
+@SUITE.check(_CAUSAL_CHECK, parts=[CAUSAL])
 def causal_mask_check(t: Trial) -> None:
     """causal_mask(n) is a bool (n, n) tensor, True on and below the diagonal."""
     for n in (5, 2, 1, 8):  # n=5 first: for n=1 several mistakes coincide
@@ -134,7 +134,7 @@ def _padding_mistakes(lengths: Tensor, max_len: int) -> dict[str, Tensor]:
         INVERTED + ": it is True at the padding": (pos >= lengths[:, None])[:, None]}
 
 
-SUITE.oracle("test_padding_mask", PADDING, "padding_mask(lengths, max_len) is a bool (B, 1, max_len) tensor, True at "
+SUITE.oracle(_PADDING_CHECK, PADDING, "padding_mask(lengths, max_len) is a bool (B, 1, max_len) tensor, True at "
              "the first lengths[b] positions.", cases=[([3, 1, 4], 5), ([2, 2], 2), ([0, 3, 1, 2], 3)],
              draw=lambda t, lengths, max_len: (torch.tensor(lengths, dtype=torch.int64), max_len),
              reference=ref_padding, mistakes=_padding_mistakes, compare=expect_mask,
@@ -166,7 +166,7 @@ MISTAKES = {
 MISTAKES |= {key: message for key, message in ATTENTION_MISTAKES.items() if key not in MISTAKES}
 
 
-@SUITE.check("test_masked_attention", parts=[MASKED])
+@SUITE.check(_VALUES, parts=[MASKED])
 def masked_attention_check(t: Trial) -> None:
     """masked_attention equals torch's masked scaled_dot_product_attention for (n, m), causal and (B, 1, m) masks."""
     b, n, m, d = 2, 5, 6, 4
@@ -204,7 +204,7 @@ def masked_attention_check(t: Trial) -> None:
                      mistakes.outputs(wrong))
 
 
-@SUITE.check("test_masked_attention_fully_masked", parts=[MASKED])
+@SUITE.check(_FULLY_MASKED, parts=[MASKED])
 def fully_masked_check(t: Trial) -> None:
     """A query row with every key masked gives zero weights and a zero output row, never NaN; the other rows are unchanged."""
     q, k, v = t.randn(2, 4, 3), t.randn(2, 5, 3), t.randn(2, 5, 2)
@@ -223,7 +223,7 @@ def fully_masked_check(t: Trial) -> None:
     expect_close(out[:1, rest], out2, "the output of the other rows (a fully masked row must not change them)")
 
 
-@SUITE.check("test_masked_mha", parts=[MASKED])
+@SUITE.check(_MHA, parts=[MASKED])
 def masked_mha_check(t: Trial) -> None:
     """Through the given MultiHeadAttention: causal & padding masks for a batch of unequal lengths, length 0 included."""
     b, n, e, h = 3, 5, 8, 2
@@ -255,7 +255,7 @@ def _mask_mistakes(p: dict[str, Tensor], x: Tensor, h: int, mask: Tensor) -> mis
     return {f"masked_attention: {msg}": pair for msg, pair in head_mistakes(p, x, x, x, h, mask).items()}
 
 
-@SUITE.check("test_causality", parts=[CAUSAL, MASKED])
+@SUITE.check(_CAUSALITY, parts=[CAUSAL, MASKED])
 def causality_check(t: Trial) -> None:
     """With your causal_mask, SelfAttention's output i ignores inputs j > i: perturbing them changes nothing, their gradient is 0."""
     n, e, h = 6, 8, 2
