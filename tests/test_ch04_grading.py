@@ -106,6 +106,11 @@ def test_delegation_earns_nothing_for_that_part():
     assert results["test_causal_mask"] == "" and results["test_padding_mask"] == ""
 
 
+def test_a_mask_of_no_dimensions_is_told_its_shape():
+    """A 0-d tensor from padding_mask used to crash the check (it read the mask's first dimension)."""
+    assert "has shape ()" in run_suite(A, mutate(REF, PAD, "return torch.tensor(True)"))["test_padding_mask"]
+
+
 # -- stated requirements (issue 13): each one broken alone loses points on its check, named -------------
 
 SCORES = "scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])"

@@ -1,13 +1,8 @@
-"""Graded checks for exercise 04_masked_attention: ``causal_mask``, ``padding_mask``, ``masked_attention`` and five
-conceptual questions; the requirements the exercise states are ``STATED_REQUIREMENTS`` (``python -m
-autograder.judging.checks --requirements 04``). Not stated, not graded: the dtype, and the device of
-padding_mask's result.
-
-The notebook's read-only setup gives ``MultiHeadAttention`` and ``SelfAttention``, whose heads call the student's
-``masked_attention``; the last two checks run masked attention through them (weights drawn here), and verify
-causality by perturbing future inputs and by gradients, with the student's own causal mask. test_masked_attention
-tests the formula; the others compare at the student's own scale (``common.scaled_reference``) or with the
-student's own rows, so an unscaled attention costs test_masked_attention alone.
+"""Graded checks for exercise 04_masked_attention (requirements: ``STATED_REQUIREMENTS``; not graded: the dtype,
+and the device of padding_mask's result). test_masked_attention tests the formula; the checks through the setup's
+``MultiHeadAttention`` and ``SelfAttention`` (weights drawn here; causality by perturbing future inputs and by
+gradients, with the student's own causal mask) compare at the student's own scale (``common.scaled_reference``) or
+with the student's own rows, so an unscaled attention costs test_masked_attention alone.
 """
 
 from __future__ import annotations
@@ -22,38 +17,35 @@ from attnkit import causal_mask as ref_causal
 from attnkit import padding_mask as ref_padding
 from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
-from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, choice, expect_close, expect_pair,
-                                       expect_tensor, fail_if_named, listed, mistakes, named_mistake, number,
-                                       requirement, row_set, twin)
+from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, choice, close, expect_close,
+                                       expect_pair, expect_tensor, fail_if_named, listed, mistakes, named_mistake,
+                                       number, requirement, row_set, twin)
 from autograder.judging.checks.common import (ATTENTION_MISTAKES, UNIFORM_ROWS, expect_distributions, head_mistakes,
                                               random_weights, scaled_reference)
 
 SUITE = Suite("04_masked_attention")
-STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
-    'causal: bool': requirement('test_causal_mask', 'bool', '(n, n) bool mask', also=('test_causality',)),
-    'causal: on and below the diagonal': requirement('test_causal_mask', 'diagonal is hidden',
-        'the mask is true on and below the diagonal', also=('test_causality',)),
-    'causal: device honoured': requirement('test_causal_mask', 'device argument is ignored',
-        'return a torch.bool tensor on device'),
-    'padding: (B, 1, max_len)': requirement('test_padding_mask', '(B, 1, max_len)',
-        'return a bool (b, 1, max_len) mask'),
-    'padding: True at the real tokens': requirement('test_padding_mask', 'off by one',
-        'example b has real tokens at positions 0..lengths[b]-1'),
-    'attention: scaled scores': requirement('test_masked_attention', 'not scaled', 's = q k^t / sqrt(d_k)'),
-    'attention: -inf before the softmax, True = may attend': requirement('test_masked_attention', 'after the softmax',
-        'replaced by -inf before the softmax', also=('test_masked_mha', 'test_causality')),
-    'attention: rows are queries': requirement('test_masked_attention', 'transposed',
-        '(output (..., n, d_v), weights (..., n, m))',
-        also=('test_masked_attention_fully_masked', 'test_masked_mha', 'test_causality')),
-    'attention: n != m, d_v != d_k, broadcast masks': requirement('test_masked_attention', 'must broadcast',
-        'mask bool broadcastable to (..., n, m)', also=('test_masked_mha',)),
-    'attention: any leading dimensions': requirement('test_masked_mha', 'leading dimensions',
-        'any number of leading dimensions', also=('test_causality',)),
-    'attention: fully masked row gives zeros': requirement('test_masked_attention_fully_masked', 'NaN',
-        'the contract asks for zero weights and a zero output row', also=('test_masked_mha',)),
-    'causality end to end': requirement('test_causality', 'future',
-        'changing a later input must not change an earlier output', also=('test_causal_mask',)),
-}
+_CAUSAL_CHECK, _PADDING_CHECK, _VALUES = "test_causal_mask", "test_padding_mask", "test_masked_attention"
+_FULLY_MASKED, _MHA, _CAUSALITY = "test_masked_attention_fully_masked", "test_masked_mha", "test_causality"
+# requirement -> (its check(s), words of the message, words of the text that state it[, checks it fails too])
+STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
+    'causal: bool': (_CAUSAL_CHECK, 'bool', '(n, n) bool mask', (_CAUSALITY,)),
+    'causal: on and below the diagonal': (_CAUSAL_CHECK, 'diagonal is hidden', 'true on and below the diagonal',
+                                          (_CAUSALITY,)),
+    'causal: device honoured': (_CAUSAL_CHECK, 'device argument is ignored', 'bool tensor on device'),
+    'padding: (B, 1, max_len)': (_PADDING_CHECK, '(B, 1, max_len)', 'a bool (b, 1, max_len) mask'),
+    'padding: True at the real tokens': (_PADDING_CHECK, 'off by one', 'positions 0..lengths[b]-1'),
+    'attention: scaled scores': (_VALUES, 'not scaled', 's = q k^t / sqrt(d_k)'),
+    'attention: -inf before the softmax, True = may attend':
+        (_VALUES, 'after the softmax', 'replaced by -inf before the softmax', (_MHA, _CAUSALITY)),
+    'attention: rows are queries': (_VALUES, 'transposed', '(output (..., n, d_v), weights (..., n, m))',
+                                    (_FULLY_MASKED, _MHA, _CAUSALITY)),
+    'attention: n != m, d_v != d_k, broadcast masks': (_VALUES, 'must broadcast',
+                                                       'mask bool broadcastable to (..., n, m)', (_MHA,)),
+    'attention: any leading dimensions': (_MHA, 'leading dimensions', 'any number of leading dimensions',
+                                          (_CAUSALITY,)),
+    'attention: fully masked row gives zeros': (_FULLY_MASKED, 'NaN', 'zero weights and a zero output row', (_MHA,)),
+    'causality end to end': (_CAUSALITY, 'future', 'changing a later input must not change', (_CAUSAL_CHECK,)),
+}.items()}
 CAUSAL, PADDING, MASKED = "causal_mask", "padding_mask", "masked_attention"
 
 INVERTED = "the mask is inverted: True must mean 'may attend'"
@@ -61,7 +53,6 @@ STRICT = ("off by one: the diagonal is hidden (a strictly lower triangle, tril(d
           "to itself, so the mask is True on and below the diagonal (tril with diagonal=0)")
 SEES_NEXT = ("off by one: the mask also lets each position see the next (future) position i+1 (tril(diagonal=1)); "
              "query i may only see keys 0..i, so use tril with diagonal=0")
-NOT_SCALED = "the scores are not scaled: divide Q K^T by sqrt(d_k) before masking"
 NAN_ROWS = ("a query whose keys are all masked gives NaN: the softmax of a row of -inf is 0/0. The contract asks for "
             "zero weights and a zero output row (for example torch.nan_to_num, or divide only where the sum is positive)")
 
@@ -77,10 +68,16 @@ def expect_bool_mask(value, shape: tuple[int, ...], what: str) -> Tensor:
     return value
 
 
-def expect_equal_mask(actual: Tensor, expected: Tensor, what: str, known: dict[str, Tensor]) -> None:
+def expect_mask(got, expected: Tensor, what: str, known: dict[str, Tensor]) -> None:
+    """``got`` must be the bool mask ``expected``; else the ``known`` mistake (message -> mask) it is, or where not."""
+    def same(a: Tensor, b: Tensor) -> bool:
+        return a.shape == b.shape and torch.equal(a, b)
+    if isinstance(got, Tensor) and tuple(got.shape) != tuple(expected.shape) and got.dim() and got.shape[0] != 1:
+        fail_if_named(got.bool(), known, what, same)
+    actual = expect_bool_mask(got, tuple(expected.shape), what)
     if torch.equal(actual, expected):
         return
-    fail_if_named(actual, known, what, lambda a, b: a.shape == b.shape and torch.equal(a, b))
+    fail_if_named(actual, known, what, same)
     bad = (actual != expected).nonzero()[0].tolist()
     raise CheckFailed(f"mistake in {what} at index {tuple(bad)}: got {bool(actual[tuple(bad)])}, "
                       f"expected {bool(expected[tuple(bad)])}")
@@ -102,13 +99,12 @@ def _causal_mistakes(n: int) -> dict[str, Tensor]:
     }
 
 
-@SUITE.check("test_causal_mask", parts=[CAUSAL])
+@SUITE.check(_CAUSAL_CHECK, parts=[CAUSAL])
 def causal_mask_check(t: Trial) -> None:
     """causal_mask(n) is a bool (n, n) tensor, True on and below the diagonal."""
     for n in (5, 2, 1, 8):  # n=5 first: for n=1 several mistakes coincide
-        m = expect_bool_mask(t.call(CAUSAL, n) if n != 5 else t.call(CAUSAL, n, device="cpu"), (n, n),
-                             f"causal_mask({n})")
-        expect_equal_mask(m, ref_causal(n), f"causal_mask({n})", _causal_mistakes(n))
+        expect_mask(t.call(CAUSAL, n) if n != 5 else t.call(CAUSAL, n, device="cpu"), ref_causal(n),
+                    f"causal_mask({n})", _causal_mistakes(n))
     # "a torch.bool tensor on device": ask for the meta device (every machine has it, it holds no data) and read
     # the tensor's type name in the student's process; a mask that comes back on the CPU ignored the argument.
     try:
@@ -138,16 +134,10 @@ def _padding_mistakes(lengths: Tensor, max_len: int) -> dict[str, Tensor]:
         INVERTED + ": it is True at the padding": (pos >= lengths[:, None])[:, None]}
 
 
-def _same_mask(got, expected: Tensor, what: str, known: dict[str, Tensor]) -> None:
-    if isinstance(got, Tensor) and tuple(got.shape) != tuple(expected.shape) and got.shape[0] != 1:
-        fail_if_named(got.bool(), known, what, lambda a, b: a.shape == b.shape and torch.equal(a, b))
-    expect_equal_mask(expect_bool_mask(got, tuple(expected.shape), what), expected, what, known)
-
-
-SUITE.oracle("test_padding_mask", PADDING, "padding_mask(lengths, max_len) is a bool (B, 1, max_len) tensor, True at "
+SUITE.oracle(_PADDING_CHECK, PADDING, "padding_mask(lengths, max_len) is a bool (B, 1, max_len) tensor, True at "
              "the first lengths[b] positions.", cases=[([3, 1, 4], 5), ([2, 2], 2), ([0, 3, 1, 2], 3)],
              draw=lambda t, lengths, max_len: (torch.tensor(lengths, dtype=torch.int64), max_len),
-             reference=ref_padding, mistakes=_padding_mistakes, compare=_same_mask,
+             reference=ref_padding, mistakes=_padding_mistakes, compare=expect_mask,
              what=lambda lengths, max_len: f"padding_mask(lengths={lengths.tolist()}, max_len={max_len})")
 
 
@@ -170,32 +160,23 @@ MISTAKES = {
                          "the masked scores with -inf before the softmax",
     mistakes.MASK_INVERTED: INVERTED + ", so fill the scores where the mask is False",
     mistakes.MASK_IGNORED: "the mask is ignored: fill the scores where the mask is False with -inf",
-    mistakes.NOT_SCALED: NOT_SCALED,
+    mistakes.NOT_SCALED: "the scores are not scaled: divide Q K^T by sqrt(d_k) before masking",
     mistakes.FINITE_FILL: UNIFORM_ROWS,
-    **{key: message for key, message in ATTENTION_MISTAKES.items() if key not in (
-        mistakes.MASK_AFTER, mistakes.MASK_INVERTED, mistakes.NOT_SCALED,
-        mistakes.FINITE_FILL)},
 }
+MISTAKES |= {key: message for key, message in ATTENTION_MISTAKES.items() if key not in MISTAKES}
 
 
-def _mistakes(q, k, v, mask) -> mistakes.Pairs:
-    """message -> (output, weights) of each classic mistake on these inputs."""
-    return mistakes.named(mistakes.wrong_attention(q, k, v, mask), MISTAKES)
-
-
-@SUITE.check("test_masked_attention", parts=[MASKED])
+@SUITE.check(_VALUES, parts=[MASKED])
 def masked_attention_check(t: Trial) -> None:
     """masked_attention equals torch's masked scaled_dot_product_attention for (n, m), causal and (B, 1, m) masks."""
     b, n, m, d = 2, 5, 6, 4
     q, k, v = t.randn(b, n, d), t.randn(b, m, d), t.randn(b, m, d + 2)
     random_mask = t.rand_mask(n, m, p=0.6)
     random_mask[:, 0] = True
-    causal = ref_causal(6)
-    qs = t.randn(b, 6, d)
-    padding = ref_padding(torch.tensor([6, 3]), m)  # (B, 1, m)
-    for (qq, mask, what) in [(qs, causal, "attention with a causal mask"),  # square first: names a transposed mask
+    # the causal mask first: a square one shows a transposed mask
+    for (qq, mask, what) in [(t.randn(b, 6, d), ref_causal(6), "attention with a causal mask"),
                              (q, random_mask, "attention with an (n, m) mask"),
-                             (q, padding, "attention with a (B, 1, m) padding mask")]:
+                             (q, ref_padding(torch.tensor([6, 3]), m), "attention with a (B, 1, m) padding mask")]:
         try:
             out, w, exp_out, exp_w = _against_reference(t, qq, k, v, mask, what)
         except StudentError as err:
@@ -205,28 +186,25 @@ def masked_attention_check(t: Trial) -> None:
                               f"{tuple(v.shape)}, mask {tuple(mask.shape)}). The mask must broadcast against the "
                               "scores (..., n, m) as it is, and n, m, d_k and d_v may all differ") from None
         full = mask.expand_as(w)
-        if bool((w.masked_select(~full).abs() > 1e-6).any()):
+        if bool((w.masked_select(~full).abs() > 1e-6).any()):  # a masked key has weight: name how it leaks
+            scores = qq @ k.transpose(-2, -1) / math.sqrt(d)
+            leaks = {"the mask is ignored: fill the scores where the mask is False with -inf before the softmax":
+                     ref_softmax(scores)}
+            if mask.shape[-1] == mask.shape[-2]:
+                leaks["the mask is used transposed: mask[..., i, j] says whether query i (row) may see key j (column), "
+                      "the same layout as the scores"] = ref_softmax(scores.masked_fill(~mask.mT, float("-inf")))
+            why = named_mistake(w, leaks, lambda a, b: close(a, b, atol=1e-4, rtol=1e-5))
             if bool((w.masked_select(full).abs() < 1e-9).all()):
-                raise CheckFailed(f"{what}: {INVERTED}, so the keys where the mask is False must get weight 0")
-            unmasked = ref_softmax(qq @ k.transpose(-2, -1) / math.sqrt(d))
-            if w.shape == unmasked.shape and torch.allclose(w.double(), unmasked.double(), atol=1e-4):
-                raise CheckFailed(f"{what}: the mask is ignored: fill the scores where the mask is False with -inf "
-                                  "before the softmax")
-            if mask.shape[-1] == mask.shape[-2] and w.shape[-1] == w.shape[-2]:
-                scores = qq @ k.transpose(-2, -1) / math.sqrt(d)
-                transposed = ref_softmax(scores.masked_fill(~mask.transpose(-2, -1), float("-inf")))
-                if w.shape == transposed.shape and torch.allclose(w.double(), transposed.double(), atol=1e-4):
-                    raise CheckFailed(f"{what}: the mask is used transposed: mask[..., i, j] says whether query i "
-                                      "(row) may see key j (column), the same layout as the scores")
-            raise CheckFailed(f"{what}: masked keys (mask False) get non-zero weight: fill their scores with -inf "
-                              "before the softmax")
-        wrong = _mistakes(qq, k, v, mask)
+                why = f"{INVERTED}, so the keys where the mask is False must get weight 0"
+            raise CheckFailed(f"{what}: " + (why or "masked keys (mask False) get non-zero weight: fill their scores "
+                                             "with -inf before the softmax"))
+        wrong = mistakes.named(mistakes.wrong_attention(qq, k, v, mask), MISTAKES)
         expect_close(w, exp_w, f"the weights of {what}", mistakes.weights(wrong))
         expect_close(out, F.scaled_dot_product_attention(qq, k, v, attn_mask=mask), f"the output of {what}",
                      mistakes.outputs(wrong))
 
 
-@SUITE.check("test_masked_attention_fully_masked", parts=[MASKED])
+@SUITE.check(_FULLY_MASKED, parts=[MASKED])
 def fully_masked_check(t: Trial) -> None:
     """A query row with every key masked gives zero weights and a zero output row, never NaN; the other rows are unchanged."""
     q, k, v = t.randn(2, 4, 3), t.randn(2, 5, 3), t.randn(2, 5, 2)
@@ -245,7 +223,7 @@ def fully_masked_check(t: Trial) -> None:
     expect_close(out[:1, rest], out2, "the output of the other rows (a fully masked row must not change them)")
 
 
-@SUITE.check("test_masked_mha", parts=[MASKED])
+@SUITE.check(_MHA, parts=[MASKED])
 def masked_mha_check(t: Trial) -> None:
     """Through the given MultiHeadAttention: causal & padding masks for a batch of unequal lengths, length 0 included."""
     b, n, e, h = 3, 5, 8, 2
@@ -262,14 +240,13 @@ def masked_mha_check(t: Trial) -> None:
         raise CheckFailed(f"{err}. The given MultiHeadAttention calls masked_attention with 4-D inputs "
                           "(B, H, n, Dh) and a (B, 1, n, m) mask: it must work for any number of leading "
                           "dimensions (use transpose(-2, -1) and @, not bmm or transpose(1, 2))") from None
-    mistakes.expect_no_nan({"weights": w, "output": out}, " of MultiHeadAttention with a causal & padding mask",
+    what = "MultiHeadAttention with a causal & padding mask"
+    mistakes.expect_no_nan({"weights": w, "output": out}, f" of {what}",
                            f" (the example of length 0 has no key to attend to): {NAN_ROWS}")
-    w = expect_tensor(w, (b, h, n, n), "the per-head weights of MultiHeadAttention with a causal & padding mask")
-    exp_out, exp_w = scaled_reference(p, x, x, x, h, mask, w)
-    wrong = _mask_mistakes(p, x, h, mask)
-    expect_close(w, exp_w, "the per-head weights of MultiHeadAttention with a causal & padding mask",
-                 mistakes.weights(wrong))
-    expect_close(out, exp_out, "the output of MultiHeadAttention with a causal & padding mask", mistakes.outputs(wrong))
+    w = expect_tensor(w, (b, h, n, n), f"the per-head weights of {what}")
+    (exp_out, exp_w), wrong = scaled_reference(p, x, x, x, h, mask, w), _mask_mistakes(p, x, h, mask)
+    expect_close(w, exp_w, f"the per-head weights of {what}", mistakes.weights(wrong))
+    expect_close(out, exp_out, f"the output of {what}", mistakes.outputs(wrong))
 
 
 def _mask_mistakes(p: dict[str, Tensor], x: Tensor, h: int, mask: Tensor) -> mistakes.Pairs:
@@ -278,7 +255,7 @@ def _mask_mistakes(p: dict[str, Tensor], x: Tensor, h: int, mask: Tensor) -> mis
     return {f"masked_attention: {msg}": pair for msg, pair in head_mistakes(p, x, x, x, h, mask).items()}
 
 
-@SUITE.check("test_causality", parts=[CAUSAL, MASKED])
+@SUITE.check(_CAUSALITY, parts=[CAUSAL, MASKED])
 def causality_check(t: Trial) -> None:
     """With your causal_mask, SelfAttention's output i ignores inputs j > i: perturbing them changes nothing, their gradient is 0."""
     n, e, h = 6, 8, 2
@@ -302,10 +279,9 @@ def causality_check(t: Trial) -> None:
                                      "query i may only see keys 0..i"))
             because = named_mistake(out.double(), mistakes.outputs(_mask_mistakes(p, x, h, mask)),
                                     lambda a, b: torch.allclose(a, b, atol=1e-4))
-            if because:
-                raise CheckFailed(f"changing inputs after position {i} changes output {i}, because {because}")
-            raise CheckFailed(f"changing inputs after position {i} changes output {i}: masked attention leaks "
-                              "the future (mask the scores with -inf before the softmax)")
+            raise CheckFailed(f"changing inputs after position {i} changes output {i}" + (
+                f", because {because}" if because else ": masked attention leaks the future (mask the scores with "
+                "-inf before the softmax)"))
         probe = torch.zeros(1, n, e)
         probe[0, i] = t.randn(e)
         g = expect_tensor(t.grad(obj, x, mask, wrt=0, probe=probe), (1, n, e), "the gradient")
@@ -321,12 +297,8 @@ def causality_check(t: Trial) -> None:
 # -- conceptual questions (the inputs are in the question; the answer is a value) ----------------------
 SEEN = (ref_causal(6) & ref_padding(torch.tensor([4]), 6))[0].sum(-1)  # q_keys_seen: causal_mask(6) & padding([4], 6)
 # q_mask_pattern: the four patterns of the question (rows = queries, columns = keys, 1 = may attend)
-PATTERNS = {
-    "a": ["1000", "1100", "1110", "1111"],
-    "b": ["1000", "1100", "1110", "1110"],
-    "c": ["1000", "1100", "1110", "0000"],
-    "d": ["1110", "1110", "1110", "1110"],
-}
+PATTERNS = {"a": ["1000", "1100", "1110", "1111"], "b": ["1000", "1100", "1110", "1110"],
+            "c": ["1000", "1100", "1110", "0000"], "d": ["1110", "1110", "1110", "1110"]}
 PATTERN = next(k for k, rows in PATTERNS.items()  # the one causal_mask(4) & padding_mask(tensor([3]), 4) draws
                if ["".join(str(int(b)) for b in r) for r in (ref_causal(4) & ref_padding(torch.tensor([3]), 4))[0]] == rows)
 # q_nan_step: the steps of a plain softmax, e = exp(s); w = e / e.sum(); out = w @ V, on a row of three -inf
