@@ -172,4 +172,4 @@ def test_the_readmes_chapter_skeleton_uses_the_engine_as_it_is():
              and node.module == "autograder.judging.checks" for a in node.names}
     assert names and all(hasattr(engine, n) for n in names), sorted(n for n in names if not hasattr(engine, n))
     calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
-    assert {"SUITE.oracle", "SUITE.questions", "twin", "requirement"} <= calls, calls
+    assert {"SUITE.oracle", "SUITE.questions", "twin", "requirements"} <= calls, calls

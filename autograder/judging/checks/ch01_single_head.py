@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
 from autograder.judging.checks import (CheckFailed, Suite, Trial, args, close, expect_close, expect_pair, expect_tensor,
-                                       listed, mistakes, number, requirement)
+                                       listed, mistakes, number, requirements)
 from autograder.judging.checks.common import (ATTENTION_MISTAKES, expect_distributions, expect_masked, fitted_scale,
                                               hidden_keys_changed)
 
@@ -22,13 +22,11 @@ SUITE = Suite("01_single_head")
 _BASIC, _DIM, _STABLE = (f"test_softmax_{c}" for c in ("basic", "dim", "stable"))
 _SHAPES, _VALUES, _BATCH, _MASK, _FULL, _DTYPE = _SDPA = tuple(f"test_sdpa_{c}" for c in (
     "shapes", "values", "batch_dims", "mask", "fully_masked", "dtype_stability"))
-# requirement -> (its check(s), words of the message, words of the text that state it[, checks it fails too])
-STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
+STATED_REQUIREMENTS = requirements({  # name -> (check(s), words of the message, words of the text[, also fails])
     'softmax along dim': (_DIM, 'dim', 'along the axis dim'),
     'softmax stable near 1e4': (_STABLE, 'overflow', 'subtract the maximum'),
     'softmax of an all -inf slice is zero': (_STABLE, 'entirely -inf', 'must give zeros, not nan'),
     'softmax keeps shape and dtype': (_BASIC, 'dtype', 'shape and dtype of x'),
-    # a wrong pair or shape fails every attention check
     'attention returns a pair': (_SHAPES, 'pair', 'returning (output, weights)', _SDPA[1:]),
     'shapes with n != m and d_v != d_k': (_SHAPES, 'wrong operand', '(..., n, d_v) and (..., n, m)', _SDPA[1:]),
     'any number of leading dimensions': (_BATCH, 'leading dimension', 'leading batch dimensions'),
@@ -40,7 +38,7 @@ STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
     'fully masked row gives zeros': (_FULL, 'zeros', 'a zero output row, never nan'),
     'float64 in, float64 out': (_DTYPE, 'float64', 'float64 in, float64 out'),
     'large scores stay finite': (_DTYPE, 'overflow', 'stable for large scores', (_FULL,)),
-}.items()}
+})
 SOFTMAX, SDPA = "softmax", "scaled_dot_product_attention"
 # The softmax exercise is to write the softmax: torch's own earns nothing there (it is fine elsewhere).
 # A name containing one of these (any case, any underscores: torch._softmax, aten._safe_softmax, F.softmin,

@@ -13,33 +13,32 @@ from torch import Tensor
 from attnkit import merge_heads as ref_merge
 from attnkit import split_heads as ref_split
 from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, build, expect_close, expect_pair,
-                                       expect_tensor, listed, mistakes, number, requirement, twin)
+                                       expect_tensor, listed, mistakes, number, requirements, twin)
 from autograder.judging.checks.common import (INTERLEAVED_SPLIT, MASK_AXES, NAN_ROWS, NO_TRANSPOSE_MERGE,
                                               NO_TRANSPOSE_SPLIT, REVERSED_HEADS, expect_layer, expect_masked,
                                               hidden_keys_changed, random_weights)
 
 SUITE = Suite("02_multi_head")
-STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
-    'split: head axis before the sequence axis': requirement('test_split_heads', 'transpose',
-        '(b, n, h*dh) -> (b, h, n, dh)'),
-    'split: contiguous feature blocks per head': requirement('test_split_heads', 'interleaved',
+STATED_REQUIREMENTS = requirements({  # name -> (check(s), words of the message, words of the text[, also fails])
+    'split: head axis before the sequence axis': ('test_split_heads', 'transpose', '(b, n, h*dh) -> (b, h, n, dh)'),
+    'split: contiguous feature blocks per head': ('test_split_heads', 'interleaved',
         'head h holds features h*dh:(h+1)*dh'),
-    'merge: inverse of split, heads in order': requirement('test_merge_heads', 'reverse order',
+    'merge: inverse of split, heads in order': ('test_merge_heads', 'reverse order',
         'the inverse, (b, h, n, dh) -> (b, n, h*dh)'),
-    'four nn.Linear(E, E) projections': requirement('test_mha_shapes', 'no out_proj', 'each nn.linear(e, e, bias=bias)',
-        also=('test_mha_values', 'test_mha_mask')),
-    'bias flag': requirement('test_mha_shapes', 'still has biases', 'with bias=false none of the four has a bias'),
-    'ValueError when E % H != 0': requirement('test_mha_shapes', 'ValueError', 'raise a valueerror when embed_dim'),
-    'per-head weights (B, H, n, m), n != m': requirement('test_mha_shapes', 'per-head', 'per-head weights (b, h, n, m)',
-        also=('test_mha_values', 'test_mha_mask')),
-    'each projection on its own input': requirement('test_mha_values', 'wrong input', 'q_proj to query, k_proj to key'),
-    'scale 1/sqrt(head_dim)': requirement('test_mha_values', 'sqrt(head_dim)', "1/\\sqrt{d_h} of one head's width"),
-    'out_proj on the merged heads': requirement('test_mha_values', 'out_proj is missing', 'heads and apply out_proj'),
-    'mask True means may attend': requirement('test_mha_mask', 'polarity', 'true means "may attend"'),
-    '3-D mask applies to every head': requirement('test_mha_mask', 'unsqueeze(1)', '(b, n, m) applies to every head'),
-    '4-D mask per head': requirement('test_mha_mask', '(B, H, n, m) per-head mask', 'mask is already (b, h, n, m)'),
-    'fully masked row gives zeros': requirement('test_mha_mask', 'all masked gets NaN', 'zero weights in every head'),
-}
+    'four nn.Linear(E, E) projections': ('test_mha_shapes', 'no out_proj', 'each nn.linear(e, e, bias=bias)',
+        ('test_mha_values', 'test_mha_mask')),
+    'bias flag': ('test_mha_shapes', 'still has biases', 'with bias=false none of the four has a bias'),
+    'ValueError when E % H != 0': ('test_mha_shapes', 'ValueError', 'raise a valueerror when embed_dim'),
+    'per-head weights (B, H, n, m), n != m': ('test_mha_shapes', 'per-head', 'per-head weights (b, h, n, m)',
+        ('test_mha_values', 'test_mha_mask')),
+    'each projection on its own input': ('test_mha_values', 'wrong input', 'q_proj to query, k_proj to key'),
+    'scale 1/sqrt(head_dim)': ('test_mha_values', 'sqrt(head_dim)', "1/\\sqrt{d_h} of one head's width"),
+    'out_proj on the merged heads': ('test_mha_values', 'out_proj is missing', 'heads and apply out_proj'),
+    'mask True means may attend': ('test_mha_mask', 'polarity', 'true means "may attend"'),
+    '3-D mask applies to every head': ('test_mha_mask', 'unsqueeze(1)', '(b, n, m) applies to every head'),
+    '4-D mask per head': ('test_mha_mask', '(B, H, n, m) per-head mask', 'mask is already (b, h, n, m)'),
+    'fully masked row gives zeros': ('test_mha_mask', 'all masked gets NaN', 'zero weights in every head'),
+})
 SPLIT, MERGE, MHA = "split_heads", "merge_heads", "MultiHeadAttention"
 
 

@@ -11,17 +11,16 @@ from torch import Tensor
 
 from attnkit import softmax as ref_softmax
 from autograder.judging.checks import (CheckFailed, Suite, Trial, expect_close, expect_pair, expect_tensor, listed,
-                                       mistakes, number, requirement, row_set, twin)
+                                       mistakes, number, requirements, row_set, twin)
 from autograder.judging.checks.common import NAN_ROWS, expect_layer, expect_masked, random_weights, reference
 
 SUITE = Suite("03_self_attention")
 _SHAPES, _VALUES, _MASK, _PERM = ("test_self_attention_shapes", "test_self_attention_values",
                                   "test_self_attention_mask", "test_self_attention_permutation")
-# requirement -> (its check(s), words of the message, words of the text that state it[, checks it fails too])
-STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
+STATED_REQUIREMENTS = requirements({  # name -> (check(s), words of the message, words of the text[, also fails])
     'attribute attn': (_SHAPES, 'attn', 'in __init__, as self.attn', (_VALUES, _MASK, _PERM)),
     'returns (output, weights) of the right shapes': (_SHAPES, 'pair', 'shapes (b, n, e) and (b, h, n, n)',
-                                                      (_VALUES, _MASK, _PERM)),
+        (_VALUES, _MASK, _PERM)),
     'x is query, key and value': (_VALUES, 'residual connection', 'plays all three roles'),
     'attn created once in __init__': (_VALUES, 'in __init__', 'create the multiheadattention once', (_MASK, _PERM)),
     'mask passed on': (_MASK, 'mask is ignored', 'pass the mask (true = may attend) on unchanged'),
@@ -30,7 +29,7 @@ STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
     'design: a pair of (d, d_k) matrices': ('test_design_weights', 'pair', 'returns (w_q, w_k)'),
     'design: at least 0.9 on the target': ('test_design_weights', 'scale', 'at least 0.9 of its weight'),
     'design: shared targets': ('test_design_weights', 'share a target', 'several positions may share a target'),
-}.items()}
+})
 RESIDUAL = ("a residual connection is added (x + attention): SelfAttention returns the attention output alone, "
             "attn(x, x, x); the residual belongs to the transformer block (chapter 07)")
 UNMASKED_ROWS = ("a query whose keys are all masked attends to every key instead (its row of the mask was switched "

@@ -11,31 +11,31 @@ from attnkit import apply_rotary_embedding as ref_rope
 from attnkit import position_shift_matrix as ref_shift
 from attnkit import sinusoidal_positional_encoding as ref_pe
 from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, close, expect_close, expect_tensor,
-                                       expect_value_error, number, requirement)
+                                       expect_value_error, number, requirements)
 
 SUITE = Suite("06_positional_encoding")
 _PE_SHAPE, _PE_VALUES, _PE_ODD = (f"test_sinusoidal_{c}" for c in ("shape", "values", "odd_dim"))
 _SHIFT, _LEARNED, _MAX_LEN = "test_shift_matrix_property", "test_learned_embedding", "test_learned_embedding_max_len"
 _ROPE, _ROPE_ODD, _RELATIVE = (f"test_rotary_{c}" for c in ("values", "odd_dim", "relative"))
-STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
-    'table: float32': requirement(_PE_SHAPE, 'float32', 'return a float32 tensor of shape'),
-    'table: values': requirement(_PE_VALUES, 'swapped', 'p[i, 2j] = \\sin(i\\, w_j)'),
-    'table: odd dim raises ValueError': requirement(_PE_ODD, 'ValueError', 'an odd dim cannot be split into pairs'),
-    'table: ValueError, not another exception': requirement(_PE_ODD, 'TypeError', 'raise a valueerror that says so'),
-    'shift: row-vector direction': requirement(_SHIFT, 'wrong way', 'row vector multiplied on the left'),
-    'learned: x + table[:n]': requirement(_LEARNED, 'without adding x', 'returns x plus row p'),
-    'learned: ValueError past max_len': requirement(_MAX_LEN, 'ValueError', 'if n > max_len'),
-    'learned: the ValueError names max_len': requirement(_MAX_LEN, 'does not name max_len', 'that names max_len'),
-    'rope: rotation direction': requirement(_ROPE, 'wrong way', 'x_{2j}\\sin(p w_j) + x_{2j+1}\\cos(p w_j)'),
-    'rope: neighbouring pairs': requirement(_ROPE, 'rotate half', 'the column pair (x_{2j}, x_{2j+1})'),
-    'rope: frequencies': requirement(_ROPE, 'factor 2', 'w_j = 10000^{-2j/d} as in the table'),
-    'rope: default positions from 0': requirement(_ROPE, 'start at 1', 'by default 0 .. n-1'),
-    'rope: given positions used': requirement(_ROPE, 'positions argument is ignored', '1-d tensor of the n rows'),
-    "rope: x's dtype": requirement(_ROPE, "return x's dtype", 'shape and dtype (a float64 x'),
-    'rope: odd d raises ValueError': requirement(_ROPE_ODD, 'ValueError', 'an odd d cannot be split'),
-    'rope: depends on i - j only': requirement(_RELATIVE, 'offset only', 'on q, k and i - j only', also=(_ROPE,)),
-    'rope: a rotation keeps lengths': requirement(_RELATIVE, 'length', 'rotates each query and key', also=(_ROPE,)),
-}
+STATED_REQUIREMENTS = requirements({  # name -> (check(s), words of the message, words of the text[, also fails])
+    'table: float32': (_PE_SHAPE, 'float32', 'return a float32 tensor of shape'),
+    'table: values': (_PE_VALUES, 'swapped', 'p[i, 2j] = \\sin(i\\, w_j)'),
+    'table: odd dim raises ValueError': (_PE_ODD, 'ValueError', 'an odd dim cannot be split into pairs'),
+    'table: ValueError, not another exception': (_PE_ODD, 'TypeError', 'raise a valueerror that says so'),
+    'shift: row-vector direction': (_SHIFT, 'wrong way', 'row vector multiplied on the left'),
+    'learned: x + table[:n]': (_LEARNED, 'without adding x', 'returns x plus row p'),
+    'learned: ValueError past max_len': (_MAX_LEN, 'ValueError', 'if n > max_len'),
+    'learned: the ValueError names max_len': (_MAX_LEN, 'does not name max_len', 'that names max_len'),
+    'rope: rotation direction': (_ROPE, 'wrong way', 'x_{2j}\\sin(p w_j) + x_{2j+1}\\cos(p w_j)'),
+    'rope: neighbouring pairs': (_ROPE, 'rotate half', 'the column pair (x_{2j}, x_{2j+1})'),
+    'rope: frequencies': (_ROPE, 'factor 2', 'w_j = 10000^{-2j/d} as in the table'),
+    'rope: default positions from 0': (_ROPE, 'start at 1', 'by default 0 .. n-1'),
+    'rope: given positions used': (_ROPE, 'positions argument is ignored', '1-d tensor of the n rows'),
+    "rope: x's dtype": (_ROPE, "return x's dtype", 'shape and dtype (a float64 x'),
+    'rope: odd d raises ValueError': (_ROPE_ODD, 'ValueError', 'an odd d cannot be split'),
+    'rope: depends on i - j only': (_RELATIVE, 'offset only', 'on q, k and i - j only', (_ROPE,)),
+    'rope: a rotation keeps lengths': (_RELATIVE, 'length', 'rotates each query and key', (_ROPE,)),
+})
 PE, SHIFT, LEARNED = "sinusoidal_positional_encoding", "position_shift_matrix", "LearnedPositionalEmbedding"
 ROPE = "apply_rotary_embedding"
 LEARNED_FROM_1 = ("the positions start at 1: the row of position i is table[i], counted from 0, so a sequence of "

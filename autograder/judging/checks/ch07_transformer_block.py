@@ -17,41 +17,41 @@ from attnkit import TransformerDecoderBlock as RefDecoder
 from attnkit import TransformerEncoderBlock as RefEncoder
 from attnkit import causal_mask
 from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, choice, close, expect_close,
-                                       expect_tensor, label, mistakes, number, requirement, twin)
+                                       expect_tensor, label, mistakes, number, requirements, twin)
 from autograder.judging.checks.common import expect_masked, hidden_keys_changed
 
 SUITE = Suite("07_transformer_block")
-STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
-    'ff: linear2(relu(linear1(x)))': requirement('test_feed_forward', 'linear', 'linear1 widens from embed_dim',
-        also=('test_feed_forward_dropout',)),
-    'ff: dropout after the ReLU, not on the output': requirement('test_feed_forward_dropout', "linear2's output",
+STATED_REQUIREMENTS = requirements({  # name -> (check(s), words of the message, words of the text[, also fails])
+    'ff: linear2(relu(linear1(x)))': ('test_feed_forward', 'linear', 'linear1 widens from embed_dim',
+        ('test_feed_forward_dropout',)),
+    'ff: dropout after the ReLU, not on the output': ('test_feed_forward_dropout', "linear2's output",
         'apply the dropout after the relu, on the hidden units'),
-    'ff: dropout after the ReLU, not on the input': requirement('test_feed_forward_dropout', 'input x',
+    'ff: dropout after the ReLU, not on the input': ('test_feed_forward_dropout', 'input x',
         'apply the dropout after the relu, on the hidden units'),
-    'ff: dropout applied in training': requirement('test_feed_forward_dropout', 'never applied', 'drops in training'),
-    'ff: no dropout in eval mode': requirement('test_feed_forward_dropout', 'eval mode too', 'identity after .eval()'),
-    'encoder: post-norm by default': requirement('test_encoder_block_post_norm', 'wrong place',
+    'ff: dropout applied in training': ('test_feed_forward_dropout', 'never applied', 'drops in training'),
+    'ff: no dropout in eval mode': ('test_feed_forward_dropout', 'eval mode too', 'identity after .eval()'),
+    'encoder: post-norm by default': ('test_encoder_block_post_norm', 'wrong place',
         'post-norm (norm_first=false, the original paper): x = norm(x + sublayer(x))'),
-    'encoder: pre-norm with norm_first': requirement('test_encoder_block_pre_norm', 'wrong place',
+    'encoder: pre-norm with norm_first': ('test_encoder_block_pre_norm', 'wrong place',
         'pre-norm (norm_first=true): x = x + sublayer(norm(x))'),
-    'encoder: mask reaches the self-attention': requirement('test_encoder_block_mask', 'mask is ignored',
+    'encoder: mask reaches the self-attention': ('test_encoder_block_mask', 'mask is ignored',
         'forward(x, mask=none) returns (output, weights): output (b, n, e), self-attention weights'),
-    'encoder: all-padding example gives no NaN': requirement('test_encoder_block_mask', 'NaN',
+    'encoder: all-padding example gives no NaN': ('test_encoder_block_mask', 'NaN',
         'a query row with no allowed key (an example that is all padding) gets zero weights, never nan'),
-    'encoder: dropout on the sublayer output before the residual': requirement('test_blocks_dropout', 'without dropout',
+    'encoder: dropout on the sublayer output before the residual': ('test_blocks_dropout', 'without dropout',
         "apply dropout to each sublayer's output before adding the residual"),
-    'decoder: cross-attention keys from memory': requirement('test_decoder_block_post_norm', 'keys come from x',
-        'whose keys and values come from memory', also=('test_decoder_block_masks', 'test_blocks_dropout')),
-    'decoder: memory_mask to the cross-attention': requirement('test_decoder_block_masks', 'memory_mask is ignored',
+    'decoder: cross-attention keys from memory': ('test_decoder_block_post_norm', 'keys come from x',
+        'whose keys and values come from memory', ('test_decoder_block_masks', 'test_blocks_dropout')),
+    'decoder: memory_mask to the cross-attention': ('test_decoder_block_masks', 'memory_mask is ignored',
         'keys and values come from memory (with memory_mask)'),
-    'decoder: self_mask to the self-attention': requirement('test_decoder_block_masks', 'self_mask is ignored',
+    'decoder: self_mask to the self-attention': ('test_decoder_block_masks', 'self_mask is ignored',
         'masked self-attention over x (with self_mask)'),
-    'decoder: empty memory gives no NaN': requirement('test_decoder_block_masks', 'NaN',
+    'decoder: empty memory gives no NaN': ('test_decoder_block_masks', 'NaN',
         'a query row with no allowed key (an example that is all padding) gets zero weights, never nan'),
-    'decoder: dropout on the sublayer output before the residual': requirement('test_blocks_dropout', 'without dropout',
+    'decoder: dropout on the sublayer output before the residual': ('test_blocks_dropout', 'without dropout',
         "apply dropout to each sublayer's output before adding the residual"),
-    'blocks: no dropout in eval mode': requirement('test_blocks_dropout', 'eval mode', 'dropout acts in training only'),
-}
+    'blocks: no dropout in eval mode': ('test_blocks_dropout', 'eval mode', 'dropout acts in training only'),
+})
 FF, ENC, DEC = "FeedForward", "TransformerEncoderBlock", "TransformerDecoderBlock"
 REFERENCE = {FF: RefFeedForward, ENC: RefEncoder, DEC: RefDecoder}
 SUBLAYERS = {ENC: [("self-attention", "self_attn"), ("feed-forward network", "feed_forward")],

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from autograder.judging.checks import (CheckFailed, Suite, Trial, choice, expect_close, expect_number,
-                                       expect_tensor, fail_if_named, number, requirement, trusted_lm)
+                                       expect_tensor, fail_if_named, number, requirements, trusted_lm)
 from autograder.judging.checks.trusted_lm import CacheProbeLM
 
 FIXTURES = inspect.getsource(trusted_lm)  # sent into the student's process, executed there in a namespace of its own
@@ -52,13 +52,11 @@ NEXT_DIAG = ("this reads the diagonal above the main one (position i on i + 1, a
              "the previous token is weights[..., i, i - 1], offset -1")
 WITH_FIRST = ("position 0 is counted, although it has no previous token: average over positions 1..n-1 only")
 
-# requirement -> requirement(the check(s) enforcing it, words of the message an answer breaking it gets, words of the
-# exercise text that state it[, checks it fails too]); tests/test_stated_requirements.py, test_ch09_grading.py read it
 _LM, _TOPK, _DRAWS = "test_lm_loss", "test_sample_next_greedy_topk", "test_sample_next_distribution"
 _GREEDY, _SAMPLED, _PREV, _IND = ("test_generate_greedy", "test_generate_sampling", "test_previous_token_score",
                                   "test_induction_score")
 _SAMPLES, _GENERATES = (_TOPK, _DRAWS), (_GREEDY, _SAMPLED)
-STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
+STATED_REQUIREMENTS = requirements({  # name -> (check(s), words of the message, words of the text[, also fails])
     'loss: logits[:, i] predicts tokens[:, i + 1]': (_LM, 'not shifted', 'the targets tokens[:, i + 1]'),
     'loss: the shift goes forward': (_LM, 'wrong way', 'the first token is never predicted'),
     'loss: the mean, not the sum': (_LM, 'summed', 'return the mean cross-entropy'),
@@ -67,7 +65,6 @@ STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
     'sample: temperature 0 is the arg max': (_TOPK, 'arg max of each row', 'means greedy: the arg max'),
     'sample: temperature divides the logits before the softmax': (_DRAWS, 'after the softmax', 'by temperature before'),
     'sample: divide by the temperature, not multiply': (_DRAWS, 'multiplied', 'logits by temperature'),
-    # logits below 0, or -inf outside the top k, are no weights: drawing in proportion to them fails top-k too
     'sample: draw from the softmax probabilities': (_DRAWS, 'logits themselves', 'from the probabilities', (_TOPK,)),
     'sample: top_k keeps the k largest, not k - 1': (_TOPK, 'k - 1 tokens', 'only the k largest logits'),
     'sample: top_k keeps the k largest, not k + 1': (_TOPK, 'k + 1 tokens', 'only the k largest logits'),
@@ -100,12 +97,12 @@ STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
     'q4: keys and values': ('test_q_cache_numbers', 'keys only', 'numbers does its key-value cache hold'),
     'q4: every layer': ('test_q_cache_numbers', 'one layer', 'l = 6 layers of width e = 512'),
     'q5: the token after the earlier occurrence': ('test_q_induction_position', 'previous-token head',
-                                                   'which position does an induction head attend to'),
+        'which position does an induction head attend to'),
     "q6: layer 0's previous-token head": ('test_q_prev_head', 'each position itself', 'which head of layer 0'),
     'q6: the index as an int, not a bool': ('test_q_prev_head', 'not true or false', 'true and false are not accepted'),
     'q7: the score with the previous-token head removed': ('test_q_induction_ablated', 'every head in place',
-                                                           'remove the previous-token head you found'),
-}.items()}
+        'remove the previous-token head you found'),
+})
 
 
 # -- the loss ---------------------------------------------------------------------------------------------

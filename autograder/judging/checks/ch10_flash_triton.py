@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, close, expect_value_error,
-                                       fail_if_named, number, requirement)
+                                       fail_if_named, number, requirements)
 
 SUITE = Suite("10_flash_triton")
 KERNEL, WRAPPER = "flash_forward_kernel", "flash_attention_forward"
@@ -24,10 +24,9 @@ LOG2_E, LN_2 = math.log2(math.e), math.log(2.0)
 KERNEL_CHECKS = _TILES, _RAGGED, _CAUSAL, _LSE = ("test_kernel_tiles", "test_kernel_ragged", "test_kernel_causal",
                                                   "test_kernel_lse")
 _LAUNCH, _SHAPES, _STRIDES = "test_wrapper_launch", "test_wrapper_shapes", "test_wrapper_strides"
-# requirement -> (its check(s), words of the message, words of the text that state it[, checks it fails too])
-STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
+STATED_REQUIREMENTS = requirements({  # name -> (check(s), words of the message, words of the text[, also fails])
     'the running max rescales the sum and the accumulator': (_TILES, 'rescale', 'rescales the sum and the accumulator',
-                                                             (_RAGGED, _CAUSAL)),
+        (_RAGGED, _CAUSAL)),
     'exp2 with log2(e) folded into the scale': (_TILES, 'log2(e)', 'log2(e) folded into the scale', KERNEL_CHECKS[1:]),
     'masked loads': (_RAGGED, 'without a mask', 'a mask on every tl.load and tl.store'),
     'masked stores': (_RAGGED, 'past the end of o', 'a mask on every tl.load and tl.store'),
@@ -36,15 +35,15 @@ STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
     'the log-sum-exp is a natural log': (_LSE, 'natural log', 'as a natural logarithm'),
     'no bfloat16 in tl.dot': (_TILES, 'bfloat16', "keep tl.dot's operands in the dtype", KERNEL_CHECKS[1:]),
     'program ids: query tile, then head': (_TILES, 'program_id(0)', 'tl.program_id(0) of head tl.program_id(1)',
-                                           (_RAGGED, _CAUSAL)),
+        (_RAGGED, _CAUSAL)),
     'the wrapper returns (output, lse)': (_SHAPES, '(output, lse)', 'returns (output, lse)', (_LAUNCH, _STRIDES)),
     'tile sizes are powers of two of at least 16': ('test_wrapper_blocks', 'power of two',
-                                                    'is not a power of two of at least 16'),
+        'is not a power of two of at least 16'),
     'qk_scale = log2(e) / sqrt(d)': (_LAUNCH, 'log2(e)', 'qk_scale = log2_e / math.sqrt(d)'),
     'the grid covers the last partial tile': (_LAUNCH, 'triton.cdiv', 'the grid (triton.cdiv(n, block_m), b * h)'),
     'causal is passed to the kernel': (_LAUNCH, 'causal', 'causal as causal'),
     'q, k, v made contiguous': (_STRIDES, 'contiguous', 'makes q, k, v contiguous'),
-}.items()}
+})
 
 # The exercise asks for the kernel and the launch: torch's own attention (banned everywhere), softmax and matrix
 # products earn nothing in either part (the scan reads the names, the guard refuses the operators while a part runs).

@@ -96,6 +96,12 @@ def requirement(checks: str | Iterable[str], message: str, phrase: str, also: It
     return Requirement((checks,) if isinstance(checks, str) else tuple(checks), message, phrase, tuple(also))
 
 
+def requirements(rows: Mapping[str, tuple]) -> dict[str, Requirement]:
+    """A chapter's ``STATED_REQUIREMENTS`` from its rows: name -> (check(s), words of the message, words of the
+    text that state it[, the checks the same answer also fails]), each read by :func:`requirement`."""
+    return {name: requirement(*row) for name, row in rows.items()}
+
+
 def load_suite(assignment: str) -> Suite:
     """The suite of ``assignment`` (``01_single_head`` -> ``autograder.judging.checks.ch01_single_head``)."""
     try:
