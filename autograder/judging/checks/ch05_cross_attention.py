@@ -93,19 +93,13 @@ def _answer(obj: Obj, part: str, x: Tensor, ctx: Tensor, h: int, what: str, *mas
     return out, w
 
 
-def _expect_values(out, w, expected: tuple[Tensor, Tensor], wrong: mistakes.Pairs, what: str,
-                   weights_first: bool = False) -> None:
-    """``(out, w)`` equal ``expected``, naming the mistakes ``wrong`` (message -> (output, weights))."""
-    pairs = [(out, expected[0], "output", mistakes.outputs), (w, expected[1], "weights", mistakes.weights)]
-    for got, exp, kind, named in pairs[::-1] if weights_first else pairs:
-        expect_close(got, exp, f"the {kind}{what}", named(wrong))
-
-
 def _compare(obj: Obj, ref: RefCrossAttention, x: Tensor, ctx: Tensor) -> None:
     what = f" for x {tuple(x.shape)} and context {tuple(ctx.shape)}"
     out, w = _answer(obj, CROSS, x, ctx, ref.attn.num_heads, what)
     with torch.no_grad():
-        _expect_values(out, w, ref(x, ctx), _mistakes(ref, x, ctx), what)
+        (exp_out, exp_w), wrong = ref(x, ctx), _mistakes(ref, x, ctx)
+    expect_close(out, exp_out, f"the output{what}", mistakes.outputs(wrong))
+    expect_close(w, exp_w, f"the weights{what}", mistakes.weights(wrong))
 
 
 def _with_unequal_lengths(fn: Callable, hint: str = "keys and values must both come from the context; " + N_EQUALS_M):
@@ -274,14 +268,16 @@ def decoder_cross_attention(t: Trial) -> None:
         expect_tensor(out, (b, n, e), f"the output{what}")
         expect_tensor(w, (b, h, n, m), f"the weights{what}")
         with torch.no_grad():
-            post, post_w = ref.cross(x, mem)
-            _expect_values(out, w, ref(x, mem), {
+            (post, post_w), (exp_out, exp_w) = ref.cross(x, mem), ref(x, mem)
+            wrong = {
                 "the residual is missing: the sublayer returns x + cross-attention(norm(x), memory)":
                     ref(x, mem, residual=False),
                 "the memory is normalised too: in a pre-norm decoder the sublayer's norm applies to x (the queries) "
                 "only; the encoder already normalised its output": ref(x, mem, norm_memory=True),
                 "this is post-norm (norm(x + attention(x))): the exercise asks for pre-norm, x + attention(norm(x))":
-                    (ref.norm(x + post), post_w)}, what, weights_first=True)
+                    (ref.norm(x + post), post_w)}
+        expect_close(w, exp_w, f"the weights{what}", mistakes.weights(wrong))
+        expect_close(out, exp_out, f"the output{what}", mistakes.outputs(wrong))
 
 
 @SUITE.check(_PADDING, parts=[DECODER])
