@@ -64,15 +64,13 @@ def _module(t: Trial, e: int, h: int) -> tuple[Obj, RefCrossAttention]:
 def _mistakes(ref: RefCrossAttention, x: Tensor, ctx: Tensor) -> mistakes.Pairs:
     """(output, weights) of the classic wrong answers that can be computed for these shapes."""
     a = ref.attn
-    out: mistakes.Pairs = {}
-    if x.shape[1] == ctx.shape[1]:
-        out["the keys are taken from x: keys and values must both come from the context "
-            "(attn(x, context, context))"] = a(x, x, ctx)
-        out["the values are taken from x: keys and values must both come from the context"] = a(x, ctx, x)
-        out["the queries come from the context and the keys from x: the queries come from x, "
-            "attn(query=x, key=context, value=context)"] = a(ctx, x, x)
-    out["the context is ignored: this is self-attention of x. The keys and values come from the context"] = a(x, x, x)
-    return out
+    wrong = {"the keys are taken from x: keys and values must both come from the context (attn(x, context, context))":
+             a(x, x, ctx),
+             "the values are taken from x: keys and values must both come from the context": a(x, ctx, x),
+             "the queries come from the context and the keys from x: the queries come from x, "
+             "attn(query=x, key=context, value=context)": a(ctx, x, x)} if x.shape[1] == ctx.shape[1] else {}
+    return wrong | {
+        "the context is ignored: this is self-attention of x. The keys and values come from the context": a(x, x, x)}
 
 
 def _answer(obj: Obj, part: str, x: Tensor, ctx: Tensor, h: int, what: str, *mask: Tensor, nan: str = "") -> tuple:
@@ -238,20 +236,10 @@ def source_padding_mask_errors(t: Trial) -> None:
 # -- DecoderCrossAttention: the decoder block's cross-attention sublayer ---------------------------------
 
 
-class _RefDecoderCross(nn.Module):
-    """The reference: pre-norm cross-attention sublayer over attnkit's CrossAttention (the switches make mistakes)."""
-
-    def __init__(self, e: int, h: int) -> None:
-        super().__init__()
-        self.norm, self.cross = nn.LayerNorm(e), RefCrossAttention(e, h)
-
-    def forward(self, x: Tensor, memory: Tensor, norm_memory: bool = False, residual: bool = True):
-        out, w = self.cross(self.norm(x), self.norm(memory) if norm_memory else memory)
-        return (x + out if residual else out), w
-
-
-def _decoder(t: Trial, e: int, h: int) -> tuple[Obj, _RefDecoderCross]:
-    ref = _RefDecoderCross(e, h)  # its LayerNorm's weight drawn around 1
+def _decoder(t: Trial, e: int, h: int) -> tuple[Obj, nn.ModuleDict]:
+    """The student's sublayer and the reference's norm and cross (attnkit's CrossAttention) holding the same weights,
+    the LayerNorm's weight drawn around 1."""
+    ref = nn.ModuleDict({"norm": nn.LayerNorm(e), "cross": RefCrossAttention(e, h)})
     return twin(t, DECODER, e, h, reference=ref, exact=True, hint=": DecoderCrossAttention should hold "
                 "self.norm = nn.LayerNorm(embed_dim) and self.cross = CrossAttention(embed_dim, num_heads)",
                 draw=lambda t, s: {k: w + float(k == "norm.weight") for k, w in draw_weights(t, s).items()})[0], ref
@@ -268,16 +256,16 @@ def decoder_cross_attention(t: Trial) -> None:
         expect_tensor(out, (b, n, e), f"the output{what}")
         expect_tensor(w, (b, h, n, m), f"the weights{what}")
         with torch.no_grad():
-            (post, post_w), (exp_out, exp_w) = ref.cross(x, mem), ref(x, mem)
+            (att, exp_w), (both, both_w), (post, post_w) = (ref.cross(ref.norm(x), mem),  # the reference: x + att
+                                                            ref.cross(ref.norm(x), ref.norm(mem)), ref.cross(x, mem))
             wrong = {
-                "the residual is missing: the sublayer returns x + cross-attention(norm(x), memory)":
-                    ref(x, mem, residual=False),
+                "the residual is missing: the sublayer returns x + cross-attention(norm(x), memory)": (att, exp_w),
                 "the memory is normalised too: in a pre-norm decoder the sublayer's norm applies to x (the queries) "
-                "only; the encoder already normalised its output": ref(x, mem, norm_memory=True),
+                "only; the encoder already normalised its output": (x + both, both_w),
                 "this is post-norm (norm(x + attention(x))): the exercise asks for pre-norm, x + attention(norm(x))":
                     (ref.norm(x + post), post_w)}
         expect_close(w, exp_w, f"the weights{what}", mistakes.weights(wrong))
-        expect_close(out, exp_out, f"the output{what}", mistakes.outputs(wrong))
+        expect_close(out, x + att, f"the output{what}", mistakes.outputs(wrong))
 
 
 @SUITE.check(_PADDING, parts=[DECODER])
