@@ -154,13 +154,12 @@ def cross_attention_mask(t: Trial) -> None:
     """A (B, m) context mask hides padded context tokens from every query (n == m and n != m); a fully padded
     example gives zero weights and no NaN."""
     obj, _ = _module(t, 8, 2)
-    for b, n, m in [(3, 5, 5), (2, 3, 6), (3, 7, 4), (2, 3, 4)]:
+    for b, n, m, empty in [(3, 5, 5, False), (2, 3, 6, False), (3, 7, 4, False), (2, 3, 4, True)]:
         x, ctx, keep = t.randn(b, n, 8), t.randn(b, m, 8), t.rand_mask(b, m, p=0.6)
         keep[:, 0], keep[0, -1] = True, False  # every example has a real context token, and one has a padded one
-        if (b, n, m) == (2, 3, 4):
-            keep[0] = False  # example 0: nothing but padding
-        what = f" for x {(b, n, 8)} and context {(b, m, 8)}" + (" whose example 0 is all padding" if not keep[0].any()
-                                                                else " with a context mask")
+        keep[0] &= not empty  # the last case's example 0: nothing but padding
+        what = f" for x {(b, n, 8)} and context {(b, m, 8)}" + (" whose example 0 is all padding" if empty else
+                                                                " with a context mask")
         _with_unequal_lengths(lambda: _expect_mask_property(obj, CROSS, x, ctx, keep, what),
                               WRONG_AXIS + "; or " + N_EQUALS_M)
 
