@@ -70,14 +70,12 @@ def expect_bool_mask(value, shape: tuple[int, ...], what: str) -> Tensor:
 
 def expect_mask(got, expected: Tensor, what: str, known: dict[str, Tensor]) -> None:
     """``got`` must be the bool mask ``expected``; else the ``known`` mistake (message -> mask) it is, or where not."""
-    def same(a: Tensor, b: Tensor) -> bool:
-        return a.shape == b.shape and torch.equal(a, b)
     if isinstance(got, Tensor) and tuple(got.shape) != tuple(expected.shape) and got.dim() and got.shape[0] != 1:
-        fail_if_named(got.bool(), known, what, same)
+        fail_if_named(got.bool(), known, what, torch.equal)  # False for masks of different shapes
     actual = expect_bool_mask(got, tuple(expected.shape), what)
     if torch.equal(actual, expected):
         return
-    fail_if_named(actual, known, what, same)
+    fail_if_named(actual, known, what, torch.equal)
     bad = (actual != expected).nonzero()[0].tolist()
     raise CheckFailed(f"mistake in {what} at index {tuple(bad)}: got {bool(actual[tuple(bad)])}, "
                       f"expected {bool(expected[tuple(bad)])}")
@@ -250,8 +248,7 @@ def masked_mha_check(t: Trial) -> None:
 
 
 def _mask_mistakes(p: dict[str, Tensor], x: Tensor, h: int, mask: Tensor) -> mistakes.Pairs:
-    """Chapter 02's layer with attention's classic mistakes in every head (mask ignored, inverted, after the
-    softmax, finite fill, unscaled scores), for self-attention of x."""
+    """Chapter 02's layer with attention's classic mistakes in every head (``common.head_mistakes``), on x alone."""
     return {f"masked_attention: {msg}": pair for msg, pair in head_mistakes(p, x, x, x, h, mask).items()}
 
 
@@ -302,11 +299,8 @@ PATTERNS = {"a": ["1000", "1100", "1110", "1111"], "b": ["1000", "1100", "1110",
 PATTERN = next(k for k, rows in PATTERNS.items()  # the one causal_mask(4) & padding_mask(tensor([3]), 4) draws
                if ["".join(str(int(b)) for b in r) for r in (ref_causal(4) & ref_padding(torch.tensor([3]), 4))[0]] == rows)
 # q_nan_step: the steps of a plain softmax, e = exp(s); w = e / e.sum(); out = w @ V, on a row of three -inf
-NAN_STEPS = {
-    "a": "e = exp(s), the exponentials of the -inf scores",
-    "b": "w = e / e.sum(), dividing by the sum",
-    "c": "w @ V, multiplying the weights by the values",
-}
+NAN_STEPS = {"a": "e = exp(s), the exponentials of the -inf scores", "b": "w = e / e.sum(), dividing by the sum",
+             "c": "w @ V, multiplying the weights by the values"}
 
 SUITE.questions({
     "q_keys_seen": listed(tuple(int(c) for c in SEEN), "How many keys each query sees under causal_mask(6) & "

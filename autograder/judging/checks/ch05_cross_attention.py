@@ -14,45 +14,37 @@ import torch
 from torch import Tensor, nn
 
 from attnkit import CrossAttention as RefCrossAttention
-from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, choice, expect_close, expect_pair,
-                                       expect_tensor, expect_value_error, fail_if_named, listed, mistakes, number,
-                                       requirement, twin)
+from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, choice, draw_weights, expect_close,
+                                       expect_pair, expect_tensor, expect_value_error, fail_if_named, listed, mistakes,
+                                       number, requirement, twin)
 from autograder.judging.checks.common import expect_masked, hidden_keys_changed
 
 SUITE = Suite("05_cross_attention")
 _SHAPES, _VALUES, _MASK, _PROPS = (f"test_cross_attention_{c}" for c in ("shapes", "values", "mask", "properties"))
 _SOURCE, _ERRORS = "test_source_padding_mask", "test_source_padding_mask_errors"
 _SUBLAYER, _PADDING = "test_decoder_cross_attention", "test_decoder_cross_attention_padding"
-STATED_REQUIREMENTS = {  # requirement -> (its check(s), words of the message, words of the text that state it)
-    'CrossAttention holds self.attn': requirement(_SHAPES, 'self.attn', 'one attribute attn',
-                                                  also=(_VALUES, _MASK, _PROPS)),
-    'n and m unrelated': requirement(_MASK, 'different lengths', 'assume that x and context have the same length'),
-    'keys and values from the context': requirement(_VALUES, 'keys are taken from x', 'from a second sequence context',
-                                                    also=(_SHAPES, _MASK, _PROPS)),
-    'context_mask on the keys axis': requirement(_MASK, 'wrong axis', 'along the keys axis'),
-    'context_mask True = real token': requirement(_MASK, 'polarity', 'true marks the real context tokens'),
-    'fully padded context: zero weights, no NaN': requirement(_MASK, 'all padding', 'must be zeros, not nan'),
-    'source mask: True at the first lengths[b]': requirement(_SOURCE, 'j <= length', 'positions 0 .. lengths[b] - 1',
-                                                             also=(_ERRORS,)),
-    'source mask: True marks real tokens': requirement(_SOURCE, 'true marks padding', 'and false after (the padding)',
-                                                       also=(_ERRORS,)),
-    'source mask: length 0 is all False': requirement(_SOURCE, 'length 0', 'a length of 0 (an empty source)',
-                                                      also=(_ERRORS,)),
-    'source mask: shape (B, m)': requirement(_SOURCE, '(B, m)', 'mask that crossattention takes', also=(_ERRORS,)),
-    'source mask: bool dtype': requirement(_SOURCE, 'bool', 'returns the bool (b, m) mask'),
-    'source mask: ValueError for bad lengths': requirement(_ERRORS, 'should raise a ValueError',
-                                                           'above m cannot describe'),
-    'source mask: ValueError, not another exception': requirement(_ERRORS, 'IndexError',
-                                                                  'raise a valueerror that says so'),
-    'sublayer: norm and cross attributes': requirement(_SUBLAYER, 'self.norm', 'holds self.norm = nn.layernorm',
-                                                       also=(_PADDING,)),
-    'sublayer: the residual': requirement(_SUBLAYER, 'residual is missing', 'adds the result back'),
-    'sublayer: only x is normalised': requirement(_SUBLAYER, 'memory is normalised', 'only x is normalised here'),
-    'sublayer: pre-norm': requirement(_SUBLAYER, 'post-norm', 'in a pre-norm decoder block'),
-    'sublayer: memory_lengths hide padding': requirement(_PADDING, 'memory_lengths is ignored',
-                                                         'memory positions are real'),
-    'sublayer: empty source, no NaN': requirement(_PADDING, 'all padding', 'an empty source gets zero weights'),
-}
+# requirement -> (its check(s), words of the message, words of the text that state it[, checks it fails too])
+STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
+    'CrossAttention holds self.attn': (_SHAPES, 'self.attn', 'one attribute attn', (_VALUES, _MASK, _PROPS)),
+    'n and m unrelated': (_MASK, 'different lengths', 'assume that x and context have the same length'),
+    'keys and values from the context': (_VALUES, 'taken from x', 'second sequence context', (_SHAPES, _MASK, _PROPS)),
+    'context_mask on the keys axis': (_MASK, 'wrong axis', 'along the keys axis'),
+    'context_mask True = real token': (_MASK, 'polarity', 'true marks the real context tokens'),
+    'fully padded context: zero weights, no NaN': (_MASK, 'all padding', 'must be zeros, not nan'),
+    'source mask: True at the first lengths[b]': (_SOURCE, 'j <= length', 'positions 0 .. lengths[b] - 1', (_ERRORS,)),
+    'source mask: True marks real tokens': (_SOURCE, 'true marks padding', 'and false after (the padding)', (_ERRORS,)),
+    'source mask: length 0 is all False': (_SOURCE, 'length 0', 'a length of 0 (an empty source)', (_ERRORS,)),
+    'source mask: shape (B, m)': (_SOURCE, '(B, m)', 'mask that crossattention takes', (_ERRORS,)),
+    'source mask: bool dtype': (_SOURCE, 'bool', 'returns the bool (b, m) mask'),
+    'source mask: ValueError for bad lengths': (_ERRORS, 'should raise a ValueError', 'above m cannot describe'),
+    'source mask: ValueError, not another exception': (_ERRORS, 'IndexError', 'raise a valueerror that says so'),
+    'sublayer: norm and cross attributes': (_SUBLAYER, 'self.norm', 'holds self.norm = nn.layernorm', (_PADDING,)),
+    'sublayer: the residual': (_SUBLAYER, 'residual is missing', 'adds the result back'),
+    'sublayer: only x is normalised': (_SUBLAYER, 'memory is normalised', 'only x is normalised here'),
+    'sublayer: pre-norm': (_SUBLAYER, 'post-norm', 'in a pre-norm decoder block'),
+    'sublayer: memory_lengths hide padding': (_PADDING, 'memory_lengths is ignored', 'memory positions are real'),
+    'sublayer: empty source, no NaN': (_PADDING, 'all padding', 'an empty source gets zero weights'),
+}.items()}
 CROSS, SOURCE_MASK, DECODER = "CrossAttention", "source_padding_mask", "DecoderCrossAttention"
 N_EQUALS_M = ("something uses x's length n where the context length m belongs (a reshape, an expand or a mask "
               "built with x.shape[1]); the two sequences may have different lengths")
@@ -72,18 +64,22 @@ def _module(t: Trial, e: int, h: int) -> tuple[Obj, RefCrossAttention]:
 def _mistakes(ref: RefCrossAttention, x: Tensor, ctx: Tensor) -> mistakes.Pairs:
     """(output, weights) of the classic wrong answers that can be computed for these shapes."""
     a = ref.attn
-    out: mistakes.Pairs = {}
-    if x.shape[1] == ctx.shape[1]:
-        out["the keys are taken from x: keys and values must both come from the context "
-            "(attn(x, context, context))"] = a(x, x, ctx)
-        out["the values are taken from x: keys and values must both come from the context"] = a(x, ctx, x)
-        out["the queries come from the context and the keys from x: the queries come from x, "
-            "attn(query=x, key=context, value=context)"] = a(ctx, x, x)
-    out["the context is ignored: this is self-attention of x. The keys and values come from the context"] = a(x, x, x)
-    return out
+    wrong = {"the keys are taken from x: keys and values must both come from the context (attn(x, context, context))":
+             a(x, x, ctx),
+             "the values are taken from x: keys and values must both come from the context": a(x, ctx, x),
+             "the queries come from the context and the keys from x: the queries come from x, "
+             "attn(query=x, key=context, value=context)": a(ctx, x, x)} if x.shape[1] == ctx.shape[1] else {}
+    return wrong | {
+        "the context is ignored: this is self-attention of x. The keys and values come from the context": a(x, x, x)}
 
 
-def _expect_shapes(out, w, b: int, n: int, m: int, e: int, h: int, what: str) -> None:
+def _answer(obj: Obj, part: str, x: Tensor, ctx: Tensor, h: int, what: str, *mask: Tensor, nan: str = "") -> tuple:
+    """``part``'s (output, weights) for (x, ctx[, mask]), of shapes (B, n, E) and (B, H, n, m) (with ``nan``: first
+    no NaN, else that message), naming the shapes that mix up n and m."""
+    (b, n, e), m = x.shape, ctx.shape[1]
+    out, w = expect_pair(obj(x, ctx, *mask), part)
+    if nan:
+        mistakes.expect_no_nan({"output": out, "weights": w}, what, nan)
     if n != m and isinstance(out, Tensor) and tuple(out.shape) == (b, m, e):
         raise CheckFailed(f"the output{what} has one row per context token, shape {(b, m, e)}: the queries come from x, "
                           f"so the output has one row per position of x, {(b, n, e)}")
@@ -92,23 +88,16 @@ def _expect_shapes(out, w, b: int, n: int, m: int, e: int, h: int, what: str) ->
                           f"from x, but keys and values must come from the context, giving {(b, h, n, m)}")
     expect_tensor(out, (b, n, e), f"the output{what}")
     expect_tensor(w, (b, h, n, m), f"the weights{what}")
-
-
-def _expect_values(out, w, expected: tuple[Tensor, Tensor], wrong: mistakes.Pairs, what: str,
-                   weights_first: bool = False) -> None:
-    """``(out, w)`` equal ``expected``, naming the mistakes ``wrong`` (message -> (output, weights))."""
-    pairs = [(out, expected[0], "output", mistakes.outputs), (w, expected[1], "weights", mistakes.weights)]
-    for got, exp, kind, named in pairs[::-1] if weights_first else pairs:
-        expect_close(got, exp, f"the {kind}{what}", named(wrong))
+    return out, w
 
 
 def _compare(obj: Obj, ref: RefCrossAttention, x: Tensor, ctx: Tensor) -> None:
-    (b, n, e), m = x.shape, ctx.shape[1]
     what = f" for x {tuple(x.shape)} and context {tuple(ctx.shape)}"
-    out, w = expect_pair(obj(x, ctx), CROSS)
-    _expect_shapes(out, w, b, n, m, e, ref.attn.num_heads, what)
+    out, w = _answer(obj, CROSS, x, ctx, ref.attn.num_heads, what)
     with torch.no_grad():
-        _expect_values(out, w, ref(x, ctx), _mistakes(ref, x, ctx), what)
+        (exp_out, exp_w), wrong = ref(x, ctx), _mistakes(ref, x, ctx)
+    expect_close(out, exp_out, f"the output{what}", mistakes.outputs(wrong))
+    expect_close(w, exp_w, f"the weights{what}", mistakes.weights(wrong))
 
 
 def _with_unequal_lengths(fn: Callable, hint: str = "keys and values must both come from the context; " + N_EQUALS_M):
@@ -128,10 +117,9 @@ def cross_attention_shapes(t: Trial) -> None:
     out, w = expect_pair(obj(t.randn(2, 4, 8), t.randn(2, 4, 8)), CROSS)
     expect_tensor(out, (2, 4, 8), "the output for x and context of shape (2, 4, 8)")
     for n, m in [(3, 6), (7, 2)]:
-        def run(n=n, m=m):
-            out, w = expect_pair(obj(t.randn(2, n, 8), t.randn(2, m, 8)), CROSS)
-            _expect_shapes(out, w, 2, n, m, 8, 2, f" for x (2, {n}, 8) and context (2, {m}, 8)")
-        _with_unequal_lengths(run, "the keys and values must come from the context (and the queries from x); "
+        _with_unequal_lengths(lambda: _answer(obj, CROSS, t.randn(2, n, 8), t.randn(2, m, 8), 2,
+                                              f" for x (2, {n}, 8) and context (2, {m}, 8)"),
+                              "the keys and values must come from the context (and the queries from x); "
                               + N_EQUALS_M)
 
 
@@ -151,22 +139,14 @@ def _expect_mask_property(obj: Obj, part: str, x: Tensor, ctx: Tensor, keep: Ten
     """``part``'s answer for (x, ctx) with the mask ``given(keep)`` hides the keys ``keep`` (B, m) marks False: its
     weights are its own unmasked weights renormalised on the real tokens, no NaN, and a padded token's content never
     reaches the output."""
-    (b, n, e), m = x.shape, ctx.shape[1]
-
-    def call(c: Tensor, *mask: Tensor) -> tuple:
-        return expect_pair(obj(x, c, *map(given, mask)), part)
-
-    out0, w0 = call(ctx)
-    _expect_shapes(out0, w0, b, n, m, e, 2, what + " without the mask")
-    out, w = call(ctx, keep)
-    mistakes.expect_no_nan({"output": out, "weights": w}, what, f": {FULLY_PADDED}")
-    _expect_shapes(out, w, b, n, m, e, 2, what)
+    out0, w0 = _answer(obj, part, x, ctx, 2, what + " without the mask")
+    out, w = _answer(obj, part, x, ctx, 2, what, given(keep), nan=f": {FULLY_PADDED}")
     full = keep[:, None, None, :].expand_as(w)
-    wrong = {WRONG_AXIS: keep[:, None, :, None].expand_as(w)} if n == m else {}
+    wrong = {WRONG_AXIS: keep[:, None, :, None].expand_as(w)} if x.shape[1] == ctx.shape[1] else {}
     expect_masked(w, w0, full, f"the weights{what}", wrong, name)
     if (changed := hidden_keys_changed(ctx, full)) is not None:
-        expect_close(call(changed, keep)[0], out, f"the output{what} when only padded context tokens change (a "
-                     "padded token must not reach the output)")
+        expect_close(expect_pair(obj(x, changed, given(keep)), part)[0], out, f"the output{what} when only padded "
+                     "context tokens change (a padded token must not reach the output)")
 
 
 @SUITE.check(_MASK, parts=[CROSS])
@@ -174,13 +154,12 @@ def cross_attention_mask(t: Trial) -> None:
     """A (B, m) context mask hides padded context tokens from every query (n == m and n != m); a fully padded
     example gives zero weights and no NaN."""
     obj, _ = _module(t, 8, 2)
-    for b, n, m in [(3, 5, 5), (2, 3, 6), (3, 7, 4), (2, 3, 4)]:
+    for b, n, m, empty in [(3, 5, 5, False), (2, 3, 6, False), (3, 7, 4, False), (2, 3, 4, True)]:
         x, ctx, keep = t.randn(b, n, 8), t.randn(b, m, 8), t.rand_mask(b, m, p=0.6)
         keep[:, 0], keep[0, -1] = True, False  # every example has a real context token, and one has a padded one
-        if (b, n, m) == (2, 3, 4):
-            keep[0] = False  # example 0: nothing but padding
-        what = f" for x {(b, n, 8)} and context {(b, m, 8)}" + (" whose example 0 is all padding" if not keep[0].any()
-                                                                else " with a context mask")
+        keep[0] &= not empty  # the last case's example 0: nothing but padding
+        what = f" for x {(b, n, 8)} and context {(b, m, 8)}" + (" whose example 0 is all padding" if empty else
+                                                                " with a context mask")
         _with_unequal_lengths(lambda: _expect_mask_property(obj, CROSS, x, ctx, keep, what),
                               WRONG_AXIS + "; or " + N_EQUALS_M)
 
@@ -190,8 +169,7 @@ def cross_attention_properties(t: Trial) -> None:
     """Reordering the context changes nothing; output row i depends on x row i only (no mask: the mask has its own check)."""
     obj, _ = _module(t, 8, 4)
     x, ctx = t.randn(2, 4, 8), t.randn(2, 6, 8)
-    out, w = _with_unequal_lengths(lambda: expect_pair(obj(x, ctx), CROSS))
-    _expect_shapes(out, w, 2, 4, 6, 8, 4, " for x (2, 4, 8) and context (2, 6, 8)")
+    out, _ = _with_unequal_lengths(lambda: _answer(obj, CROSS, x, ctx, 4, " for x (2, 4, 8) and context (2, 6, 8)"))
     perm = torch.randperm(6, generator=t.gen)
     out_p, _ = expect_pair(obj(x, ctx[:, perm]), CROSS)
     expect_close(out_p, out, "the output after reordering the context tokens: the "
@@ -257,26 +235,13 @@ def source_padding_mask_errors(t: Trial) -> None:
 # -- DecoderCrossAttention: the decoder block's cross-attention sublayer ---------------------------------
 
 
-class _RefDecoderCross(nn.Module):
-    """The reference: pre-norm cross-attention sublayer over attnkit's CrossAttention (the switches make mistakes)."""
-
-    def __init__(self, e: int, h: int) -> None:
-        super().__init__()
-        self.norm, self.cross = nn.LayerNorm(e), RefCrossAttention(e, h)
-
-    def forward(self, x: Tensor, memory: Tensor, norm_memory: bool = False, residual: bool = True):
-        out, w = self.cross(self.norm(x), self.norm(memory) if norm_memory else memory)
-        return (x + out if residual else out), w
-
-
-def _decoder(t: Trial, e: int, h: int) -> tuple[Obj, _RefDecoderCross]:
-    ref = _RefDecoderCross(e, h)
-
-    def draw(t: Trial, shapes: dict) -> dict:
-        return {k: t.randn(*s, scale=0.5) + (1.0 if k == "norm.weight" else 0.0) for k, s in shapes.items()}
-
-    return twin(t, DECODER, e, h, reference=ref, exact=True, draw=draw, hint=": DecoderCrossAttention should hold "
-                "self.norm = nn.LayerNorm(embed_dim) and self.cross = CrossAttention(embed_dim, num_heads)")[0], ref
+def _decoder(t: Trial, e: int, h: int) -> tuple[Obj, nn.ModuleDict]:
+    """The student's sublayer and the reference's norm and cross (attnkit's CrossAttention) holding the same weights,
+    the LayerNorm's weight drawn around 1."""
+    ref = nn.ModuleDict({"norm": nn.LayerNorm(e), "cross": RefCrossAttention(e, h)})
+    return twin(t, DECODER, e, h, reference=ref, exact=True, hint=": DecoderCrossAttention should hold "
+                "self.norm = nn.LayerNorm(embed_dim) and self.cross = CrossAttention(embed_dim, num_heads)",
+                draw=lambda t, s: {k: w + float(k == "norm.weight") for k, w in draw_weights(t, s).items()})[0], ref
 
 
 @SUITE.check(_SUBLAYER, parts=[DECODER])
@@ -290,14 +255,16 @@ def decoder_cross_attention(t: Trial) -> None:
         expect_tensor(out, (b, n, e), f"the output{what}")
         expect_tensor(w, (b, h, n, m), f"the weights{what}")
         with torch.no_grad():
-            post, post_w = ref.cross(x, mem)
-            _expect_values(out, w, ref(x, mem), {
-                "the residual is missing: the sublayer returns x + cross-attention(norm(x), memory)":
-                    ref(x, mem, residual=False),
+            (att, exp_w), (both, both_w), (post, post_w) = (ref.cross(ref.norm(x), mem),  # the reference: x + att
+                                                            ref.cross(ref.norm(x), ref.norm(mem)), ref.cross(x, mem))
+            wrong = {
+                "the residual is missing: the sublayer returns x + cross-attention(norm(x), memory)": (att, exp_w),
                 "the memory is normalised too: in a pre-norm decoder the sublayer's norm applies to x (the queries) "
-                "only; the encoder already normalised its output": ref(x, mem, norm_memory=True),
+                "only; the encoder already normalised its output": (x + both, both_w),
                 "this is post-norm (norm(x + attention(x))): the exercise asks for pre-norm, x + attention(norm(x))":
-                    (ref.norm(x + post), post_w)}, what, weights_first=True)
+                    (ref.norm(x + post), post_w)}
+        expect_close(w, exp_w, f"the weights{what}", mistakes.weights(wrong))
+        expect_close(out, x + att, f"the output{what}", mistakes.outputs(wrong))
 
 
 @SUITE.check(_PADDING, parts=[DECODER])
