@@ -19,33 +19,32 @@ from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
 from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, choice, close, expect_close,
                                        expect_pair, expect_tensor, fail_if_named, listed, mistakes, named_mistake,
-                                       number, requirement, row_set, twin)
+                                       number, requirements, row_set, twin)
 from autograder.judging.checks.common import (ATTENTION_MISTAKES, UNIFORM_ROWS, expect_distributions, head_mistakes,
                                               random_weights, scaled_reference)
 
 SUITE = Suite("04_masked_attention")
 _CAUSAL_CHECK, _PADDING_CHECK, _VALUES = "test_causal_mask", "test_padding_mask", "test_masked_attention"
 _FULLY_MASKED, _MHA, _CAUSALITY = "test_masked_attention_fully_masked", "test_masked_mha", "test_causality"
-# requirement -> (its check(s), words of the message, words of the text that state it[, checks it fails too])
-STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
+STATED_REQUIREMENTS = requirements({  # name -> (check(s), words of the message, words of the text[, also fails])
     'causal: bool': (_CAUSAL_CHECK, 'bool', '(n, n) bool mask', (_CAUSALITY,)),
     'causal: on and below the diagonal': (_CAUSAL_CHECK, 'diagonal is hidden', 'true on and below the diagonal',
-                                          (_CAUSALITY,)),
+        (_CAUSALITY,)),
     'causal: device honoured': (_CAUSAL_CHECK, 'device argument is ignored', 'bool tensor on device'),
     'padding: (B, 1, max_len)': (_PADDING_CHECK, '(B, 1, max_len)', 'a bool (b, 1, max_len) mask'),
     'padding: True at the real tokens': (_PADDING_CHECK, 'off by one', 'positions 0..lengths[b]-1'),
     'attention: scaled scores': (_VALUES, 'not scaled', 's = q k^t / sqrt(d_k)'),
-    'attention: -inf before the softmax, True = may attend':
-        (_VALUES, 'after the softmax', 'replaced by -inf before the softmax', (_MHA, _CAUSALITY)),
+    'attention: -inf before the softmax, True = may attend': (_VALUES, 'after the softmax',
+        'replaced by -inf before the softmax', (_MHA, _CAUSALITY)),
     'attention: rows are queries': (_VALUES, 'transposed', '(output (..., n, d_v), weights (..., n, m))',
-                                    (_FULLY_MASKED, _MHA, _CAUSALITY)),
+        (_FULLY_MASKED, _MHA, _CAUSALITY)),
     'attention: n != m, d_v != d_k, broadcast masks': (_VALUES, 'must broadcast',
-                                                       'mask bool broadcastable to (..., n, m)', (_MHA,)),
+        'mask bool broadcastable to (..., n, m)', (_MHA,)),
     'attention: any leading dimensions': (_MHA, 'leading dimensions', 'any number of leading dimensions',
-                                          (_CAUSALITY,)),
+        (_CAUSALITY,)),
     'attention: fully masked row gives zeros': (_FULLY_MASKED, 'NaN', 'zero weights and a zero output row', (_MHA,)),
     'causality end to end': (_CAUSALITY, 'future', 'changing a later input must not change', (_CAUSAL_CHECK,)),
-}.items()}
+})
 CAUSAL, PADDING, MASKED = "causal_mask", "padding_mask", "masked_attention"
 
 INVERTED = "the mask is inverted: True must mean 'may attend'"

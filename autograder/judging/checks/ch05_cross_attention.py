@@ -16,15 +16,14 @@ from torch import Tensor, nn
 from attnkit import CrossAttention as RefCrossAttention
 from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, choice, draw_weights, expect_close,
                                        expect_pair, expect_tensor, expect_value_error, fail_if_named, listed, mistakes,
-                                       number, requirement, twin)
+                                       number, requirements, twin)
 from autograder.judging.checks.common import expect_masked, hidden_keys_changed
 
 SUITE = Suite("05_cross_attention")
 _SHAPES, _VALUES, _MASK, _PROPS = (f"test_cross_attention_{c}" for c in ("shapes", "values", "mask", "properties"))
 _SOURCE, _ERRORS = "test_source_padding_mask", "test_source_padding_mask_errors"
 _SUBLAYER, _PADDING = "test_decoder_cross_attention", "test_decoder_cross_attention_padding"
-# requirement -> (its check(s), words of the message, words of the text that state it[, checks it fails too])
-STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
+STATED_REQUIREMENTS = requirements({  # name -> (check(s), words of the message, words of the text[, also fails])
     'CrossAttention holds self.attn': (_SHAPES, 'self.attn', 'one attribute attn', (_VALUES, _MASK, _PROPS)),
     'n and m unrelated': (_MASK, 'different lengths', 'assume that x and context have the same length'),
     'keys and values from the context': (_VALUES, 'taken from x', 'second sequence context', (_SHAPES, _MASK, _PROPS)),
@@ -44,7 +43,7 @@ STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
     'sublayer: pre-norm': (_SUBLAYER, 'post-norm', 'in a pre-norm decoder block'),
     'sublayer: memory_lengths hide padding': (_PADDING, 'memory_lengths is ignored', 'memory positions are real'),
     'sublayer: empty source, no NaN': (_PADDING, 'all padding', 'an empty source gets zero weights'),
-}.items()}
+})
 CROSS, SOURCE_MASK, DECODER = "CrossAttention", "source_padding_mask", "DecoderCrossAttention"
 N_EQUALS_M = ("something uses x's length n where the context length m belongs (a reshape, an expand or a mask "
               "built with x.shape[1]); the two sequences may have different lengths")

@@ -18,7 +18,7 @@ from attnkit.efficient import append_to_cache as ref_append
 from attnkit.efficient import online_softmax_update as ref_update
 from attnkit.efficient import tiled_attention as ref_tiled
 from autograder.judging.checks import (CheckFailed, Question, StudentError, Suite, Trial, close, expect_close,
-                                       expect_number, expect_tensor, fail_if_named, number, requirement)
+                                       expect_number, expect_tensor, fail_if_named, number, requirements)
 
 SUITE = Suite("08_efficient_attention")
 _UPDATE_BASIC, _UPDATE_BLOCKS, _UPDATE_MASKED = ("test_online_softmax_basic", "test_online_softmax_blocks",
@@ -29,20 +29,19 @@ _TILED_VALUES, _TILED_CAUSAL, _TILED_MASK = ("test_tiled_attention", "test_tiled
                                              "test_tiled_attention_mask")
 _GQA_VALUES, _GQA_MASK, _GQA_HEADS = ("test_grouped_query_attention", "test_grouped_query_attention_mask",
                                       "test_grouped_query_attention_heads")
-# requirement -> (its check(s), words of the message, words of the text that state it[, checks it fails too])
-STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
+STATED_REQUIREMENTS = requirements({  # name -> (check(s), words of the message, words of the text[, also fails])
     'update: rescale the sum and the accumulator': ((_UPDATE_BASIC, _UPDATE_BLOCKS), 'accumulator is not rescaled',
-                                                    "a' = e^{m - m'}\\, a", (_UPDATE_MASKED,)),
+        "a' = e^{m - m'}\\, a", (_UPDATE_MASKED,)),
     'update: new maximum': ((_UPDATE_BASIC, _UPDATE_BLOCKS), 'not updated', "m' = \\max(m, \\max_j s_j)",
-                            (_UPDATE_MASKED,)),
+        (_UPDATE_MASKED,)),
     'update: -inf rows stay (-inf, 0, 0)': (_UPDATE_MASKED, '-inf', 'state must stay (-inf, 0, 0)'),
     "update: keeps the inputs' dtype": (_UPDATE_BLOCKS, "keep the inputs' dtype", 'in the dtype of the inputs'),
     'tiled: accumulator rescaled (through the update)': (_TILED_VALUES, 'accumulator is not rescaled',
-                                                         'with your online_softmax_update', (_TILED_MASK,)),
+        'with your online_softmax_update', (_TILED_MASK,)),
     'tiled: scaled by 1/sqrt(d_k)': (_TILED_VALUES, 'not scaled', '\\mathrm{softmax}(qk^\\top/\\sqrt{d_k})'),
     'tiled: divide by the running sum': (_TILED_VALUES, 'accumulator itself', 'return acc / running_sum'),
     'tiled: every block, the last shorter one too': (_TILED_VALUES, 'last, shorter block', 'the last block is shorter',
-                                                     (_TILED_CAUSAL, _TILED_MASK)),
+        (_TILED_CAUSAL, _TILED_MASK)),
     "tiled: keeps the inputs' dtype": (_TILED_VALUES, "keep the inputs' dtype", "in the inputs' dtype"),
     'tiled: causal includes the diagonal': (_TILED_CAUSAL, 'itself included', 'keys 0 .. i, itself included'),
     'tiled: causal hides the next key': (_TILED_CAUSAL, 'one step in its future', 'hidden from query i when j > i'),
@@ -50,13 +49,13 @@ STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
     'tiled: mask hides keys': (_TILED_MASK, 'mask is ignored', 'give the masked keys of each block the score -\\infty'),
     'tiled: mask True = may attend': (_TILED_MASK, 'polarity', 'true = may attend'),
     'tiled: no allowed key gives zeros, not NaN': (_TILED_MASK, '0 / 0', 'no allowed key at all gets a row of zeros'),
-    "tiled: does not call the setup's attention (it refuses large inputs)":
-        ((_TILED_VALUES, _TILED_CAUSAL, _TILED_MASK), "setup's attention", 'so do not call attention from it'),
+    "tiled: does not call the setup's attention (it refuses large inputs)": (
+        (_TILED_VALUES, _TILED_CAUSAL, _TILED_MASK), "setup's attention", 'so do not call attention from it'),
     'gqa: ValueError when G does not divide H': (_GQA_HEADS, 'check is missing', 'when g does not divide h'),
     'gqa: the ValueError names H and G': (_GQA_HEADS, 'name both numbers', 'message names both numbers'),
     'gqa: every G that divides H works': (_GQA_HEADS, 'reversed', 'every g that divides h', (_GQA_VALUES, _GQA_MASK)),
     'gqa: query head h uses key-value head h // (H / G)': ((_GQA_VALUES, _GQA_MASK), 'interleaved instead of grouped',
-                                                           'r = h / g consecutive heads'),
+        'r = h / g consecutive heads'),
     'gqa: every query head keeps its own query': (_GQA_VALUES, 'averaged', 'keeps the h query heads', (_GQA_MASK,)),
     'gqa: mask hides keys': (_GQA_MASK, 'mask is ignored', 'mask (optional): bool, broadcastable to (b, h, n, m)'),
     'gqa: mask True = may attend': (_GQA_MASK, 'polarity', 'broadcastable to (b, h, n, m), true = may attend'),
@@ -64,8 +63,8 @@ STATED_REQUIREMENTS = {name: requirement(*row) for name, row in {
     "gqa: keeps the inputs' dtype": (_GQA_VALUES, "keep the inputs' dtype", "the output keeps the inputs' dtype"),
     'cache: time axis': (_APPEND, 'wrong axis', 'appended along the time axis (after the old ones)'),
     'cached: causal shifted by t': ((_CACHED_PROMPT, _CACHED_STEP), 'aligned to the start',
-                                    'lower triangle shifted right by t'),
-}.items()}
+        'lower triangle shifted right by t'),
+})
 UPDATE, APPEND, CACHED, TILED = "online_softmax_update", "append_to_cache", "cached_attention", "tiled_attention"
 
 NO_RESCALE_SUM = ("the running sum is not rescaled when the maximum grows: multiply the old running_sum by "
