@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from torch import Tensor
@@ -40,6 +41,7 @@ def oracle(part: str, cases: Iterable[Any], reference: Callable[..., Tensor],
     ``what(*args, **kwargs)`` (by default the call with its tensors' shapes), compared by ``compare`` (by default
     :func:`expect_close` with ``atol`` / ``rtol``; any function of (actual, expected, what, mistakes))."""
     cases = list(cases)
+    judge = partial(expect_close, atol=atol, rtol=rtol) if compare is expect_close else compare
 
     def check(t: Trial) -> None:
         for case in cases:
@@ -49,9 +51,6 @@ def oracle(part: str, cases: Iterable[Any], reference: Callable[..., Tensor],
             got = t.call(part, *a.args, **a.kwargs)
             name = what(*a.args, **a.kwargs) if what else label(part, *map(_shown, a.args), **a.kwargs)
             wrong = mistakes(*a.args, **a.kwargs) if mistakes else None
-            if compare is expect_close:
-                expect_close(got, reference(*a.args, **a.kwargs), name, wrong, atol, rtol)
-            else:
-                compare(got, reference(*a.args, **a.kwargs), name, wrong)
+            judge(got, reference(*a.args, **a.kwargs), name, wrong)
 
     return check
