@@ -21,36 +21,35 @@ from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Tr
 from autograder.judging.checks.common import expect_masked, hidden_keys_changed
 
 SUITE = Suite("07_transformer_block")
+_FF, _FF_DROP, _DROP = "test_feed_forward", "test_feed_forward_dropout", "test_blocks_dropout"
+_ENC_POST, _ENC_PRE, _ENC_MASK = (f"test_encoder_block_{c}" for c in ("post_norm", "pre_norm", "mask"))
+_DEC_POST, _DEC_PRE, _DEC_MASKS = (f"test_decoder_block_{c}" for c in ("post_norm", "pre_norm", "masks"))
+AFTER_RELU = 'apply the dropout after the relu, on the hidden units'
+BEFORE_RESIDUAL = "apply dropout to each sublayer's output before adding the residual"
+NO_NAN = 'a query row with no allowed key (an example that is all padding) gets zero weights, never nan'
 STATED_REQUIREMENTS = requirements({  # name -> (check(s), words of the message, words of the text[, also fails])
-    'ff: linear2(relu(linear1(x)))': ('test_feed_forward', 'linear', 'linear1 widens from embed_dim',
-        ('test_feed_forward_dropout',)),
-    'ff: dropout after the ReLU, not on the output': ('test_feed_forward_dropout', "linear2's output",
-        'apply the dropout after the relu, on the hidden units'),
-    'ff: dropout after the ReLU, not on the input': ('test_feed_forward_dropout', 'input x',
-        'apply the dropout after the relu, on the hidden units'),
-    'ff: dropout applied in training': ('test_feed_forward_dropout', 'never applied', 'drops in training'),
-    'ff: no dropout in eval mode': ('test_feed_forward_dropout', 'eval mode too', 'identity after .eval()'),
-    'encoder: post-norm by default': ('test_encoder_block_post_norm', 'wrong place',
+    'ff: linear2(relu(linear1(x)))': (_FF, 'linear', 'linear1 widens from embed_dim', (_FF_DROP,)),
+    'ff: dropout after the ReLU, not on the output': (_FF_DROP, "linear2's output", AFTER_RELU),
+    'ff: dropout after the ReLU, not on the input': (_FF_DROP, 'input x', AFTER_RELU),
+    'ff: dropout applied in training': (_FF_DROP, 'never applied', 'drops in training'),
+    'ff: no dropout in eval mode': (_FF_DROP, 'eval mode too', 'identity after .eval()'),
+    'encoder: post-norm by default': (_ENC_POST, 'wrong place',
         'post-norm (norm_first=false, the original paper): x = norm(x + sublayer(x))'),
-    'encoder: pre-norm with norm_first': ('test_encoder_block_pre_norm', 'wrong place',
+    'encoder: pre-norm with norm_first': (_ENC_PRE, 'wrong place',
         'pre-norm (norm_first=true): x = x + sublayer(norm(x))'),
-    'encoder: mask reaches the self-attention': ('test_encoder_block_mask', 'mask is ignored',
+    'encoder: mask reaches the self-attention': (_ENC_MASK, 'mask is ignored',
         'forward(x, mask=none) returns (output, weights): output (b, n, e), self-attention weights'),
-    'encoder: all-padding example gives no NaN': ('test_encoder_block_mask', 'NaN',
-        'a query row with no allowed key (an example that is all padding) gets zero weights, never nan'),
-    'encoder: dropout on the sublayer output before the residual': ('test_blocks_dropout', 'without dropout',
-        "apply dropout to each sublayer's output before adding the residual"),
-    'decoder: cross-attention keys from memory': ('test_decoder_block_post_norm', 'keys come from x',
-        'whose keys and values come from memory', ('test_decoder_block_masks', 'test_blocks_dropout')),
-    'decoder: memory_mask to the cross-attention': ('test_decoder_block_masks', 'memory_mask is ignored',
+    'encoder: all-padding example gives no NaN': (_ENC_MASK, 'NaN', NO_NAN),
+    'encoder: dropout on the sublayer output before the residual': (_DROP, 'without dropout', BEFORE_RESIDUAL),
+    'decoder: cross-attention keys from memory': (_DEC_POST, 'keys come from x',
+        'whose keys and values come from memory', (_DEC_MASKS, _DROP)),
+    'decoder: memory_mask to the cross-attention': (_DEC_MASKS, 'memory_mask is ignored',
         'keys and values come from memory (with memory_mask)'),
-    'decoder: self_mask to the self-attention': ('test_decoder_block_masks', 'self_mask is ignored',
+    'decoder: self_mask to the self-attention': (_DEC_MASKS, 'self_mask is ignored',
         'masked self-attention over x (with self_mask)'),
-    'decoder: empty memory gives no NaN': ('test_decoder_block_masks', 'NaN',
-        'a query row with no allowed key (an example that is all padding) gets zero weights, never nan'),
-    'decoder: dropout on the sublayer output before the residual': ('test_blocks_dropout', 'without dropout',
-        "apply dropout to each sublayer's output before adding the residual"),
-    'blocks: no dropout in eval mode': ('test_blocks_dropout', 'eval mode', 'dropout acts in training only'),
+    'decoder: empty memory gives no NaN': (_DEC_MASKS, 'NaN', NO_NAN),
+    'decoder: dropout on the sublayer output before the residual': (_DROP, 'without dropout', BEFORE_RESIDUAL),
+    'blocks: no dropout in eval mode': (_DROP, 'eval mode', 'dropout acts in training only'),
 })
 FF, ENC, DEC = "FeedForward", "TransformerEncoderBlock", "TransformerDecoderBlock"
 REFERENCE = {FF: RefFeedForward, ENC: RefEncoder, DEC: RefDecoder}
@@ -196,7 +195,7 @@ def _returns(obj: Obj, name: str, *args: Tensor | None, hint: str = "", empty: s
     return tuple(value)
 
 
-@SUITE.check("test_feed_forward", parts=[FF])
+@SUITE.check(_FF, parts=[FF])
 def feed_forward(t: Trial) -> None:
     """linear1 (ff_dim, E), linear2 (E, ff_dim); output linear2(relu(linear1(x))) for any leading dimensions."""
     for e, hdim in [(8, 16), (6, 4)]:
@@ -244,9 +243,9 @@ def _check_block(t: Trial, name: str, pre: bool) -> None:
                 " (self_attn must see the normalised input norm1(x) in pre-norm)" if pre and name == ENC else ""))
 
 
-SUITE.add("test_encoder_block_post_norm", [ENC], partial(_check_block, name=ENC, pre=False), "Post-norm (default) "
+SUITE.add(_ENC_POST, [ENC], partial(_check_block, name=ENC, pre=False), "Post-norm (default) "
           "equals torch.nn.TransformerEncoderLayer with the same weights; returns (output, weights).")
-SUITE.add("test_encoder_block_pre_norm", [ENC], partial(_check_block, name=ENC, pre=True),
+SUITE.add(_ENC_PRE, [ENC], partial(_check_block, name=ENC, pre=True),
           "norm_first=True equals torch.nn.TransformerEncoderLayer(norm_first=True) with the same weights.")
 
 
@@ -257,7 +256,7 @@ def _padding(t: Trial, b: int, n: int, keep: int) -> Tensor:
     return (torch.arange(n) < lengths[:, None])[:, None, :]
 
 
-@SUITE.check("test_encoder_block_mask", parts=[ENC])
+@SUITE.check(_ENC_MASK, parts=[ENC])
 def encoder_mask(t: Trial) -> None:
     """A (B, 1, n) padding mask reaches the self-attention (both norm orders); padding never reaches a real token."""
     for kw in ({}, {"norm_first": True}):
@@ -276,13 +275,13 @@ def encoder_mask(t: Trial) -> None:
                      "the real tokens when only padded tokens change (a padded token must not reach them)")
 
 
-SUITE.add("test_decoder_block_post_norm", [DEC], partial(_check_block, name=DEC, pre=False),
+SUITE.add(_DEC_POST, [DEC], partial(_check_block, name=DEC, pre=False),
           "Post-norm equals torch.nn.TransformerDecoderLayer with the same weights (n == m and n != m).")
-SUITE.add("test_decoder_block_pre_norm", [DEC], partial(_check_block, name=DEC, pre=True),
+SUITE.add(_DEC_PRE, [DEC], partial(_check_block, name=DEC, pre=True),
           "norm_first=True equals torch.nn.TransformerDecoderLayer(norm_first=True) with the same weights.")
 
 
-@SUITE.check("test_decoder_block_masks", parts=[DEC])
+@SUITE.check(_DEC_MASKS, parts=[DEC])
 def decoder_masks(t: Trial) -> None:
     """self_mask reaches self-attention, memory_mask cross-attention; hidden positions never reach the output."""
     for kw in ({}, {"norm_first": True}):
@@ -320,7 +319,7 @@ def _train(obj: Obj, mode: bool) -> None:
     obj.trial.backend.call(obj.ref, [mode], {}, obj.trial.bans, attr="train", keep=True)
 
 
-@SUITE.check("test_feed_forward_dropout", parts=[FF])
+@SUITE.check(_FF_DROP, parts=[FF])
 def feed_forward_dropout(t: Trial) -> None:
     """dropout=1.0 drops every hidden unit in training (output = linear2's bias) and does nothing in eval mode."""
     obj, ref = _build(t, FF, 6, 10, 1.0)
@@ -342,7 +341,7 @@ def feed_forward_dropout(t: Trial) -> None:
         "which is the identity after model.eval()": dropped})
 
 
-@SUITE.check("test_blocks_dropout", parts=[ENC, DEC])
+@SUITE.check(_DROP, parts=[ENC, DEC])
 def blocks_dropout(t: Trial) -> None:
     """dropout=1.0 drops every sublayer's output in training; in eval mode the block equals one without dropout."""
     for kw in ({}, {"norm_first": True}):
