@@ -19,30 +19,28 @@ from autograder.judging.checks.common import (INTERLEAVED_SPLIT, MASK_AXES, NAN_
                                               hidden_keys_changed, random_weights)
 
 SUITE = Suite("02_multi_head")
+_SPLIT, _MERGE = "test_split_heads", "test_merge_heads"
+_SHAPES, _VALUES, _MASK = (f"test_mha_{c}" for c in ("shapes", "values", "mask"))
 STATED_REQUIREMENTS = requirements({  # name -> (check(s), words of the message, words of the text[, also fails])
-    'split: head axis before the sequence axis': ('test_split_heads', 'transpose', '(b, n, h*dh) -> (b, h, n, dh)'),
-    'split: contiguous feature blocks per head': ('test_split_heads', 'interleaved',
-        'head h holds features h*dh:(h+1)*dh'),
-    'merge: inverse of split, heads in order': ('test_merge_heads', 'reverse order',
-        'the inverse, (b, h, n, dh) -> (b, n, h*dh)'),
-    'four nn.Linear(E, E) projections': ('test_mha_shapes', 'no out_proj', 'each nn.linear(e, e, bias=bias)',
-        ('test_mha_values', 'test_mha_mask')),
-    'bias flag': ('test_mha_shapes', 'still has biases', 'with bias=false none of the four has a bias'),
-    'ValueError when E % H != 0': ('test_mha_shapes', 'ValueError', 'raise a valueerror when embed_dim'),
-    'per-head weights (B, H, n, m), n != m': ('test_mha_shapes', 'per-head', 'per-head weights (b, h, n, m)',
-        ('test_mha_values', 'test_mha_mask')),
-    'each projection on its own input': ('test_mha_values', 'wrong input', 'q_proj to query, k_proj to key'),
-    'scale 1/sqrt(head_dim)': ('test_mha_values', 'sqrt(head_dim)', "1/\\sqrt{d_h} of one head's width"),
-    'out_proj on the merged heads': ('test_mha_values', 'out_proj is missing', 'heads and apply out_proj'),
-    'mask True means may attend': ('test_mha_mask', 'polarity', 'true means "may attend"'),
-    '3-D mask applies to every head': ('test_mha_mask', 'unsqueeze(1)', '(b, n, m) applies to every head'),
-    '4-D mask per head': ('test_mha_mask', '(B, H, n, m) per-head mask', 'mask is already (b, h, n, m)'),
-    'fully masked row gives zeros': ('test_mha_mask', 'all masked gets NaN', 'zero weights in every head'),
+    'split: head axis before the sequence axis': (_SPLIT, 'transpose', '(b, n, h*dh) -> (b, h, n, dh)'),
+    'split: contiguous feature blocks per head': (_SPLIT, 'interleaved', 'head h holds features h*dh:(h+1)*dh'),
+    'merge: inverse of split, heads in order': (_MERGE, 'reverse order', 'the inverse, (b, h, n, dh) -> (b, n, h*dh)'),
+    'four nn.Linear(E, E) projections': (_SHAPES, 'no out_proj', 'each nn.linear(e, e, bias=bias)', (_VALUES, _MASK)),
+    'bias flag': (_SHAPES, 'still has biases', 'with bias=false none of the four has a bias'),
+    'ValueError when E % H != 0': (_SHAPES, 'ValueError', 'raise a valueerror when embed_dim'),
+    'per-head weights (B, H, n, m), n != m': (_SHAPES, 'per-head', 'per-head weights (b, h, n, m)', (_VALUES, _MASK)),
+    'each projection on its own input': (_VALUES, 'wrong input', 'q_proj to query, k_proj to key'),
+    'scale 1/sqrt(head_dim)': (_VALUES, 'sqrt(head_dim)', "1/\\sqrt{d_h} of one head's width"),
+    'out_proj on the merged heads': (_VALUES, 'out_proj is missing', 'heads and apply out_proj'),
+    'mask True means may attend': (_MASK, 'polarity', 'true means "may attend"'),
+    '3-D mask applies to every head': (_MASK, 'unsqueeze(1)', '(b, n, m) applies to every head'),
+    '4-D mask per head': (_MASK, '(B, H, n, m) per-head mask', 'mask is already (b, h, n, m)'),
+    'fully masked row gives zeros': (_MASK, 'all masked gets NaN', 'zero weights in every head'),
 })
 SPLIT, MERGE, MHA = "split_heads", "merge_heads", "MultiHeadAttention"
 
 
-SUITE.oracle("test_split_heads", SPLIT, "split_heads turns (B, n, H*Dh) into (B, H, n, Dh), head h holding features "
+SUITE.oracle(_SPLIT, SPLIT, "split_heads turns (B, n, H*Dh) into (B, H, n, Dh), head h holding features "
              "h*Dh:(h+1)*Dh.", cases=[(2, 3, 2, 4), (1, 5, 4, 2), (3, 4, 1, 3), (2, 1, 3, 2)],
              draw=lambda t, b, n, h, d: (t.randn(b, n, h * d), h), reference=ref_split,
              what=lambda x, h: f"split_heads of a {tuple(x.shape)} tensor into {h} heads",
@@ -50,7 +48,7 @@ SUITE.oracle("test_split_heads", SPLIT, "split_heads turns (B, n, H*Dh) into (B,
                                     "axis with transpose(1, 2)": x.unflatten(-1, (h, -1)),
                                     NO_TRANSPOSE_SPLIT: x.reshape(x.shape[0], h, x.shape[1], -1),
                                     INTERLEAVED_SPLIT: x.unflatten(-1, (-1, h)).permute(0, 3, 1, 2)})
-SUITE.oracle("test_merge_heads", MERGE, "merge_heads turns (B, H, n, Dh) back into (B, n, H*Dh) and undoes "
+SUITE.oracle(_MERGE, MERGE, "merge_heads turns (B, H, n, Dh) back into (B, n, H*Dh) and undoes "
              "split_heads.", cases=[(2, 2, 3, 4), (1, 4, 5, 2), (3, 1, 4, 3), (2, 3, 1, 2)],
              draw=lambda t, *shape: (t.randn(*shape),), reference=ref_merge,
              what=lambda x: f"merge_heads of a {tuple(x.shape)} tensor",
@@ -85,7 +83,7 @@ def _shaped(obj, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | None = 
         expect_tensor(w, (b, h, n, m), f"the per-head weights of MultiHeadAttention{what}")
 
 
-@SUITE.check("test_mha_shapes", parts=[MHA])
+@SUITE.check(_SHAPES, parts=[MHA])
 def mha_shapes(t: Trial) -> None:
     """q_proj, k_proj, v_proj, out_proj of shape (E, E); output (B, n, E), weights (B, H, n, m); E % H != 0 refused."""
     for e, h in [(8, 2), (12, 3)]:
@@ -119,7 +117,7 @@ def mha_shapes(t: Trial) -> None:
                           f"divisible by num_heads): {e} features cannot be split evenly into {h} heads")
 
 
-@SUITE.check("test_mha_values", parts=[MHA])
+@SUITE.check(_VALUES, parts=[MHA])
 def mha_values(t: Trial) -> None:
     """With copied weights, output and per-head weights equal torch.nn.MultiheadAttention (n != m, 1 to 4 heads)."""
     for b, n, m, e, h, bias in [(2, 4, 6, 8, 2, True), (1, 5, 3, 12, 3, True), (2, 3, 3, 8, 4, True),
@@ -132,7 +130,7 @@ def mha_values(t: Trial) -> None:
         expect_layer(out, w, p, q, k, v, h, None, f"MultiHeadAttention{what}", "per-head weights")
 
 
-@SUITE.check("test_mha_mask", parts=[MHA])
+@SUITE.check(_MASK, parts=[MHA])
 def mha_mask(t: Trial) -> None:
     """A mask (True = may attend) of shape (n, m) or (B, n, m) applies to every head, a (B, H, n, m) one to each."""
     b, n, m, e, h = 2, 4, 5, 8, 2
