@@ -20,8 +20,7 @@ from autograder.judging.checks.compare import (close, expect_close, expect_pair,
 from autograder.judging.checks.oracle import Args, args
 from autograder.judging.checks.questions import (Question, choice, expect_choice, expect_number, expect_tuple, listed,
                                                  number, row_set)
-from autograder.judging.checks.suite import (Check, Requirement, Suite, load_suite, requirement, requirements,
-                                             run_local, seed_for)
+from autograder.judging.checks.suite import Check, Requirement, Suite, load_suite, requirements, run_local, seed_for
 from autograder.judging.checks.trial import Obj, Trial, build, label
 from autograder.judging.checks.twins import Params, draw_weights, twin
 from autograder.judging.checks.verdicts import CheckFailed, StudentError, describe_error, reply_value
@@ -30,4 +29,4 @@ __all__ = ["Args", "Backend", "Check", "CheckFailed", "LocalBackend", "Obj", "Pa
            "StudentError", "Suite", "Trial", "args", "build", "choice", "close", "describe_error", "draw_weights",
            "expect_choice", "expect_close", "expect_number", "expect_pair", "expect_tensor", "expect_tuple",
            "expect_value_error", "fail_if_named", "label", "listed", "load_suite", "named_mistake", "number",
-           "reply_value", "requirement", "requirements", "row_set", "run_local", "seed_for", "twin"]
+           "reply_value", "requirements", "row_set", "run_local", "seed_for", "twin"]

@@ -22,9 +22,8 @@ from autograder.judging.checks.verdicts import CheckFailed
 
 
 def _plain(value: Any) -> Any:
-    """A numpy scalar as the Python number (or bool) it is; anything else unchanged. The runner already
-    sends numpy scalars as numbers (``harness._numbers``); this keeps the helpers right when called on
-    values that did not travel (a check's own arithmetic, a test)."""
+    """A numpy scalar as the Python number (or bool) it is; anything else unchanged (the runner sends numbers as
+    numbers already, ``harness._numbers``: this is for values that did not travel, a check's own arithmetic)."""
     return value.item() if isinstance(value, np.generic) else value
 
 

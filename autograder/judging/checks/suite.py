@@ -41,8 +41,7 @@ class Suite:
         self.checks[grade_id] = Check(grade_id, fn, tuple(parts), doc, points)
 
     def check(self, grade_id: str, parts: Iterable[str]) -> Callable[[Callable[[Trial], None]], Callable[[Trial], None]]:
-        """Decorator: the function is the check of ``grade_id``; its docstring's first paragraph (a sentence that
-        may wrap) says what property."""
+        """Decorator: the function is the check of ``grade_id``; its docstring's first paragraph says what it tests."""
         def register(fn: Callable[[Trial], None]) -> Callable[[Trial], None]:
             self.add(grade_id, parts, fn, " ".join((fn.__doc__ or grade_id).strip().split("\n\n")[0].split()))
             return fn
@@ -91,15 +90,13 @@ class Requirement:
     also: tuple[str, ...] = ()
 
 
-def requirement(checks: str | Iterable[str], message: str, phrase: str, also: Iterable[str] = ()) -> Requirement:
-    """A :class:`Requirement`; ``checks`` one grade id or several."""
-    return Requirement((checks,) if isinstance(checks, str) else tuple(checks), message, phrase, tuple(also))
-
-
 def requirements(rows: Mapping[str, tuple]) -> dict[str, Requirement]:
     """A chapter's ``STATED_REQUIREMENTS`` from its rows: name -> (check(s), words of the message, words of the
-    text that state it[, the checks the same answer also fails]), each read by :func:`requirement`."""
-    return {name: requirement(*row) for name, row in rows.items()}
+    text that state it[, the checks the same answer also fails]); a row's check(s): one grade id or several."""
+    def one(checks: str | Iterable[str], message: str, phrase: str, also: Iterable[str] = ()) -> Requirement:
+        return Requirement((checks,) if isinstance(checks, str) else tuple(checks), message, phrase, tuple(also))
+
+    return {name: one(*row) for name, row in rows.items()}
 
 
 def load_suite(assignment: str) -> Suite:
