@@ -85,10 +85,6 @@ def _per_head(mask: Tensor | None) -> Tensor | None:
     return mask.unsqueeze(1) if mask is not None and mask.dim() == 3 else mask
 
 
-def _full(mask: Tensor, b: int, h: int, n: int, m: int) -> Tensor:
-    return _per_head(mask).expand(b, h, n, m)
-
-
 def _heads(p: Params, qp: Tensor, kp: Tensor, vp: Tensor, h: int, mask: Tensor | None = None, *,
            scale: float | None = None, out_proj: bool = True,
            split: Callable[[Tensor, int], Tensor] = ref_split,
@@ -111,7 +107,7 @@ def expected(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: Tensor | 
     """The right (output, weights): torch.nn.MultiheadAttention holding ``p``, in float64, or the formula where a query
     has no allowed key (torch gives NaN; the contract asks for zero weights, so that row's output is out_proj(0))."""
     (b, n, e), m = q.shape, k.shape[1]
-    full = None if mask is None else _full(mask, b, h, n, m)
+    full = None if mask is None else _per_head(mask).expand(b, h, n, m)
     if full is not None and not bool(full.any(-1).all()):
         return reference(p, q, k, v, h, mask)
     ref = RefMHA(e, h, bias="q_proj.bias" in p).double()
@@ -264,6 +260,6 @@ def scaled_reference(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: T
     """MultiHeadAttention's ``(output, weights)`` with weights ``p`` at the scale the student's per-head weights ``w``
     show (:func:`fitted_scale`): the reference for a check of the mask or of causality, not of the scale."""
     Q, K, V = _lin(p, "q_proj", q), _lin(p, "k_proj", k), _lin(p, "v_proj", v)
-    full = None if mask is None else _full(mask, q.shape[0], h, q.shape[1], k.shape[1])
+    full = None if mask is None else _per_head(mask).expand(q.shape[0], h, q.shape[1], k.shape[1])
     c = fitted_scale(ref_split(Q, h) @ ref_split(K, h).transpose(-2, -1), w, full)
     return _heads(p, Q, K, V, h, mask, scale=None if c is None else 1.0 / c ** 2)
