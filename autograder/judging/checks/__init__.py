@@ -23,10 +23,11 @@ from autograder.judging.checks.questions import (Question, choice, expect_choice
 from autograder.judging.checks.suite import Check, Requirement, Suite, load_suite, requirements, run_local, seed_for
 from autograder.judging.checks.trial import Obj, Trial, build, label
 from autograder.judging.checks.twins import Params, draw_weights, twin
-from autograder.judging.checks.verdicts import CheckFailed, StudentError, describe_error, reply_value
+from autograder.judging.checks.verdicts import (PLACEHOLDER, CheckFailed, StudentError, describe_error, explained,
+                                                reply_value)
 
-__all__ = ["Args", "Backend", "Check", "CheckFailed", "LocalBackend", "Obj", "Params", "Question", "Requirement",
-           "StudentError", "Suite", "Trial", "args", "build", "choice", "close", "describe_error", "draw_weights",
-           "expect_choice", "expect_close", "expect_number", "expect_pair", "expect_tensor", "expect_tuple",
-           "expect_value_error", "fail_if_named", "label", "listed", "load_suite", "named_mistake", "number",
-           "reply_value", "requirements", "row_set", "run_local", "seed_for", "twin"]
+__all__ = ["PLACEHOLDER", "Args", "Backend", "Check", "CheckFailed", "LocalBackend", "Obj", "Params", "Question",
+           "Requirement", "StudentError", "Suite", "Trial", "args", "build", "choice", "close", "describe_error",
+           "draw_weights", "expect_choice", "expect_close", "expect_number", "expect_pair", "expect_tensor",
+           "expect_tuple", "expect_value_error", "explained", "fail_if_named", "label", "listed", "load_suite",
+           "named_mistake", "number", "reply_value", "requirements", "row_set", "run_local", "seed_for", "twin"]

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
-from autograder.judging.checks import (CheckFailed, Suite, Trial, args, close, expect_close, expect_pair, expect_tensor,
-                                       listed, mistakes, number, requirements)
+from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, args, close, expect_close, expect_pair,
+                                       expect_tensor, listed, mistakes, number, requirements)
 from autograder.judging.checks.common import (ATTENTION_MISTAKES, expect_distributions, expect_masked, fitted_scale,
                                               hidden_keys_changed)
 
@@ -147,7 +147,7 @@ def _own(t: Trial, q, k, v, mask=None, what: str = "", probe: bool = False) -> t
     except CheckFailed as e:
         if probe:
             return None
-        hint = "" if str(e).startswith("not implemented") else _why_it_failed(t, tuple(q.shape[:-2]))
+        hint = "" if isinstance(e, StudentError) and e.placeholder else _why_it_failed(t, tuple(q.shape[:-2]))
         raise (CheckFailed(f"{str(e).rstrip('.')}. {hint}") if hint else e) from None
     return out, w
 

@@ -18,8 +18,8 @@ from attnkit import padding_mask as ref_padding
 from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
 from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, choice, close, expect_close,
-                                       expect_pair, expect_tensor, fail_if_named, listed, mistakes, named_mistake,
-                                       number, requirements, row_set, twin)
+                                       expect_pair, expect_tensor, explained, fail_if_named, listed, mistakes,
+                                       named_mistake, number, requirements, row_set, twin)
 from autograder.judging.checks.common import (ATTENTION_MISTAKES, UNIFORM_ROWS, expect_distributions, head_mistakes,
                                               random_weights, scaled_reference)
 
@@ -174,14 +174,10 @@ def masked_attention_check(t: Trial) -> None:
     for (qq, mask, what) in [(t.randn(b, 6, d), ref_causal(6), "attention with a causal mask"),
                              (q, random_mask, "attention with an (n, m) mask"),
                              (q, ref_padding(torch.tensor([6, 3]), m), "attention with a (B, 1, m) padding mask")]:
-        try:
+        with explained(lambda err: f"{err} ({what}: query {tuple(qq.shape)}, key {tuple(k.shape)}, value "
+                       f"{tuple(v.shape)}, mask {tuple(mask.shape)}). The mask must broadcast against the "
+                       "scores (..., n, m) as it is, and n, m, d_k and d_v may all differ"):
             out, w, exp_out, exp_w = _against_reference(t, qq, k, v, mask, what)
-        except StudentError as err:
-            if str(err).startswith("not implemented"):
-                raise
-            raise CheckFailed(f"{err} ({what}: query {tuple(qq.shape)}, key {tuple(k.shape)}, value "
-                              f"{tuple(v.shape)}, mask {tuple(mask.shape)}). The mask must broadcast against the "
-                              "scores (..., n, m) as it is, and n, m, d_k and d_v may all differ") from None
         full = mask.expand_as(w)
         if bool((w.masked_select(~full).abs() > 1e-6).any()):  # a masked key has weight: name how it leaks
             scores = qq @ k.transpose(-2, -1) / math.sqrt(d)
@@ -229,14 +225,10 @@ def masked_mha_check(t: Trial) -> None:
                   "cell changed?)")
     x = t.randn(b, n, e)
     mask = ref_causal(n) & ref_padding(torch.tensor([5, 2, 0]), n)  # (B, n, n)
-    try:
+    with explained(lambda err: f"{err}. The given MultiHeadAttention calls masked_attention with 4-D inputs "
+                   "(B, H, n, Dh) and a (B, 1, n, m) mask: it must work for any number of leading "
+                   "dimensions (use transpose(-2, -1) and @, not bmm or transpose(1, 2))"):
         out, w = expect_pair(obj(x, x, x, mask), "MultiHeadAttention")
-    except StudentError as err:
-        if str(err).startswith("not implemented"):
-            raise
-        raise CheckFailed(f"{err}. The given MultiHeadAttention calls masked_attention with 4-D inputs "
-                          "(B, H, n, Dh) and a (B, 1, n, m) mask: it must work for any number of leading "
-                          "dimensions (use transpose(-2, -1) and @, not bmm or transpose(1, 2))") from None
     what = "MultiHeadAttention with a causal & padding mask"
     mistakes.expect_no_nan({"weights": w, "output": out}, f" of {what}",
                            f" (the example of length 0 has no key to attend to): {NAN_ROWS}")

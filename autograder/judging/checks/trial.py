@@ -13,7 +13,7 @@ from torch import Tensor
 
 from autograder.in_sandbox.wire import Ref, map_leaves
 from autograder.judging.checks.backends import Backend
-from autograder.judging.checks.verdicts import CheckFailed, StudentError
+from autograder.judging.checks.verdicts import StudentError, explained
 
 
 class Obj:
@@ -107,9 +107,5 @@ def label(name: str, *args: Any, **kwargs: Any) -> str:
 def build(t: Trial, name: str, *args: Any, **kwargs: Any) -> Obj:
     """The student's ``name(*args, **kwargs)``; :class:`CheckFailed` naming the call when it raises (the
     exercise's NotImplementedError placeholder is passed on as it is)."""
-    try:
+    with explained(lambda err: f"{label(name, *args, **kwargs)} could not be created: {err}"):
         return t.new(name, *args, **kwargs)
-    except StudentError as err:
-        if str(err).startswith("not implemented"):
-            raise
-        raise CheckFailed(f"{label(name, *args, **kwargs)} could not be created: {err}") from None
