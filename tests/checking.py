@@ -24,7 +24,7 @@ def run_suite(assignment: str, code: str, secret: str = "test") -> dict[str, str
     suite = load_suite(assignment)
     ns = namespace(code)
     parts = {p for c in suite.checks.values() for p in c.parts}
-    delegated = delegations(textwrap.dedent(code), parts, suite.forbidden)
+    delegated = delegations(textwrap.dedent(code), parts, suite.forbidden, assignment=assignment)
     results = {}
     for gid, check in suite.checks.items():
         bad = [delegated[p] for p in check.parts if p in delegated]

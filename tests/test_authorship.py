@@ -70,7 +70,7 @@ def test_a_method_of_the_students_own_named_like_torchs_is_not_torchs():
 
 @pytest.mark.parametrize("cells, part, says", [
     (["def scaled_dot_product_attention(q, k, v, mask=None):\n    return F.scaled_dot_product_attention(q, k, v), None\n"],
-     "scaled_dot_product_attention", "torch's scaled_dot_product_attention"),
+     "scaled_dot_product_attention", "`torch.nn.functional.scaled_dot_product_attention`"),
     # through a helper, and through a global value computed with torch's attention
     (["def helper(q):\n    return F.scaled_dot_product_attention(q, q, q)\n",
       "def scaled_dot_product_attention(q, k, v, mask=None):\n    return helper(q), None\n"],
@@ -84,7 +84,7 @@ def test_a_method_of_the_students_own_named_like_torchs_is_not_torchs():
      "scaled_dot_product_attention", "calls out"),
     # definitions hidden in compound statements are still definitions
     (["try:\n    def softmax(x, dim=-1):\n        return torch.softmax(x, dim)\nexcept Exception:\n    pass\n"],
-     "softmax", "torch's softmax"),
+     "softmax", "`torch.softmax`"),
     (["if True:\n    class MultiHeadAttention(torch.nn.Module):\n        def forward(self, x):\n"
       "            return torch.nn.MultiheadAttention(4, 2)(x, x, x)[0]\n"],
      "MultiHeadAttention", "torch.nn.MultiheadAttention"),
@@ -93,7 +93,7 @@ def test_a_method_of_the_students_own_named_like_torchs_is_not_torchs():
       "        self.inner = torch.nn.MultiheadAttention(4, 2)\n    def forward(self, x):\n"
       "        return self.inner(x, x, x)[0]\n"],
      "MultiHeadAttention", "torch.nn.MultiheadAttention"),
-    (["def softmax(x, dim=-1):\n    return x.softmax(dim)\n"], "softmax", "torch's softmax"),
+    (["def softmax(x, dim=-1):\n    return x.softmax(dim)\n"], "softmax", "the method `.softmax`"),
 ])
 def test_delegation_is_still_found(cells, part, says):
     found = scan(*cells)
@@ -150,17 +150,17 @@ def test_ipython_syntax_in_correct_answers_costs_nothing():
 # -- a part's own bans reach its helpers, aliases and classes, not the other parts -------------------------
 
 @pytest.mark.parametrize("cells, says", [
-    (["from torch import softmax as _sm\ndef softmax(x, dim=-1):\n    return _sm(x, dim)\n"], "calls _sm"),
+    (["from torch import softmax as _sm\ndef softmax(x, dim=-1):\n    return _sm(x, dim)\n"], "uses `torch.softmax`"),
     (["import torch.nn.functional as G\n_f = G.softmax\n", "def softmax(x, dim=-1):\n    return _f(x, dim)\n"],
-     "calls _f"),
+     "calls _f, which uses `torch.nn.functional.softmax`"),
     (["def _inner(x, dim):\n    return x.softmax(dim)\n", "def _outer(x, dim):\n    return _inner(x, dim)\n",
-      "def softmax(x, dim=-1):\n    return _outer(x, dim)\n"], "calls _outer, which calls _inner, which uses torch's softmax"),
+      "def softmax(x, dim=-1):\n    return _outer(x, dim)\n"], "calls _outer, which calls _inner, which uses the method `.softmax`"),
     (["class _Impl:\n    @staticmethod\n    def run(x, dim):\n        return torch.softmax(x, dim)\n",
-      "def softmax(x, dim=-1):\n    return _Impl.run(x, dim)\n"], "calls _Impl"),
+      "def softmax(x, dim=-1):\n    return _Impl.run(x, dim)\n"], "calls _Impl, which uses `torch.softmax`"),
 ])
 def test_a_parts_bans_follow_its_helpers(cells, says):
     found = scan(*cells)
-    assert "softmax" in found and says in found["softmax"] and "torch's softmax" in found["softmax"], found
+    assert "softmax" in found and says in found["softmax"] and "*softmax*" in found["softmax"], found
 
 
 def test_a_parts_bans_do_not_reach_other_parts():
@@ -170,7 +170,7 @@ def test_a_parts_bans_do_not_reach_other_parts():
              "def scaled_dot_product_attention(q, k, v, mask=None):\n"
              "    w = _weights(q @ k.transpose(-2, -1))\n    return w @ v, w\n"]
     found = scan(*cells)
-    assert list(found) == ["softmax"] and "calls _weights, which calls _sm" in found["softmax"], found
+    assert list(found) == ["softmax"] and "calls _weights, which uses `torch.softmax`" in found["softmax"], found
 
 
 # -- every route to torch's softmax, for chapter 01's real bans ---------------------------------------
@@ -181,7 +181,7 @@ CH01 = ["softmax", "scaled_dot_product_attention"]
 def ch01_scan(code: str) -> dict[str, str]:
     from autograder.judging.checks import load_suite
 
-    return delegations(textwrap.dedent(code), CH01, load_suite("01_single_head").forbidden)
+    return delegations(textwrap.dedent(code), CH01, load_suite("01_single_head").forbidden, assignment="01_single_head")
 
 
 @pytest.mark.parametrize("body", [
@@ -316,7 +316,7 @@ def test_self_attribute_is_exempt_only_when_the_class_defines_it():
                 "class T(torch.Tensor):\n    def probs(self):\n        return self.log_softmax(-1).exp()\n\n"
                 "def softmax(x, dim=-1):\n    return x.as_subclass(T).probs()\n")
     found = scan(loophole)
-    assert "softmax" in found and "calls T, which uses torch" in found["softmax"], found
+    assert "softmax" in found and "calls T, which uses the method `.log_softmax`" in found["softmax"], found
     inherited = ("class Base(torch.nn.Module):\n    def scaled_dot_product_attention(self, q, k, v):\n"
                  "        return scaled_dot_product_attention(q, k, v)[0]\n\n"
                  "class MultiHeadAttention(Base):\n    def forward(self, x):\n"
@@ -565,9 +565,9 @@ def test_honest_helpers_named_softmax_are_the_students():
              "    e = (x - x.amax(dim, keepdim=True)).exp()\n    return e / e.sum(dim, keepdim=True)\n",
              "import helpers\nfrom helpers import stable_softmax\n",
              "def softmax(x, dim=-1):\n    return stable_softmax(x, dim) + 0 * helpers.stable_softmax(x, dim)\n"]
-    assert delegations(cells, ["softmax"], forbidden) == {}
-    # a module the notebook did not write is not the student's: its softmax-named function is suspect
-    assert "softmax" in delegations(cells[1:], ["softmax"], forbidden)
+    assert delegations(cells, ["softmax"], forbidden, assignment="01_single_head") == {}
+    # a module the notebook did not write is not the student's: it is a library outside the vocabulary
+    assert "softmax" in delegations(cells[1:], ["softmax"], forbidden, assignment="01_single_head")
 
 
 # -- issue 29: bare names, star imports, sys.modules; attributes stored, the student's own modules -------------------
@@ -579,7 +579,7 @@ CH01_PARTS = ["softmax", "scaled_dot_product_attention"]
 def _ch01(cells: list[str]) -> dict[str, str]:
     from autograder.judging.checks import load_suite
 
-    return delegations(cells, CH01_PARTS, load_suite("01_single_head").forbidden)
+    return delegations(cells, CH01_PARTS, load_suite("01_single_head").forbidden, assignment="01_single_head")
 
 
 AUTOGRAD_SOFTMAX = "import torch\n" + AUTOGRAD_CTX  # the corpus's honest answer, graded there too

@@ -22,7 +22,9 @@ SETUP = "import math\nimport torch\n"
 
 EINSUM_FLOAT64 = SETUP + '''
 def softmax(x, dim=-1):
-    return torch.exp(x - torch.logsumexp(x, dim=dim, keepdim=True)).nan_to_num(0.0)
+    top = x.amax(dim=dim, keepdim=True).nan_to_num(0.0, neginf=0.0)
+    log_total = torch.log(torch.exp(x - top).sum(dim=dim, keepdim=True)) + top  # a log-sum-exp, by hand
+    return torch.exp(x - log_total).nan_to_num(0.0)
 
 def scaled_dot_product_attention(query, key, value, mask=None):
     q, k, v = query.double(), key.double(), value.double()
@@ -62,6 +64,19 @@ def test_reference_gets_full_marks():
 @pytest.mark.parametrize("code", [EINSUM_FLOAT64, LOOP], ids=["einsum-logsumexp-float64", "loops-matmul-where"])
 def test_unusual_correct_answers_get_full_marks(code):
     assert_full_marks(A, code)
+
+
+@pytest.mark.parametrize("call", ["torch.logsumexp(x, dim=dim, keepdim=True)", "x.logsumexp(dim, keepdim=True)",
+                                  "torch.special.logsumexp(x, dim, keepdim=True)"])
+def test_torchs_log_sum_exp_is_outside_the_softmaxs_vocabulary(call):
+    """The log-sum-exp is the softmax's normaliser (a distribution built from logits computes it): the exercise's
+    vocabulary leaves it out of the softmax, so the softmax earns nothing, the attention built on it keeps its points."""
+    code = EINSUM_FLOAT64.replace(
+        "log_total = torch.log(torch.exp(x - top).sum(dim=dim, keepdim=True)) + top", f"log_total = {call}")
+    results = run_suite(A, code)
+    softmax_checks = [gid for gid in results if gid.startswith("test_softmax")]
+    assert softmax_checks and all("logsumexp" in results[gid] and "vocabulary" in results[gid] for gid in softmax_checks)
+    assert all(not results[gid] for gid in results if gid.startswith("test_sdpa")), results
 
 
 SDPA_SCALE = "scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)"

@@ -80,16 +80,18 @@ HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # -- which of torch's functions a ban covers --------------------------------------------------------------
 
 
-def ban_kind(qualname: str, _attention: str = "attention", _softmax: str = "softmax", _str: Any = str) -> str:
+def ban_kind(qualname: str, _attention: str = "attention", _softmax: str = "softmax", _str: Any = str,
+             _lse: str = "logsumexp") -> str:
     """``"attention"`` when a segment of ``qualname`` names attention, else ``"softmax"`` when one names a
-    softmax, else ``''`` (case and underscores ignored). Reads no global name and calls ``str``'s own methods
+    softmax or a log-sum-exp (the softmax's normaliser: a distribution built from logits computes it), else ``''``
+    (case and underscores ignored). Reads no global name and calls ``str``'s own methods
     unbound (a str subclass in a code object runs no code of its own here): the audit hook calls it."""
     kind = ""
     for part in _str.split(qualname, "."):
         s = _str.replace(_str.lower(part), "_", "")
         if _str.__contains__(s, _attention):
             return _attention
-        if _str.__contains__(s, _softmax):
+        if _str.__contains__(s, _softmax) or _str.__contains__(s, _lse):
             kind = _softmax
     return kind
 
@@ -308,43 +310,56 @@ def _kernel(op: str) -> types.FunctionType:
 
 
 def plan(torch: types.ModuleType, fragments: tuple[str, ...]) -> list[tuple[str, str]]:
-    """(operator, dispatch key) pairs whose kernels the ban of ``fragments`` (and torch's attention) replaces."""
+    """(operator, dispatch key) pairs whose kernels the ban of ``fragments`` (and torch's attention) replaces; each
+    fragment's share is found once per process (the zygote finds the common ones before it forks)."""
     plans = _STATE.setdefault("plans", {})
-    if fragments not in plans:
-        ops = _STATE.setdefault("ops", sorted(torch._C._dispatch_get_all_op_names()))
-        has = torch._C._dispatch_has_kernel_for_dispatch_key
-        pairs = []
-        for full in torch_names.matching_ops(ops, fragments):
-            for key in torch_names.GUARD_KEYS:
-                try:
-                    if has(full, key):
-                        pairs.append((full[len("aten::"):], key))
-                except RuntimeError:
-                    pass
-        plans[fragments] = pairs
-    return plans[fragments]
+    pairs: set[tuple[str, str]] = set()
+    for one in ("",) + tuple(f for f in fragments if not f.startswith(torch_names.IMPORT)):
+        if one not in plans:
+            ops = _STATE.setdefault("ops", sorted(torch._C._dispatch_get_all_op_names()))
+            has = torch._C._dispatch_has_kernel_for_dispatch_key
+            found = []
+            for full in torch_names.matching_ops(ops, (one,) if one else ()):
+                for key in torch_names.GUARD_KEYS:
+                    try:
+                        if has(full, key):
+                            found.append((full[len("aten::"):], key))
+                    except RuntimeError:
+                        pass
+            plans[one] = found
+        pairs.update(plans[one])
+    return sorted(pairs)
 
 
 def prepare(torch: types.ModuleType) -> None:
     """The ban's one-off work, before any ban is installed: torch's loaded functions guarded, the operator
     list and the plans of the bans parts use. The zygote does it once before it forks."""
     guard_loaded(torch)
-    plan(torch, ())
-    plan(torch, ("softmax",))
+    plan(torch, ("softmax", "softmin", "logsumexp", "logcumsumexp", "crossentropy", "rotary"))
 
 
 def _audit(event: str, args: tuple, _missing: Any = None, _torch: str = "\0", _own: str = "\0", _function: Any = None,
-           _code: Any = None, _error: Any = PermissionError, _type: Any = type, _str: Any = str) -> None:
+           _code: Any = None, _error: Any = PermissionError, _type: Any = type, _str: Any = str, _refused: tuple = (),
+           _notfound: Any = ImportError) -> None:
     """The audit hook (part 3 of the ban); its defaults are set once, by :func:`ban_for_life`, before it is added.
 
-    Events: running code (``exec``) or making a function of it (``function.__new__``); setting or deleting an
+    Events: importing a library outside the vocabulary (``import``: refused as not found, so torch's own
+    optional imports of it fall back as they do without it); running code (``exec``) or making a function of it
+    (``function.__new__``); setting or deleting an
     attribute of a function (``object.__setattr__``/``__delattr__``: its code, defaults); tracing
     (``sys.settrace``/``sys.setprofile``, which could change this hook's own local variables as it runs). It
     tests types with ``type()`` and calls ``str``'s own methods, so an object handed to it runs no code of its
     own here."""
     if _type(event) is not _str:
         return
-    if event == "exec" or event == "function.__new__":
+    if event == "import":
+        name = args[0]
+        if _type(name) is _str:
+            for lib in _refused:
+                if name == lib or _str.startswith(name, lib + "."):
+                    raise _notfound(_str.join("", (name, " is outside this exercise's vocabulary: the grader's process "
+                                                  "does not import it (see 'What your code may call')")), name=name)
+    elif event == "exec" or event == "function.__new__":
         code = args[0]
         if _type(code) is _code and _str.startswith(code.co_filename, _torch):
             name = _missing(code)
@@ -407,8 +422,8 @@ def ban_for_life(torch: types.ModuleType, fragments: tuple[str, ...]) -> list[tu
     _missing_check.__defaults__ = (code_kind, types.CodeType, checks, type)
     code_kind.__defaults__ = (ban_kind, ("softmax", "logsumexp"), str)
     _audit.__defaults__ = (_missing_check, _STATE["torch_root"], HERE, types.FunctionType, types.CodeType,
-                           PermissionError, type, str)
-    ban_kind.__defaults__ = ("attention", "softmax", str)
+                           PermissionError, type, str, torch_names.refused_imports(fragments), ModuleNotFoundError)
+    ban_kind.__defaults__ = ("attention", "softmax", str, "logsumexp")
     sys.addaudithook(_audit)
     _STATE["banned"] = fragments
     return pairs

@@ -70,15 +70,25 @@ def is_torch_attention(name: str) -> str | None:
     return None
 
 
+IMPORT = "import:"  # a ban ``import:LIB`` refuses importing LIB and its submodules (a library outside the vocabulary)
+
+
 def runtime_fragments(banned: Iterable[str]) -> list[str]:
-    """The squashed fragments an operator's name must contain to be refused, for a part's banned names."""
-    return sorted({RUNTIME_FRAGMENTS.get(squash(b), squash(b)) for b in banned if squash(b)})
+    """The squashed fragments an operator's name must contain to be refused, for a part's banned names; a ban
+    ``import:LIB`` (a library outside the part's vocabulary) is kept as it is."""
+    return sorted({b if b.startswith(IMPORT) else RUNTIME_FRAGMENTS.get(squash(b), squash(b))
+                   for b in banned if squash(b)})
+
+
+def refused_imports(fragments: Iterable[str]) -> tuple[str, ...]:
+    """The libraries whose import a process banned for ``fragments`` refuses."""
+    return tuple(sorted(f[len(IMPORT):] for f in fragments if f.startswith(IMPORT)))
 
 
 def matching_ops(op_names: Iterable[str], fragments: Iterable[str]) -> list[str]:
     """The aten operators (``aten::name.overload``, as the dispatcher lists them) a guard refuses:
     those whose base name contains one of ``fragments`` (squashed) or an attention fragment (raw)."""
-    fragments = list(fragments)
+    fragments = [f for f in fragments if not f.startswith(IMPORT)]
     found = []
     for full in op_names:
         if not full.startswith("aten::"):

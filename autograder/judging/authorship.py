@@ -98,15 +98,6 @@ def _tampering(n: ast.AST, unit: "_Unit", ctx: "_Context") -> str | None:
     return None
 
 
-def _forbidden(name: str, extra: Mapping[str, str]) -> str | None:
-    """What ``name`` is among a part's forbidden names: an exact match, or a name that contains one
-    whatever its case and underscores (``F.softmin``, ``torch._softmax``, ``aten._safe_softmax``, ``nn.LogSoftmax``)."""
-    if name in extra:
-        return extra[name]
-    low = squash(name)
-    return next((what for key, what in extra.items() if squash(key) and squash(key) in low), None)
-
-
 @dataclass
 class _Context:
     """What the whole notebook defines, for the exemptions and for folding strings."""
@@ -136,70 +127,22 @@ class _Unit:
         return not self.is_def or name in self.reads
 
 
-def _offences(unit: _Unit, extra: Mapping[str, str], ctx: _Context, base: bool = True) -> list[str]:
-    """What in ``unit`` delegates (``extra``: names this part must not use, with what they are;
-    ``base``: also the reference package and torch's attention, which no part may use).
-
-    ``self.<name>`` is the student's own when the student defines ``<name>`` (a method or attribute),
-    even when it shares a name with torch's; so is ``Cls.<m>``, ``Cls().<m>`` and ``obj.<m>`` with
-    ``obj = Cls(...)`` when ``Cls`` is a class of the student's that defines ``m``.
-    """
+def _offences(unit: _Unit, ctx: _Context) -> list[str]:
+    """What in ``unit`` reaches into the grader's process (see ``TAMPERING_ATTRS``)."""
     found: list[str] = []
     for n in unit.nodes:
-        tamper = _tampering(n, unit, ctx) if base else None
+        tamper = _tampering(n, unit, ctx)
         if tamper:
             found.append(f"uses {tamper}, which reaches into the grader's own process (its run-time guard, its "
                          "request loop); an answer has no use for it")
-            continue
-        if isinstance(n, ast.Import):
-            if base:
-                found += ["imports the reference package attnkit" for a in n.names if a.name.split(".")[0] == "attnkit"]
-            for a in n.names:
-                if a.name in ctx.modules:
-                    continue  # the student's own module (``%%writefile my_softmax.py``), in any import form
-                what = _forbidden(a.name.split(".")[-1], extra)
-                if what:
-                    found.append(f"uses {what}")
-        elif isinstance(n, ast.ImportFrom):
-            if (n.module or "") in ctx.modules:
-                continue  # the student's own module: its names are the student's, whatever they contain
-            if base and (n.module or "").split(".")[0] == "attnkit":
-                found.append("imports the reference package attnkit")
-            for a in n.names:
-                what = (is_torch_attention(a.name) if base else None) or _forbidden(a.name, extra)
-                if what:
-                    found.append(f"uses {what}")
-        elif isinstance(n, ast.Attribute):
-            if not isinstance(n.ctx, ast.Load) or _students_own(n, unit, ctx):
-                continue  # storing an attribute (``ctx.softmax_out = ...``) is never using torch's
-            what = (is_torch_attention(n.attr) if base else None) or _forbidden(n.attr, extra)
-            if what:
-                found.append(f"uses {what}")
-        elif isinstance(n, ast.Name) and n.id == "attnkit":
-            if base:
-                found.append("uses the reference package attnkit")
-        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and unit.is_global(n.id) \
-                and n.id not in ctx.globals_bound:
-            # A name no cell binds: a builtin, or a name a star import brought (``from torch.ao.nn.quantizable
-            # import *`` then ``MultiheadAttention(...)``); read like an imported name.
-            what = (is_torch_attention(n.id) if base else None) or _forbidden(n.id, extra)
-            if what:
-                found.append(f"uses {what} (a name no cell defines: from a star import)")
         elif _looks_up(n):
             for arg in ast.walk(n):
                 text = _fold(arg, unit, ctx)
                 if text is None or text in ctx.modules:  # the student's own module, looked up by its name
                     continue
-                low = text.lower()
-                if base and any(h in low for h in STRING_HINTS):
-                    found.append(f"looks up {text[:60]!r} by name (a way to reach the reference or torch's own attention)")
-                elif base and (squash(text) in TAMPER_HINTS or text in TAMPERING_MODULES):
+                if squash(text) in TAMPER_HINTS or text in TAMPERING_MODULES:
                     found.append(f"looks up {text[:60]!r} by name, which reaches into the grader's own process "
                                  "(its run-time guard, its request loop)")
-                else:
-                    what = next((w for key, w in extra.items() if squash(key) and squash(key) in squash(text)), None)
-                    if what:
-                        found.append(f"looks up {text[:60]!r} by name (a way to reach {what})")
     return found
 
 
@@ -516,17 +459,16 @@ def bound_names(code: str | Sequence[str]) -> set[str]:
 
 def delegations(code: str | Sequence[str], parts: Iterable[str],
                 extra: Mapping[str, Mapping[str, str]] | None = None, budget_s: float | None = None,
-                provided: Iterable[str] = ()) -> dict[str, str]:
-    """Map each part whose answer delegates to a sentence saying how.
+                provided: Iterable[str] = (), assignment: str = "", setup: Sequence[str] = ()) -> dict[str, str]:
+    """Map each part that earns nothing to a sentence saying why: it reaches something outside its vocabulary
+    (:mod:`attnkit.vocabulary`: the rule the exercise prints), or the notebook reaches into the grader's process.
 
     ``code``: the student's cells in notebook order (a list of sources), or all of them joined in
-    one string; ``extra`` adds, per part, names that part must not use
-    (``{"softmax": {"softmax": "torch's softmax"}}``), there and in everything it reaches.
-    A helper that delegates taints every part that calls it; another part does not.
+    one string; ``assignment``: whose vocabularies (:data:`attnkit.vocabulary.VOCABULARIES`); ``extra``: per part,
+    more names outside (``{"softmax": {"softmax": "torch's softmax"}}``), added to its vocabulary's words;
+    ``setup``: the course's own cells (their imports and names resolve the student's), ``provided``: names they bind.
     Bounded: more than ``MAX_SCAN_CHARS`` of code, or more than ``budget_s`` seconds
     (``SCAN_SECONDS`` by default), raises :class:`ScanLimit`; the work is linear in the code's size.
-    ``provided``: global names the course's own cells bind (the setup cells, not scanned): a bare name among
-    them is the course's, not one a star import brought.
     """
     size = len(code) if isinstance(code, str) else sum(len(str(c)) for c in code)
     if size > MAX_SCAN_CHARS:
@@ -535,91 +477,87 @@ def delegations(code: str | Sequence[str], parts: Iterable[str],
     deadline = time.monotonic() + (SCAN_SECONDS if budget_s is None else budget_s)
     extra = extra or {}
     parts = list(parts)
+    trees = _parse(code)
     units = []
-    for tree in _parse(code):
+    for tree in trees:
         _check_budget(deadline)
         units += [_Unit(stmt) for stmt in _units(tree.body)]
     exports = _written_modules(code)
     ctx = _context(units, set(exports), exports)
     ctx.globals_bound |= set(provided)
     ctx.deadline = deadline
+    found: dict[str, str] = {}
+    # Code that reaches into the grader's process costs the parts that reach it; at module level it runs before
+    # any part is called, whoever calls it: every part is answered in a process it may have changed.
     for unit in units:  # importing the student's own module reads what it defines
         n = unit.stmt
         if isinstance(n, (ast.Import, ast.ImportFrom)):
             for m in [a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""]:
                 unit.reads |= exports.get(m, set())
-    # name -> the units binding it; its offences; the globals it reads
-    binders: dict[str, list[_Unit]] = {}
     defs: dict[str, tuple[list[str], set[str]]] = {}
     for unit in units:
         _check_budget(deadline)
-        off = _offences(unit, {}, ctx)
+        off = _offences(unit, ctx)
         for name in unit.bound:
-            binders.setdefault(name, []).append(unit)
             old = defs.get(name, ([], set()))
             defs[name] = (old[0] + off, old[1] | (unit.reads - {name}))
-    # Taint flows from a delegating global to the globals that read it, breadth first (each name once, so
-    # the work is linear); parts are graded on their own, so a part's taint does not flow to its callers.
     callers: dict[str, list[str]] = {}
     for name in sorted(defs):
         for ref in sorted(defs[name][1]):
             callers.setdefault(ref, []).append(name)
-    offence = {n: d[0][0] for n, d in defs.items() if d[0]}
-    hops: dict[str, str] = {}  # a tainted name -> the tainted global it calls
-    todo = collections.deque(sorted(offence))
+    tampers = {n: d[0][0] for n, d in defs.items() if d[0]}
+    hops: dict[str, str] = {}
+    todo = collections.deque(sorted(tampers))  # and the helpers that call them, as far as they go
     while todo:
         _check_budget(deadline)
         at = todo.popleft()
-        if at in parts:
-            continue
         for caller in callers.get(at, ()):
-            if caller not in offence and caller not in hops:
+            if caller not in tampers and caller not in hops:
                 hops[caller] = at
                 todo.append(caller)
-    found = {p: f"{p} {_chain_sentence(p, hops, offence)}" for p in parts if p in offence or p in hops}
-    # Code that reaches into the grader's process at module level runs before any part is called, whoever
-    # calls it: every part is answered in a process it may have changed.
-    tampers = {n: next(o for o in d[0] if "grader's own process" in o) for n, d in defs.items()
-               if any("grader's own process" in o for o in d[0])}
-    todo = collections.deque(sorted(tampers))  # and the helpers that call them, as far as they go
-    while todo:
-        at = todo.popleft()
-        for caller in callers.get(at, ()):
-            if caller not in tampers:
-                tampers[caller] = f"calls {at}, which {tampers[at].removeprefix('calls ')}"
-                todo.append(caller)
+    for p in parts:
+        if p not in found and (p in tampers or p in hops):
+            found[p] = f"{p} {_chain_sentence(p, hops, tampers)}"
     tamper = next((f"the notebook at module level {off}" for unit in units if not unit.is_def
-                   for off in _offences(unit, {}, ctx) if "grader's own process" in off), None) or next(
-        (f"the notebook at module level calls {name}, which {tampers[name]}" for unit in units if not unit.is_def
-         for name in sorted(unit.reads) if name in tampers), None)
+                   for off in _offences(unit, ctx)), None) or next(
+        (f"the notebook at module level calls {name}, which {_chain_sentence(name, hops, tampers)}"
+         for unit in units if not unit.is_def for name in sorted(unit.reads) if name in tampers or name in hops), None)
     if tamper:
         found.update({p: f"{p} earns nothing: {tamper}" for p in parts if p not in found})
-    for p in parts:
-        if p not in found and extra.get(p):
-            how = _reaches_forbidden(p, parts, extra[p], binders, defs, ctx)
-            if how:
-                found[p] = f"{p} {how}"
+    _check_budget(deadline)
+    for p, why in _vocabulary_findings(code, trees, [p for p in parts], assignment, extra, setup).items():
+        found.setdefault(p, why)
     return {p: found[p] for p in parts if p in found}
 
 
-def _reaches_forbidden(part: str, parts: list[str], banned: Mapping[str, str], binders: dict[str, list[_Unit]],
-                       defs: dict[str, tuple[list[str], set[str]]], ctx: _Context) -> str | None:
-    """How ``part`` uses one of its banned names: itself, or in a global it reaches (not through other parts)."""
-    via: dict[str, str | None] = {part: None}
-    todo = [part]
-    while todo:
-        name = todo.pop(0)
-        for unit in binders.get(name, []):
-            _check_budget(ctx.deadline)
-            off = _offences(unit, banned, ctx, base=False)
-            if off:
-                chain, at = [], name
-                while via[at] is not None:
-                    chain.append(at)
-                    at = via[at]
-                return "".join(f"calls {n}, which " for n in reversed(chain)) + off[0]
-        for ref in sorted(defs.get(name, ([], set()))[1]):
-            if ref in binders and ref not in via and ref not in parts:
-                via[ref] = name
-                todo.append(ref)
-    return None
+def _vocabulary_findings(code: str | Sequence[str], trees: list[ast.Module], parts: list[str], assignment: str,
+                         extra: Mapping[str, Mapping[str, str]], setup: Sequence[str]) -> dict[str, str]:
+    """Each part's first call outside its vocabulary, as a sentence (:func:`attnkit.vocabulary.outside`)."""
+    from dataclasses import replace
+
+    from attnkit.vocabulary import outside, vocabulary
+
+    modules: dict[str, str] = {}
+    cells: list[str] = []
+    if isinstance(code, str):
+        cells = [ast.unparse(t) for t in trees]  # repaired statement by statement, as the scan reads it
+    else:
+        for cell in code:
+            magic = cell_magic(str(cell))
+            if magic and magic[0] in ("writefile", "file"):
+                name = (magic[1].split() or [""])[-1].strip("'\"")
+                if name.endswith(".py") and "/" not in name:
+                    modules[name[:-3]] = modules.get(name[:-3], "") + magic[2] + "\n"
+                continue
+            try:
+                cells.append(strip_magics(str(cell)))
+            except Exception:  # noqa: BLE001 - IPython's transformer choked: the cell is read as it is
+                cells.append(str(cell))
+    table = {}
+    for p in parts:
+        if extra.get(p):
+            v = vocabulary(assignment, p)
+            table[p] = replace(v, words=v.words + tuple(squash(name) for name in extra[p]),
+                               topic=v.topic if v.words else f"`{p}` is yours to write here")
+    found = outside(cells, parts, assignment, setup=setup, modules=modules, table=table)
+    return {p: f"{p} " + found[p][0].sentence().removeprefix(f"{p} ") for p in found}

@@ -4,7 +4,8 @@ The flow for one notebook:
 
 1. read it defensively (:mod:`autograder.notebook`); a broken file scores 0 with a reason;
 2. plan the cells: the student's answers, with read-only cells from the source and no test cells;
-3. scan the answers for delegation to ``attnkit`` or torch's attention (:mod:`autograder.judging.authorship`);
+3. read what each part reaches against its vocabulary, the rule the exercise prints (:mod:`attnkit.vocabulary`,
+   :mod:`autograder.judging.authorship`): a part that calls outside it earns nothing;
 4. start a sandbox, run the planned cells one by one (a cell that hangs or kills the process
    is skipped on a fresh sandbox, so later answers still count);
 5. run each check of the assignment's suite against the sandbox; a check that hangs or crashes
@@ -144,7 +145,8 @@ def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *
     setup_code = [code for label, code in plan.cells if label.startswith("setup cell")]
     try:
         delegated = authorship.delegations(student_code, parts, getattr(suite, "forbidden", {}),
-                                           provided=authorship.bound_names(setup_code))
+                                           provided=authorship.bound_names(setup_code), assignment=assignment,
+                                           setup=setup_code)
     except authorship.ScanLimit as e:
         return fail_all(str(e))
 
@@ -168,7 +170,8 @@ def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *
             bad = [delegated[p] for p in check.parts if p in delegated]
             if bad:
                 result.tests.append(TestResult(cell.grade_id, check.doc, 0.0, cell.points,
-                                               f"earns no points: {bad[0]}; write it yourself"))
+                                               f"earns no points: {bad[0]}; write it yourself (see the "
+                                               "exercise's 'What your code may call')"))
                 continue
             session = session_for(check.parts)
             box = session.ready(extra=0 if set(check.parts) & stopped_parts else len(parts))

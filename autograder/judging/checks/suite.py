@@ -58,8 +58,14 @@ class Suite:
             self.add(f"test_{name}", [name], lambda t, name=name, q=q: q.judge(t.value(name), name), q.words, q.points)
 
     def bans(self, parts: Iterable[str]) -> tuple[str, ...]:
-        """The names banned while a check of ``parts`` runs: every ban of every part it exercises."""
-        return tuple(sorted({name for p in parts for name in self.forbidden.get(p, {})}))
+        """What is refused at run time while a check of ``parts`` runs: for every part it exercises, its vocabulary's
+        run-time words (:meth:`attnkit.vocabulary.Vocabulary.runtime_words`: the operators that do its topic, the
+        libraries outside) and the names of ``forbidden``."""
+        from attnkit.vocabulary import vocabulary
+
+        parts = list(parts)
+        return tuple(sorted({name for p in parts for name in self.forbidden.get(p, {})} | {
+            word for p in parts for word in vocabulary(self.assignment, p).runtime_words()}))
 
     def run(self, grade_id: str, backend: Backend, seed: int) -> None:
         """Run the check of test cell ``grade_id`` on the student's code behind ``backend``.
