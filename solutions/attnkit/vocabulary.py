@@ -158,52 +158,34 @@ def vocabulary(assignment: str, part: str) -> Vocabulary:
 
 # -- what the exercise's text says ---------------------------------------------------------------------------------
 
-def _torch_names_outside(v: Vocabulary) -> list[str]:
-    """The public names of torch's modules (and tensor methods) this vocabulary leaves out, for the text."""
-    import torch
-
-    found = set()
-    spaces = {"torch": torch, "F": torch.nn.functional, "nn": torch.nn, "torch.special": torch.special,
-              "Tensor": torch.Tensor}
-    for label, space in spaces.items():
-        for name in dir(space):
-            if name.startswith("_") and not name.startswith("__"):
-                continue
-            if v.word_in(name) and not (ATTENTION_WORDS and all(w in ATTENTION_WORDS for w in [v.word_in(name)])):
-                found.add(f"{label}.{name}")
-            elif name in v.names:
-                found.add(f"{label}.{name}")
-    return sorted(found)
-
-
 def describe(assignment: str, parts: Iterable[str]) -> str:
-    """The exercise's text for the vocabularies of ``parts`` (markdown): printed into the notebook."""
-    lines = ["**What your code may call.** Each part is yours to write: it may call your own functions and "
-             "classes, Python's builtins, `math` and numpy, and torch (`torch`, `torch.nn`, "
-             "`torch.nn.functional`, `torch.linalg`, `torch.special`, tensor methods, ...), except torch's own "
-             "attention (any name with *attention*, *transformer* or *scaled_dot_product* in it). Not: "
-             "the course's `attnkit`, other libraries (`scipy`, `triton`, ...), other torch modules "
-             "(`torch.distributions`, `torch.onnx`, `torch.nn.attention`, `torch.ops`, ...), and calls whose "
-             "target the code does not name (`eval`, `exec`, `__import__`, `getattr` with a name computed at run "
-             "time, `globals()`, a star import). Parts with more to write themselves:", ""]
+    """The exercise's text for the vocabularies of ``parts`` (markdown): written into the notebook."""
+    lines = ["Each part is yours to write. It may call your own functions and classes, Python's builtins, `math` "
+             "and numpy, and torch: `torch`, `torch.nn`, `torch.nn.functional`, `torch.linalg`, `torch.special`, "
+             "`torch.fft`, `torch.autograd` and tensor methods, except torch's own attention (any name with "
+             "*attention*, *transformer* or *scaled_dot_product* in it). Outside every part: the course's `attnkit`, "
+             "other libraries (`scipy`, `triton`, ...), torch's other modules (`torch.distributions`, `torch.onnx`, "
+             "`torch.nn.attention`, `torch.ops`, `torch._refs`, ...), and calls whose target the code does not name "
+             "(`eval`, `exec`, `__import__`, `getattr` with a name computed at run time, `globals()`, a name from a "
+             "star import)."]
     special = [(p, vocabulary(assignment, p)) for p in parts if vocabulary(assignment, p) != BASE]
+    if special:
+        lines += ["", "Some parts leave out more, because computing it is the exercise:", ""]
     for part, v in special:
         out = []
         if v.words:
             out.append("any name containing " + ", ".join(f"*{w}*" for w in v.words))
         if v.names:
-            out.append("`" + "`, `".join(v.names) + "`")
+            out.append(", ".join(f"`{n}`" for n in v.names))
         if v.operators:
             out.append("the operator " + ", ".join(f"`{o}`" for o in v.operators))
         libs = [lib for lib in v.libraries if lib not in PYTHON_MODULES]
         extra = f" It may also use `{'`, `'.join(libs)}`." if libs else ""
-        lines.append(f"* `{part}` computes {v.topic} itself: also outside are {'; '.join(out)}.{extra}")
-    if not special:
-        lines[0] = lines[0].removesuffix(" Parts with more to write themselves:")
-        lines = lines[:1]
-    lines.append("")
-    lines.append("The first visible test of each part checks this (`check_vocabulary`), and the grader "
-                 "enforces the same rule: a part that calls something outside earns no points.")
+        lines.append(f"* `{part}`: {v.topic}, so these are outside too: {'; '.join(out)}.{extra}")
+    lines += ["", "The first visible test of each part checks this (`check_vocabulary`); the grader enforces the same "
+              "rule, and a part that calls something outside earns no points. At run time the grader's process "
+              "also refuses torch's kernels for a part's topic however they are reached (a distribution built from "
+              "logits computes a softmax) and does not import a library outside."]
     return "\n".join(lines).strip() + "\n"
 
 
