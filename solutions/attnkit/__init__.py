@@ -2,7 +2,7 @@
 
 One module per concept, in the order the book teaches them. A module may import
 only modules listed above it (and torch); nothing in the package imports
-``torch_twins``, ``plotting``, ``bench`` or ``flash_triton``. Every name below is exported here,
+``torch_twins``, ``plotting``, ``bench``, ``flash_triton`` or ``vocabulary``. Every name below is exported here,
 but those of the modules marked "not imported here".
 
 ``validation`` (all chapters)
@@ -72,6 +72,10 @@ but those of the modules marked "not imported here".
     ``flash_attention`` (differentiable), ``flash_attention_forward`` (with the
     log-sum-exp), ``INTERPRETED``;
     ``python -m attnkit.flash_triton --bench`` times it against torch's attention on a GPU.
+``vocabulary`` (every exercise; not imported here)
+    What each graded part may call, one table for the exercise's text, its visible
+    tests and the grader: ``Vocabulary``, ``VOCABULARIES``, ``vocabulary``, ``describe``,
+    ``outside``, ``check_vocabulary``.
 
 Every attention function has the signature ``(query, key, value, mask=None) ->
 (output, weights)``; ``MultiHeadAttention``, ``SelfAttention``, ``CrossAttention``
