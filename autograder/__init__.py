@@ -40,7 +40,7 @@ IMPORTS: dict[str, frozenset[str]] = {
     "records": frozenset({"records"}) | _FOUNDATIONS,
     "notebook": frozenset(),
     "course": frozenset(),
-    "nbgrader_config": frozenset({"course"}),
+    "nbgrader_config": frozenset({"course", "records"}),  # records.doors: nbgrader's own doors
     "batch": _EVERYTHING - {"cli"},
     "cli": _EVERYTHING,
     "__main__": frozenset({"cli"}),

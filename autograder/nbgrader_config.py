@@ -69,6 +69,14 @@ c.HTMLExporter.filters = {"clean_html": "autograder.records.written.clean_html",
 c.GenerateFeedback.preprocessors = ["autograder.records.plugins.FeedbackGrades",
                                     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor"]
 c.ExecutePreprocessor.timeout = 120
+# nbgrader's own doors agree with the grader (autograder/records/doors.py): its autograde (formgrader's button,
+# `nbgrader autograde`) is refused, since it would run student code outside the sandbox, and names the command
+# that grades; formgrader lists the gradebook's students only (a removed student stays removed) and shows work
+# the grader graded as autograded. To run nbgrader's unsandboxed autograde anyway, set after this line:
+#     c.Autograde.exporter_class = "nbconvert.exporters.NotebookExporter"
+from autograder.records import doors  # noqa: E402
+
+doors.install(c)
 c.Execute.timeout = 120
 
 # Late work: 10% of a notebook's score per day (or part of one) past the due date, at most 100%.

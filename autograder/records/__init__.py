@@ -11,6 +11,8 @@ file                its one job
 ``collector``       the submission's time: the collector's (LMS download, exchange), the
                     student's ``timestamp.txt`` checked against it
 ``plugins``         nbgrader plugins: late penalty per day, Canvas export, LMS file names
+``doors``           nbgrader's own doors agreeing with the grader: its autograde refused (unsandboxed),
+                    formgrader listing the gradebook's students and the grader's work as graded
 ``similarity``      the instructor's similarity report (copydetect): ranks answers, changes no
                     grade
 ==================  ==========================================================================
