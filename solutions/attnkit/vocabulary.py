@@ -35,6 +35,7 @@ import ast
 import builtins
 import inspect
 import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -44,15 +45,21 @@ TORCH_MODULES = ("torch", "torch.nn", "torch.nn.functional", "torch.nn.init", "t
                  "torch.nn.modules", "torch.linalg", "torch.special", "torch.fft", "torch.autograd",
                  "torch.jit", "torch.cuda", "torch.backends", "torch.testing", "torch.amp", "torch.random",
                  "torch.types")
-# Python's own modules that compute nothing of a part's topic (reflection excluded: see REFLECTION).
-PYTHON_MODULES = ("math", "cmath", "functools", "itertools", "collections", "dataclasses", "typing", "numbers",
-                  "enum", "abc", "copy", "warnings", "contextlib", "operator", "string", "random", "time",
-                  "statistics", "__future__", "numpy")
+# Python's standard library computes nothing of a part's topic; these of its modules reach a name or an object
+# computed at run time (imports by name, frames, the object graph, code objects, unpickling), so they are outside.
+REFLECTIVE_MODULES = ("importlib", "ctypes", "_ctypes", "inspect", "gc", "pickle", "_pickle", "marshal", "copyreg",
+                      "shelve", "code", "codeop", "runpy", "pkgutil", "zipimport", "builtins", "dill")
+PYTHON_MODULES = tuple(sorted(set(getattr(sys, "stdlib_module_names", ())) - set(REFLECTIVE_MODULES)) + ["numpy"]) \
+    if hasattr(sys, "stdlib_module_names") else ("math", "cmath", "functools", "itertools", "collections",
+                                                 "dataclasses", "typing", "numbers", "enum", "abc", "copy", "warnings",
+                                                 "contextlib", "operator", "string", "random", "time", "statistics",
+                                                 "__future__", "sys", "os", "numpy")
 # Builtins (and functions) that reach a name computed at run time: outside every part, except ``getattr``,
 # ``hasattr``, ``setattr`` and ``delattr`` with a constant name (read as the attribute), or on the student's own
 # object.
 REFLECTION = {"eval", "exec", "compile", "__import__", "globals", "vars", "locals", "breakpoint"}
-PATH_REFLECTION = {"methodcaller", "attrgetter", "import_module", "__getattribute__", "__dict__", "__builtins__"}
+PATH_REFLECTION = {"methodcaller", "attrgetter", "import_module", "__getattribute__", "__dict__", "__builtins__",
+                   "__globals__", "__closure__", "__code__", "__subclasses__", "__mro__", "__bases__"}
 ATTRIBUTE_BUILTINS = {"getattr", "hasattr", "setattr", "delattr"}
 
 ATTENTION_WORDS = ("attention", "transformer", "scaleddotproduct")
@@ -491,6 +498,8 @@ class _Reader:
             import importlib
 
             segments = path.split(".")
+            if segments[:2] == ["sys", "modules"]:
+                return add(n, f"`{path}`", "it reaches a module by a name computed at run time")
             if segments[0] == "torch" and len(segments) > 1 and (segments[1] in ("ops", "library") or (
                     segments[1].startswith("_") and not segments[1].startswith("__"))):
                 return add(n, f"`{path}`", f"`torch.{segments[1]}` is torch's machinery, not one of the modules this "
@@ -515,6 +524,7 @@ class _Reader:
                 add(n, f"`{path}`", f"`{module}` is not one of the modules this part may use")
 
         skip: set[int] = set()  # nodes already judged (importlib.import_module("the_students_own_module"))
+        called = {id(c.func) for c in ast.walk(node) if isinstance(c, ast.Call)}
         for n in _shallow(node) if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else ast.walk(node):
             if isinstance(n, ast.ClassDef) and n is not node:
                 continue
@@ -575,6 +585,13 @@ class _Reader:
             elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in local and id(n) not in skip \
                     and not (cls and n.id in ("self", "cls")):
                 target = self._global(n.id, unit, visit_name, others)
+                if target == ("builtin", n.id) and (n.id in REFLECTION or n.id in ATTRIBUTE_BUILTINS) \
+                        and id(n) not in called:
+                    add(n, f"`{n.id}` passed as a value", "what it reaches is computed at run time")
+                    continue
+                if n.id == "__builtins__":
+                    add(n, "`__builtins__`", "it reaches a name computed at run time")
+                    continue
                 if target is None:
                     add(n, f"`{n.id}`", "it comes from a star import, whose names the code does not show")
                 elif target[0] == "module" and target[1].split(".")[0] not in self.modules:
