@@ -30,9 +30,9 @@ STATED_REQUIREMENTS = requirements({  # name -> (check(s), words of the message,
     'the running max rescales the sum and the accumulator': (_TILES, 'rescale', 'rescales the sum and the accumulator',
         (_RAGGED, _CAUSAL)),
     'exp2 with log2(e) folded into the scale': (_TILES, 'log2(e)', 'log2(e) folded into the scale', KERNEL_CHECKS[1:]),
-    'masked loads': (_RAGGED, 'tl.load without a mask', 'a mask on every tl.load and tl.store'),
-    'masked stores': (_RAGGED, 'tl.store without a mask', 'a mask on every tl.load and tl.store'),
-    'keys past m are not attended': (_RAGGED, 'positions >= m', 'keys past the end (positions >= m)'),
+    'masked loads': (_RAGGED, 'tl.load without a mask', 'a mask on every tl.load and tl.store', (_CAUSAL,)),
+    'masked stores': (_RAGGED, 'tl.store without a mask', 'a mask on every tl.load and tl.store', (_CAUSAL,)),
+    'keys past m are not attended': (_RAGGED, 'positions >= m', 'keys past the end (positions >= m)', (_CAUSAL,)),
     'causal: query i sees keys j <= i': (_CAUSAL, 'j <= i', 'query i sees the keys j <= i'),
     'the log-sum-exp is a natural log': (_LSE, 'natural log', 'as a natural logarithm'),
     'no bfloat16 in tl.dot': (_TILES, 'bfloat16', "keep tl.dot's operands in the dtype", KERNEL_CHECKS[1:]),
@@ -211,7 +211,8 @@ def _raw(x):
 
 
 def _padded(x, tail, fill):
-    return torch.cat([_raw(x), torch.full((tail,), fill, dtype=x.dtype)])
+    """x's memory followed by at least ``tail`` elements of ``fill``, and by at least as many as x has."""
+    return torch.cat([_raw(x), torch.full((max(tail, x.numel()),), fill, dtype=x.dtype)])
 
 
 class Launch:
@@ -224,7 +225,7 @@ class Launch:
     def __init__(self, q, k, v, tail):
         self.q, self.k, self.v = (_padded(x.contiguous(), tail, float("nan"))[: x.numel()].view(x.shape)
                                   for x in (q, k, v))
-        self.o_buf = torch.full((q.numel() + tail,), UNWRITTEN, dtype=q.dtype)
+        self.o_buf = torch.full((q.numel() + tail,), UNWRITTEN, dtype=q.dtype)  # tail: as the judge sends it
         self.lse_buf = torch.full((q[..., 0].numel() + tail,), UNWRITTEN, dtype=torch.float32)
 
     def __call__(self, kernel, qk_scale, causal, block_m, block_n):
@@ -329,6 +330,12 @@ class Recorder:
 assert f"UNWRITTEN = {UNWRITTEN}" in TOOLS
 
 
+def _tail(q: Tensor) -> int:
+    """How far the grader's buffers go on past the end: a whole tensor more (a store at the wrong head or with no
+    mask lands there, not in another buffer)."""
+    return q.numel() + 64 * q.shape[-1]
+
+
 def _kernel(t: Trial) -> Obj:
     """The grader's tools around the student's kernel object (the object itself, never called by name)."""
     ref = t.backend.ask({"op": "ref", "target": KERNEL})
@@ -392,9 +399,10 @@ def _launch(t: Trial, tools: Obj, q: Tensor, k: Tensor, v: Tensor, causal: bool,
     past the end of either fails the check (``ir``: the kernel's IR, which says whether its stores are masked)."""
     B, H, n, d = q.shape
     scale = LOG2_E / math.sqrt(d) if qk_scale is None else qk_scale
-    got = tools.method("launch", q, k, v, 64 * d, scale, causal, bm, bn)
+    tail = _tail(q)
+    got = tools.method("launch", q, k, v, tail, scale, causal, bm, bn)
     if not (isinstance(got, tuple) and len(got) == 3 and isinstance(got[0], Tensor) and isinstance(got[1], Tensor)
-            and got[0].numel() == q.numel() + 64 * d and got[1].numel() == B * H * n + 64 * d):
+            and got[0].numel() == q.numel() + tail and got[1].numel() == B * H * n + tail):
         raise CheckFailed("the kernel's outputs could not be read back")
     o_buf, lse_buf, error = got
     if error is not None:
@@ -531,17 +539,17 @@ def _kernel_cases(t: Trial, causal: bool, cases: list[tuple[int, ...]], masks: b
         named = {RESCALE.format(what="the sum or the accumulator"): e(rescale_acc=False, rescale_sum=False)[0],
                  RESCALE.format(what="the accumulator"): e(rescale_acc=False)[0],
                  RESCALE.format(what="the running sum"): e(rescale_sum=False)[0], EXP: e(natural_exp=True)[0]}
-        if m % bn:
+        if m % bn and not causal:
             named["keys past the end (positions >= m) are not masked: give their scores -inf (tl.where(keys < m, s, "
                   "-inf)); loaded as zeros they still score 0 and take weight"] = e(mask_past_m=False)[0]
         if causal:
             named[f"inside the diagonal tile, later keys are not masked: with CAUSAL, {SEES} (stopping the loop after "
                   "the diagonal tile skips whole tiles only)"] = e(tile_causal=True)[0]
             named[f"CAUSAL is ignored: with CAUSAL, {SEES}"] = emulate(q, k, v, False, bm, bn)[0]
-            if m % bn or n > m:
-                named[f"with CAUSAL, the causal mask replaces the length mask: keys past the end (positions >= m) "
-                      f"are still seen by the queries after them; {SEES} and j < m, both masks together"] = \
-                    e(mask_past_m=False)[0]
+            if m % bn:
+                named[f"keys past the end (positions >= m) are not masked (with CAUSAL, the causal mask replaces the "
+                      f"length mask?): queries after position m still see them, loaded as zeros; {SEES} and j < m, "
+                      "both masks together"] = e(mask_past_m=False)[0]
             if bn > bm:
                 named[f"with BLOCK_N > BLOCK_M, the key tile that straddles the diagonal is not masked (tiles before "
                       f"the diagonal tile are not all wholly below it): {SEES}; mask every key tile that can hold a "
@@ -555,7 +563,7 @@ for _gid, _causal, _cases, _doc in (
         (_TILES, False, [(1, 3, 128, 128, 32, 64, 64), (1, 1, 64, 128, 16, 64, 32)],
          "The kernel, lowered for a GPU and launched on the stated grid: several query and key tiles equal "
          "softmax(q k^T / sqrt(d)) v."),
-        (_RAGGED, False, [(1, 2, 100, 80, 16, 64, 64), (2, 1, 50, 130, 32, 64, 64)],
+        (_RAGGED, False, [(2, 1, 50, 130, 32, 64, 64), (1, 2, 100, 80, 16, 64, 64)],
          "Lengths that are not a multiple of the tiles: every tile's load and store masked, keys past m never "
          "attended."),
         (_CAUSAL, True, [(1, 2, 128, 128, 16, 64, 32), (1, 1, 130, 100, 16, 64, 64), (1, 1, 128, 128, 16, 32, 64)],
@@ -739,7 +747,7 @@ def wrapper_launch(t: Trial) -> None:
         launch = _one_launch(launches, what)
         _arguments(launch, what, q, k, v, causal, bm, bn)
         out, lse = _returned(result, launch, what, B, H, n, d)
-        got = tools.method("launch", q, k, v, 64 * d, LOG2_E / math.sqrt(d), causal, bm, bn)
+        got = tools.method("launch", q, k, v, _tail(q), LOG2_E / math.sqrt(d), causal, bm, bn)
         if not (isinstance(got, tuple) and len(got) == 3 and isinstance(got[0], Tensor) and isinstance(got[1], Tensor)):
             raise CheckFailed("the kernel's outputs could not be read back")
         for mine, own in ((out.flatten(), got[0][: out.numel()]), (lse.flatten(), got[1][: lse.numel()])):
