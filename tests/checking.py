@@ -14,8 +14,12 @@ from autograder.judging.authorship import delegations
 
 
 def namespace(code: str) -> dict:
+    import linecache
+
     ns: dict = {"__name__": "__main__"}
-    exec(compile(textwrap.dedent(code), "<answer>", "exec"), ns)
+    code = textwrap.dedent(code)
+    linecache.cache["<answer>"] = (len(code), None, code.splitlines(True), "<answer>")  # as the sandbox's cells
+    exec(compile(code, "<answer>", "exec"), ns)
     return ns
 
 

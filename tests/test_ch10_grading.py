@@ -195,7 +195,7 @@ def test_each_stated_requirement_broken_alone_is_named(name):
     ("lse = (m_i + tl.log2(l_i)) * 0.6931471805599453", "lse = m_i * 0.6931471805599453", "test_kernel_lse",
      "running max alone"),
     ("tl.store(LSE + bh * n + rows, lse, mask=rows < n)", "tl.store(LSE + bh * n + rows, lse)", "test_kernel_ragged",
-     "past the end of lse"),
+     "tl.store without a mask"),
 ], ids=["sum-not-rescaled", "causal-by-tiles-only", "lse-is-the-max", "lse-store-unmasked"])
 def test_kernel_mistake_named(old, new, gid, words):
     message = run_checks(A, mutate(REF, old, new), [gid])[gid]

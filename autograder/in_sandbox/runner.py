@@ -257,6 +257,13 @@ class Runner:
         self.refs[len(self.refs) + 1] = obj
         return wire.Ref(len(self.refs))
 
+    def op_ref(self, req: Mapping[str, Any]) -> wire.Ref:
+        """Keep the object the student named ``target`` as it is (not called) and send a reference: the judge hands
+        it to its own fixture (chapter 10's lowers the student's kernel and launches it)."""
+        obj = self.resolve(req["target"])
+        self.refs[len(self.refs) + 1] = obj
+        return wire.Ref(len(self.refs))
+
     def op_params(self, req: Mapping[str, Any]) -> dict[str, Any]:
         return {k: self.to_wire(v) for k, v in self.resolve(req["target"]).state_dict().items()}
 

@@ -10,13 +10,15 @@ interpreter runs is tested by its effect: tile sizes (a ValueError), masks (the 
 from __future__ import annotations
 
 import math
+import re
 from functools import partial
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from autograder.judging.checks import (PLACEHOLDER, CheckFailed, Obj, StudentError, Suite, Trial, close,
-                                       expect_value_error, fail_if_named, number, requirements)
+                                       expect_value_error, explained, fail_if_named, number, requirements)
 
 SUITE = Suite("10_flash_triton")
 KERNEL, WRAPPER = "flash_forward_kernel", "flash_attention_forward"
@@ -28,9 +30,9 @@ STATED_REQUIREMENTS = requirements({  # name -> (check(s), words of the message,
     'the running max rescales the sum and the accumulator': (_TILES, 'rescale', 'rescales the sum and the accumulator',
         (_RAGGED, _CAUSAL)),
     'exp2 with log2(e) folded into the scale': (_TILES, 'log2(e)', 'log2(e) folded into the scale', KERNEL_CHECKS[1:]),
-    'masked loads': (_RAGGED, 'without a mask', 'a mask on every tl.load and tl.store'),
-    'masked stores': (_RAGGED, 'past the end of o', 'a mask on every tl.load and tl.store'),
-    'keys past m are not attended': (_RAGGED, 'positions >= m', 'keys past the end (positions >= m)'),
+    'masked loads': (_RAGGED, 'tl.load without a mask', 'a mask on every tl.load and tl.store', (_CAUSAL,)),
+    'masked stores': (_RAGGED, 'tl.store without a mask', 'a mask on every tl.load and tl.store', (_CAUSAL,)),
+    'keys past m are not attended': (_RAGGED, 'positions >= m', 'keys past the end (positions >= m)', (_CAUSAL,)),
     'causal: query i sees keys j <= i': (_CAUSAL, 'j <= i', 'query i sees the keys j <= i'),
     'the log-sum-exp is a natural log': (_LSE, 'natural log', 'as a natural logarithm'),
     'no bfloat16 in tl.dot': (_TILES, 'bfloat16', "keep tl.dot's operands in the dtype", KERNEL_CHECKS[1:]),
@@ -54,64 +56,366 @@ SUITE.forbidden = {KERNEL: dict(_BANNED), WRAPPER: dict(_BANNED)}
 _same = partial(close, atol=1e-5, rtol=1e-5)  # equal up to float32 rounding
 
 
-# -- the judge's launch of the student's kernel, built in the student's process from this source ---------------------
+# -- the grader's tools in the student's process, built from this source (lower, launch, record) ------------------
 
 UNWRITTEN = -7777.0  # what the output buffers hold before the kernel writes them (exact in float32)
-LAUNCH = f'''
+TOOLS = '''"""The grader's tools for chapter 10, built from this source in the student's process (never a name of the
+student's): lower a kernel to Triton IR for a GPU target (no GPU needed), launch it on padded buffers, record the
+launches a wrapper makes. What they return is data (text, numbers, copies of memory); the judge decides."""
+
+import inspect
+import sys
+import types
+
 import torch
+import triton
+
+try:
+    from triton.runtime.interpreter import InterpretedFunction
+except ImportError:  # pragma: no cover - every Triton the course admits has the interpreter
+    InterpretedFunction = None
+from triton.runtime.jit import JITFunction
+
+KINDS = tuple(k for k in (JITFunction, InterpretedFunction) if k is not None)
+UNWRITTEN = -7777.0
+ARGS = 12  # Q, K, V, O, LSE, n, m, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM
+
+
+def _api():
+    """Triton's front end, as this Triton spells it: (ASTSource, make_backend, GPUTarget, ir); a clear error when it
+    moved."""
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler.compiler import ASTSource, make_backend
+        from triton._C.libtriton import ir
+        import triton.compiler.code_generator  # noqa: F401 - imported while the interpreter's flag is as it was
+    except ImportError as e:
+        raise RuntimeError(f"the grader cannot lower kernels with Triton {triton.__version__}: {e} (the course "
+                           "admits the Triton of requirements.txt)") from None
+    return ASTSource, make_backend, GPUTarget, ir
+
+
+def _remade(f, g):
+    new = types.FunctionType(f.__code__, g, f.__name__, f.__defaults__, f.__closure__)
+    new.__kwdefaults__, new.__annotations__ = f.__kwdefaults__, dict(getattr(f, "__annotations__", {}))
+    new.__module__, new.__qualname__, new.__doc__ = f.__module__, f.__qualname__, f.__doc__
+    return new
+
+
+def _jit(fn):
+    """Triton's own library function ``fn`` as a JITFunction, made once per process (reading its source is slow)."""
+    import triton.runtime.interpreter as interpreter
+
+    made = interpreter.__dict__.setdefault("_grader_jit_functions", {})
+    if fn not in made:
+        made[fn] = JITFunction(fn)
+    return made[fn]
+
+
+def _interpreted(val):
+    """Whether ``val`` is one of the interpreter's stand-ins for a piece of triton.language."""
+    import functools
+    import triton.runtime.interpreter as interpreter
+
+    if isinstance(val, functools.partial):
+        val = val.func
+    code = getattr(val, "__code__", None)
+    return val is print or (code is not None and code.co_filename == interpreter.__file__)
+
+
+class _Compiled:
+    """While lowering: every interpreted function in reach (the kernel's module, Triton's language modules and the
+    tensor methods they define) seen as the JITFunction it would be without the interpreter, and the interpreter's
+    flag off; everything put back after."""
+
+    def __init__(self, kernel):
+        self.kernel, self.undo = kernel, []
+
+    def _swap(self, owner, name, new):
+        self.undo.append((owner, name, owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)))
+        setattr(owner, name, new)
+
+    def __enter__(self):
+        fn = self.kernel.fn
+        if InterpretedFunction is None or type(self.kernel) is JITFunction:
+            self.flag = None
+            return self.kernel
+        g = dict(fn.__globals__)
+        own = fn.__globals__
+        for key, val in list(g.items()):
+            if type(val) is InterpretedFunction:
+                g[key] = JITFunction(_remade(val.fn, g) if val.fn.__globals__ is own else val.fn)
+        lang = triton.language
+        for name, module in list(sys.modules.items()):
+            if name.startswith("triton.language") and module is not None:
+                for key, val in list(vars(module).items()):
+                    if type(val) is InterpretedFunction:
+                        self._swap(module, key, _jit(val.fn))
+                    elif _interpreted(val):  # left patched by a device function the interpreter ran
+                        kw = getattr(val, "__kwdefaults__", None) or {}
+                        plain = kw.get("member", getattr(lang, key, None))
+                        if plain is not None and not _interpreted(plain):
+                            self._swap(module, key, plain)
+        for cls in (lang.core.tensor, lang.core.dtype, lang.core.condition):
+            for key, val in list(vars(cls).items()):
+                if _interpreted(val) and "member" in (getattr(val, "__kwdefaults__", None) or {}):
+                    self._swap(cls, key, val.__kwdefaults__["member"])
+        tensor = triton.language.core.tensor
+        for key, val in list(vars(tensor).items()):
+            cells = getattr(val, "__closure__", None) or ()
+            inner = [c.cell_contents for c in cells if type(c.cell_contents) is InterpretedFunction]
+            if inner:
+                self._swap(tensor, key, _jit(inner[0].fn))
+        self.flag = triton.knobs.runtime.interpret
+        triton.knobs.runtime.interpret = False
+        return JITFunction(_remade(fn, g))
+
+    def __exit__(self, *exc):
+        if self.flag is not None:
+            triton.knobs.runtime.interpret = self.flag
+        while self.undo:
+            owner, name, val = self.undo.pop()
+            setattr(owner, name, val)
+
+
+def lower(kernel, constexprs, dtype="fp32"):
+    """``kernel`` lowered to Triton IR for an NVIDIA GPU (sm_80), with these constexprs: ("ir", text), or
+    ("error", the compiler's message), or ("kind", what the object is when it is no Triton kernel at all)."""
+    if type(kernel) not in KINDS:
+        return ("kind", f"a {type(kernel).__module__}.{type(kernel).__qualname__}")
+    names = list(inspect.signature(kernel.fn).parameters)
+    if len(names) != ARGS:
+        return ("error", f"it takes {len(names)} parameters ({', '.join(names)}); the exercise's kernel takes "
+                         f"{ARGS}: Q, K, V, O, LSE, n, m, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM")
+    types_ = [f"*{dtype}"] * 4 + ["*fp32", "i32", "i32", "fp32"] + ["constexpr"] * 4
+    ASTSource, make_backend, GPUTarget, ir = _api()
+    target = GPUTarget("cuda", 80, 32)
+    backend = make_backend(target)
+    options = backend.parse_options({})
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    codegen, modules = backend.get_codegen_implementation(options), backend.get_module_map()
+    try:
+        with _Compiled(kernel) as fn:
+            src = ASTSource(fn, dict(zip(names, types_)), dict(zip(names[8:], constexprs)))
+            module = src.make_ir(target, options, codegen, modules, context)
+    except Exception as e:  # noqa: BLE001 - the compiler's message is the verdict's evidence
+        return ("error", f"{type(e).__name__}: {e}")
+    return ("ir", str(module))
+
+
+def _raw(x):
+    """The memory a kernel reads at ``x``'s pointer as a contiguous tensor would lay it out: numel elements."""
+    return x.as_strided((x.numel(),), (1,))
+
+
+def _padded(x, tail, fill):
+    """x's memory followed by at least ``tail`` elements of ``fill``, and by at least as many as x has."""
+    return torch.cat([_raw(x), torch.full((max(tail, x.numel()),), fill, dtype=x.dtype)])
 
 
 class Launch:
     """Inputs (B, H, len, d) in buffers that go on with ``tail`` NaN (a load past the end reads NaN), outputs in
-    buffers of {UNWRITTEN} with the same tail (a row never written keeps it, a store past the end changes the tail);
-    called with ``(kernel[grid], qk_scale, causal, block_m, block_n)``, it runs the kernel on them and returns copies
-    of the whole output buffers, tails included."""
+    buffers of UNWRITTEN with the same tail (a row never written keeps it, a store past the end changes the tail);
+    called with ``(kernel, qk_scale, causal, block_m, block_n)``, it runs the kernel on its grid
+    ``(cdiv(n, block_m), B * H)`` and returns copies of the whole output buffers, tails included, and the error the
+    kernel raised (or None)."""
 
     def __init__(self, q, k, v, tail):
-        self.q, self.k, self.v = (torch.cat([x.flatten(), torch.full((tail,), float("nan"), dtype=x.dtype)])
-                                  [: x.numel()].view(x.shape) for x in (q, k, v))
-        self.o_buf = torch.full((q.numel() + tail,), {UNWRITTEN}, dtype=q.dtype)
-        self.lse_buf = torch.full((q[..., 0].numel() + tail,), {UNWRITTEN}, dtype=torch.float32)
+        self.q, self.k, self.v = (_padded(x.contiguous(), tail, float("nan"))[: x.numel()].view(x.shape)
+                                  for x in (q, k, v))
+        self.o_buf = torch.full((q.numel() + tail,), UNWRITTEN, dtype=q.dtype)  # tail: as the judge sends it
+        self.lse_buf = torch.full((q[..., 0].numel() + tail,), UNWRITTEN, dtype=torch.float32)
 
-    def __call__(self, launcher, qk_scale, causal, block_m, block_n):
+    def __call__(self, kernel, qk_scale, causal, block_m, block_n):
+        if type(kernel) not in KINDS:
+            raise TypeError("not a Triton kernel")
         (B, H, n, d), m = self.q.shape, self.k.shape[2]
         o, lse = self.o_buf[: self.q.numel()].view(B, H, n, d), self.lse_buf[: B * H * n].view(B, H, n)
-        launcher(self.q, self.k, self.v, o, lse, n, m, qk_scale, causal, block_m, block_n, d)
-        return self.o_buf.clone(), self.lse_buf.clone()
+        error = None
+        try:
+            type(kernel).run(kernel, self.q, self.k, self.v, o, lse, n, m, qk_scale, causal, block_m, block_n, d,
+                             grid=(-(-n // block_m), B * H), warmup=False)
+        except Exception as e:  # noqa: BLE001 - the judge reads it
+            error = f"{type(e).__name__}: {e}"[:2000]
+        return self.o_buf.clone(), self.lse_buf.clone(), error
+
+
+class Tools:
+    """The student's kernel object, lowered (:func:`lower`) and launched (:class:`Launch`) by the grader's code."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def lower(self, constexprs):
+        return lower(self.kernel, tuple(constexprs))
+
+    def launch(self, q, k, v, tail, qk_scale, causal, block_m, block_n):
+        return Launch(q, k, v, tail)(self.kernel, qk_scale, causal, block_m, block_n)
 
 
 def strided(x):
     """x (B, n, H, d) seen as (B, H, n, d): a view whose rows are not contiguous."""
     return x.transpose(1, 2)
+
+
+def _value(v):
+    if isinstance(v, torch.Tensor):
+        return ("tensor", tuple(v.shape), str(v.dtype), _raw(v).clone())
+    if v is None or type(v) in (bool, int, float, str):
+        return ("value", v)
+    return ("other", type(v).__name__)
+
+
+class Recorder:
+    """While installed, every launch of a Triton kernel (JITFunction or interpreted) is recorded, and run on copies
+    of its tensors' memory padded with ``tail`` NaN (a store past the end lands there), the results copied back into
+    the launched tensors. A kernel's error is recorded, not raised (a kernel bug costs the wrapper nothing).
+    ``take()`` uninstalls and returns, per launch: (the student's kernel?, its name, grid, arguments before,
+    arguments after, error)."""
+
+    def __init__(self, kernel, tail):
+        self.kernel, self.tail, self.launches, self.saved = kernel, tail, [], []
+
+    def install(self):
+        for cls in KINDS:
+            self.saved.append((cls, cls.__dict__.get("run")))
+            cls.run = self._recording(cls.run)
+
+    def _recording(self, run):
+        recorder = self
+
+        def recorded(kernel, *args, grid, warmup=False, **kwargs):
+            if warmup:
+                return run(kernel, *args, grid=grid, warmup=warmup, **kwargs)
+            return recorder._launch(run, kernel, args, kwargs, grid)
+
+        return recorded
+
+    def _launch(self, run, kernel, args, kwargs, grid):
+        error, before, after, shape = None, (), (), None
+        try:
+            bound = inspect.signature(kernel.fn).bind_partial(*args, **{k: v for k, v in kwargs.items()
+                                                                         if k not in ("num_warps", "num_stages")})
+            named = dict(bound.arguments)
+            before = tuple(_value(v) for v in named.values())
+            shape = tuple(int(g) for g in (grid(named) if callable(grid) else grid))
+            padded = {k: _padded(v, self.tail, float("nan")) if isinstance(v, torch.Tensor) else v
+                      for k, v in named.items()}
+            views = {k: p[: named[k].numel()].view(named[k].shape) if isinstance(named[k], torch.Tensor) else p
+                     for k, p in padded.items()}
+            try:
+                run(kernel, grid=shape, warmup=False, **views)
+            except Exception as e:  # noqa: BLE001 - recorded
+                error = f"{type(e).__name__}: {e}"[:2000]
+            for k, v in named.items():
+                if isinstance(v, torch.Tensor):
+                    _raw(v).copy_(padded[k][: v.numel()])
+            after = tuple(_value(v) for v in named.values())
+        except Exception as e:  # noqa: BLE001 - the launch could not be recorded: the judge says so
+            error = error or f"{type(e).__name__}: {e}"[:2000]
+        self.launches.append((kernel is self.kernel, str(getattr(kernel, "__name__", "?")), shape, before, after,
+                              error))
+
+    def take(self):
+        while self.saved:
+            cls, run = self.saved.pop()
+            if run is None:
+                del cls.run
+            else:
+                cls.run = run
+        return tuple(self.launches)
 '''
+assert f"UNWRITTEN = {UNWRITTEN}" in TOOLS
 
 
-def _launch(t: Trial, q: Tensor, k: Tensor, v: Tensor, causal: bool, bm: int, bn: int, qk_scale: float | None = None,
-            tails: bool = False) -> tuple[Tensor, Tensor]:
-    """The student's kernel launched by the judge on the stated grid: (output, lse); with ``tails``, a store past the
-    end of either fails the check."""
+def _tail(q: Tensor) -> int:
+    """How far the grader's buffers go on past the end: a whole tensor more (a store at the wrong head or with no
+    mask lands there, not in another buffer)."""
+    return q.numel() + 64 * q.shape[-1]
+
+
+def _kernel(t: Trial) -> Obj:
+    """The grader's tools around the student's kernel object (the object itself, never called by name)."""
+    ref = t.backend.ask({"op": "ref", "target": KERNEL})
+    return t.trusted(TOOLS, "Tools", Obj(t, ref))
+
+
+def _where(ir: str, line: str) -> str:
+    """The source line an IR operation comes from (its location, followed through named and call-site ones)."""
+    table = dict(re.findall(r"^(#loc\d*) = (.*)$", ir, re.M))
+    ref = re.search(r"loc\((#loc\d*)\)\s*$", line)
+    text, seen = (table.get(ref.group(1), "") if ref else ""), 0
+    while text and seen < 50:
+        seen += 1
+        found = re.search(r'"([^"]+)":(\d+):\d+', text)
+        if found:
+            return f"line {found.group(2)} of {found.group(1)}"
+        nxt = re.search(r"#loc\d*", text)
+        text = table.get(nxt.group(0), "") if nxt else ""
+    return "a line the compiler did not locate"
+
+
+def unmasked(ir: str) -> list[str]:
+    """Each tl.load and tl.store of a tile (a tensor of pointers) without a mask operand in the IR, with its line."""
+    found = []
+    for line in ir.splitlines():
+        op = re.search(r"\btt\.(load|store) ((?:%[\w.#]+(?:, )?)+)\s*(?:\{[^}]*\}\s*)?:\s*(\S+)", line)
+        if not op or not op.group(3).startswith("tensor<"):
+            continue
+        operands = op.group(2).count("%")
+        if operands < (2 if op.group(1) == "load" else 3):
+            found.append(f"the tl.{op.group(1)} at {_where(ir, line)}")
+    return found
+
+
+def _lowered(t: Trial, tools: Obj, causal: bool, bm: int, bn: int, d: int) -> str:
+    """The kernel's Triton IR for an NVIDIA GPU with these constexprs (what ``triton.compile`` builds first); a
+    kernel that is no Triton kernel, or does not lower, fails the check with the compiler's own message."""
+    got = tools.method("lower", (causal, bm, bn, d))
+    if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(x, str) for x in got)):
+        raise CheckFailed("the grader's lowering of your kernel could not be read back")
+    kind, text = got
+    if kind == "kind":
+        raise CheckFailed(f"{KERNEL} is {text}, not a Triton kernel: define it with @triton.jit (the grade lowers "
+                          "it to Triton IR for a GPU before it runs it)")
+    if kind == "error":
+        if re.search(r"\bNotImplementedError\b", text):
+            raise StudentError(PLACEHOLDER)
+        raise CheckFailed(f"{KERNEL} does not compile for a GPU: Triton's compiler, lowering it to Triton IR for an "
+                          f"NVIDIA GPU (CAUSAL={causal}, BLOCK_M={bm}, BLOCK_N={bn}, HEAD_DIM={d}), stopped with "
+                          f"{text[-1200:]}\nEverything a @triton.jit function calls must be Triton: tl.* operations "
+                          "and other @triton.jit functions, on shapes known when it compiles (tl.constexpr); no "
+                          "Python helpers, numpy or torch, which only Triton's interpreter runs")
+    if kind != "ir" or "tt.func" not in text:
+        raise CheckFailed("the grader's lowering of your kernel could not be read back")
+    return text
+
+
+def _launch(t: Trial, tools: Obj, q: Tensor, k: Tensor, v: Tensor, causal: bool, bm: int, bn: int,
+            qk_scale: float | None = None, tails: bool = False, ir: str = "") -> tuple[Tensor, Tensor]:
+    """The student's kernel launched by the grader's tools on the stated grid: (output, lse); with ``tails``, a store
+    past the end of either fails the check (``ir``: the kernel's IR, which says whether its stores are masked)."""
     B, H, n, d = q.shape
-    try:
-        launcher = Obj(t, t.backend.call(KERNEL, [(-(-n // bm), B * H)], {}, t.bans, attr="__getitem__", keep=True))
-    except StudentError as e:
-        if "NotImplementedError" in str(e) or e.placeholder:
-            raise
-        raise CheckFailed(f"{KERNEL}[grid] could not be formed ({e}): define {KERNEL} with @triton.jit") from None
     scale = LOG2_E / math.sqrt(d) if qk_scale is None else qk_scale
-    try:
-        o_buf, lse_buf = t.trusted(LAUNCH, "Launch", q, k, v, 64 * d)(launcher, scale, causal, bm, bn)
-    except StudentError as e:  # the interpreter wraps what the kernel raised
-        if "InterpreterError: NotImplementedError()" in str(e):
-            raise StudentError(PLACEHOLDER) from None
-        raise
-    if not (isinstance(o_buf, Tensor) and isinstance(lse_buf, Tensor)):
+    tail = _tail(q)
+    got = tools.method("launch", q, k, v, tail, scale, causal, bm, bn)
+    if not (isinstance(got, tuple) and len(got) == 3 and isinstance(got[0], Tensor) and isinstance(got[1], Tensor)
+            and got[0].numel() == q.numel() + tail and got[1].numel() == B * H * n + tail):
         raise CheckFailed("the kernel's outputs could not be read back")
+    o_buf, lse_buf, error = got
+    if error is not None:
+        if "NotImplementedError" in str(error):
+            raise StudentError(PLACEHOLDER)
+        raise CheckFailed(f"{KERNEL} raised {str(error)[:600]}")
+    where = "the row offsets are wrong: row i of head bh of O starts at (bh * n + i) * HEAD_DIM, of LSE at bh * n + i" \
+        if ir and not unmasked(ir) else "a tl.store without a mask"
     if tails and not bool((o_buf[q.numel():] == UNWRITTEN).all()):
-        raise CheckFailed("the kernel stores past the end of O (a tl.store without a mask): rows of the last tile past "
-                          "n belong to another tensor (or to none, on a GPU: an illegal memory access). Store with "
-                          "mask=rows[:, None] < n")
+        raise CheckFailed(f"the kernel stores past the end of O ({where}): rows past n belong to another tensor (or "
+                          "to none, on a GPU: an illegal memory access). Store with mask=rows[:, None] < n")
     if tails and not bool((lse_buf[B * H * n:] == UNWRITTEN).all()):
-        raise CheckFailed("the kernel stores past the end of LSE (a tl.store without a mask): store with mask=rows < n")
+        raise CheckFailed(f"the kernel stores past the end of LSE ({where}): store with mask=rows < n")
     return o_buf[: q.numel()].view(q.shape), lse_buf[: B * H * n].view(B, H, n)
 
 
@@ -120,12 +424,14 @@ def _launch(t: Trial, q: Tensor, k: Tensor, v: Tensor, causal: bool, bm: int, bn
 
 def emulate(q: Tensor, k: Tensor, v: Tensor, causal: bool, block_m: int, block_n: int, *, natural_exp: bool = False,
             rescale_acc: bool = True, rescale_sum: bool = True, mask_past_m: bool = True,
-            tile_causal: bool = False) -> tuple[Tensor, Tensor]:
+            tile_causal: bool = False, straddle: bool = False) -> tuple[Tensor, Tensor]:
     """(output, lse in natural log) of the kernel's loop on (B, H, n, d) inputs, in float64.
 
     ``natural_exp``: ``exp`` where the kernel has ``exp2`` (the base-2 scale used with the natural exponential);
     ``rescale_acc`` / ``rescale_sum``: multiply by alpha; ``mask_past_m``: keys past m get -inf (else they are
-    loaded as zeros and scored 0); ``tile_causal``: causal by whole tiles only."""
+    loaded as zeros and scored 0); ``tile_causal``: causal by whole tiles only; ``straddle``: the loop of Triton's
+    tutorial, key tiles before the query tile unmasked, then the query tile's keys masked (wrong when BLOCK_N >
+    BLOCK_M: a tile of the first stage straddles the diagonal)."""
     B, H, n, d = q.shape
     m = k.shape[2]
     q, k, v = q.double(), k.double(), v.double()
@@ -144,18 +450,25 @@ def emulate(q: Tensor, k: Tensor, v: Tensor, causal: bool, block_m: int, block_n
         l_i = torch.zeros(B, H, len(rows), dtype=torch.float64)
         acc = torch.zeros(B, H, len(rows), d, dtype=torch.float64)
         end = min(start + block_m, m) if causal else m
-        for s0 in range(0, end, block_n):
+        tiles = [(s0, causal) for s0 in range(0, end, block_n)]
+        if causal and straddle:
+            tiles = [(s0, False) for s0 in range(0, start, block_n)] + [(s0, True) for s0 in range(start, end, block_n)]
+        for s0, masked in tiles:
             keys = torch.arange(s0, s0 + block_n)
-            s = qi @ kp[:, :, keys].transpose(-2, -1) * qk_scale  # (B, H, r, block_n)
+            kp_, vp_ = kp, vp
+            if s0 + block_n > pad:  # a tile past the padded keys (the straddling loop): zeros
+                kp_, vp_ = (torch.cat([x, torch.zeros(B, H, s0 + block_n - pad, d, dtype=torch.float64)], 2)
+                            for x in (kp, vp))
+            s = qi @ kp_[:, :, keys].transpose(-2, -1) * qk_scale  # (B, H, r, block_n)
             visible = (keys < m)[None, :] if mask_past_m else torch.ones(1, block_n, dtype=torch.bool)
-            if causal:
+            if masked:
                 visible = visible & (keys[None, :] < start + block_m if tile_causal else keys[None, :] <= rows[:, None])
             s = s.masked_fill(~visible, -math.inf)
             m_new = torch.maximum(m_i, s.amax(-1))
             alpha = exp(m_i - m_new)
             p = exp(s - m_new[..., None])
             l_i = (l_i * alpha if rescale_sum else l_i) + p.sum(-1)
-            acc = (acc * alpha[..., None] if rescale_acc else acc) + p @ vp[:, :, keys]
+            acc = (acc * alpha[..., None] if rescale_acc else acc) + p @ vp_[:, :, keys]
             m_i = m_new
         out[:, :, rows] = acc / l_i[..., None]
         lse2[:, :, rows] = m_i + torch.log2(l_i)
@@ -171,7 +484,7 @@ SEES = "query i sees the keys j <= i"
 
 def _written_and_finite(got: Tensor, causal: bool, what: str) -> None:
     """Rows the kernel never wrote (still the grader's ``UNWRITTEN``), then NaN, named: query 0 with no key (a strict
-    causal mask), or NaN in the last head only, whose inputs go on with NaN (a load past the end)."""
+    causal mask), or NaN in the last head only of several, whose inputs go on with NaN (a load past the end)."""
     unwritten = (got == UNWRITTEN).flatten(0, 1)  # (B·H, n[, d])
     rows = unwritten.all(-1) if got.dim() == 4 else unwritten
     if bool(rows.any()):
@@ -185,19 +498,27 @@ def _written_and_finite(got: Tensor, causal: bool, what: str) -> None:
     if causal and bool(rows[:, 0].all()) and not bool(rows[:, 1:].any()):
         raise CheckFailed(f"{what} is NaN for query 0 of every head: the causal mask is strict (j < i): {SEES}, "
                           "itself included")
-    if not bool(rows[:-1].any()):
+    if len(rows) > 1 and bool(rows[-1].any()) and not bool(rows[:-1].any()):
         raise CheckFailed(f"{what} holds NaN in the last head only, where the grader's buffers go on with NaN: the "
                           "kernel reads past the end of k or v, a tl.load without a mask (a GPU reads garbage there, "
                           "or stops with an illegal memory access). Load tiles with mask=keys < m and other=0.0")
     raise CheckFailed(f"{what} contains NaN in {int(rows.sum())} rows")
 
 
-def _kernel_cases(t: Trial, causal: bool, cases: list[tuple[int, ...]]) -> None:
+def _kernel_cases(t: Trial, causal: bool, cases: list[tuple[int, ...]], masks: bool = False) -> None:
     """The kernel's output on each case (B, H, n, m, d, BLOCK_M, BLOCK_N) against the emulation, classic mistakes
-    named."""
+    named; each case lowered to Triton IR first (``masks``: every tile's load and store in it masked)."""
+    tools = _kernel(t)
+    ir = _lowered(t, tools, causal, *cases[-1][-2:], cases[-1][4])  # once: the last case's tiles
     for B, H, n, m, d, bm, bn in cases:
+        if masks and unmasked(ir):
+            raise CheckFailed(f"{unmasked(ir)[0]} of {KERNEL} is " + ("a tl.load" if "tl.load" in unmasked(ir)[0]
+                              else "a tl.store") + " without a mask: a tile of the last query or key block reaches "
+                              "past position n or m, where a GPU reads garbage or stops with an illegal memory access "
+                              "(the interpreter does not complain). Give every tl.load and tl.store of a tile a mask "
+                              "(mask=rows[:, None] < n, mask=keys[:, None] < m, other=0.0)")
         q, k, v = t.randn(B, H, n, d), t.randn(B, H, m, d), t.randn(B, H, m, d)
-        got, _ = _launch(t, q, k, v, causal, bm, bn, tails=True)
+        got, _ = _launch(t, tools, q, k, v, causal, bm, bn, tails=True, ir=ir)
         what = (f"the output of {KERNEL} for q {(B, H, n, d)}, k and v {(B, H, m, d)}, BLOCK_M={bm}, BLOCK_N={bn}"
                 + (", CAUSAL" if causal else ""))
         _written_and_finite(got, causal, what)
@@ -218,13 +539,21 @@ def _kernel_cases(t: Trial, causal: bool, cases: list[tuple[int, ...]]) -> None:
         named = {RESCALE.format(what="the sum or the accumulator"): e(rescale_acc=False, rescale_sum=False)[0],
                  RESCALE.format(what="the accumulator"): e(rescale_acc=False)[0],
                  RESCALE.format(what="the running sum"): e(rescale_sum=False)[0], EXP: e(natural_exp=True)[0]}
-        if m % bn:
+        if m % bn and not causal:
             named["keys past the end (positions >= m) are not masked: give their scores -inf (tl.where(keys < m, s, "
                   "-inf)); loaded as zeros they still score 0 and take weight"] = e(mask_past_m=False)[0]
         if causal:
             named[f"inside the diagonal tile, later keys are not masked: with CAUSAL, {SEES} (stopping the loop after "
                   "the diagonal tile skips whole tiles only)"] = e(tile_causal=True)[0]
             named[f"CAUSAL is ignored: with CAUSAL, {SEES}"] = emulate(q, k, v, False, bm, bn)[0]
+            if m % bn:
+                named[f"keys past the end (positions >= m) are not masked (with CAUSAL, the causal mask replaces the "
+                      f"length mask?): queries after position m still see them, loaded as zeros; {SEES} and j < m, "
+                      "both masks together"] = e(mask_past_m=False)[0]
+            if bn > bm:
+                named[f"with BLOCK_N > BLOCK_M, the key tile that straddles the diagonal is not masked (tiles before "
+                      f"the diagonal tile are not all wholly below it): {SEES}; mask every key tile that can hold a "
+                      "key j > i"] = e(straddle=True)[0]
         fail_if_named(got, named, what, _same)
         err = (got.double() - expected).abs().max().item()
         raise CheckFailed(f"{what} does not match softmax(q k^T / sqrt(d)) v (largest difference {err:.3g})")
@@ -232,25 +561,37 @@ def _kernel_cases(t: Trial, causal: bool, cases: list[tuple[int, ...]]) -> None:
 
 for _gid, _causal, _cases, _doc in (
         (_TILES, False, [(1, 3, 128, 128, 32, 64, 64), (1, 1, 64, 128, 16, 64, 32)],
-         "The kernel, launched on the stated grid: several query and key tiles equal softmax(q k^T / sqrt(d)) v."),
-        (_RAGGED, False, [(1, 2, 100, 80, 16, 64, 64), (2, 1, 50, 130, 32, 64, 64)],
-         "Lengths that are not a multiple of the tiles: masked loads and stores, keys past m never attended."),
-        (_CAUSAL, True, [(1, 2, 128, 128, 16, 64, 64), (1, 1, 128, 128, 16, 64, 32)],
-         "With CAUSAL, query i sees the keys j <= i (tiles of 64 queries by 64 and by 32 keys).")):
-    SUITE.add(_gid, [KERNEL], partial(_kernel_cases, causal=_causal, cases=_cases), _doc)
+         "The kernel, lowered for a GPU and launched on the stated grid: several query and key tiles equal "
+         "softmax(q k^T / sqrt(d)) v."),
+        (_RAGGED, False, [(2, 1, 50, 130, 32, 64, 64), (1, 2, 100, 80, 16, 64, 64)],
+         "Lengths that are not a multiple of the tiles: every tile's load and store masked, keys past m never "
+         "attended."),
+        (_CAUSAL, True, [(1, 2, 128, 128, 16, 64, 32), (1, 1, 130, 100, 16, 64, 64), (1, 1, 128, 128, 16, 32, 64)],
+         "With CAUSAL, query i sees the keys j <= i (tiles of 64 queries by 32 keys and by 64, 32 queries by 64 keys; "
+         "more queries than keys).")):
+    SUITE.add(_gid, [KERNEL], partial(_kernel_cases, causal=_causal, cases=_cases, masks=_gid == _RAGGED), _doc)
 
 
 @SUITE.check(_LSE, parts=[KERNEL])
 def kernel_lse(t: Trial) -> None:
     """LSE holds the natural log-sum-exp of each query's scaled scores."""
+    tools = _kernel(t)
+    ir = _lowered(t, tools, False, 64, 64, 16)
     q, k, v = t.randn(1, 2, 128, 16), t.randn(1, 2, 128, 16), t.randn(1, 2, 128, 16)
-    _, lse = _launch(t, q, k, v, False, 64, 64, tails=True)
+    _, lse = _launch(t, tools, q, k, v, False, 64, 64, tails=True, ir=ir)
     what = f"the LSE of {KERNEL} for q, k, v {tuple(q.shape)}"
     _written_and_finite(lse, False, what)
     s = q.double() @ k.double().transpose(-2, -1) / math.sqrt(16)
     expected, natural_exp = torch.logsumexp(s, -1), emulate(q, k, v, False, 64, 64, natural_exp=True)[1]
+    if bool(torch.isinf(lse).any()):
+        sign = "-inf" if bool((lse == -math.inf).any()) else "inf"
+        raise CheckFailed(f"{what} is {sign} in {int(torch.isinf(lse).sum())} rows: the log of a running sum l_i of "
+                          + ("0 (no key's p was added to it)" if sign == "-inf" else "inf (p or l_i overflowed: "
+                             "subtract the running max before exp2)")
+                          + "; LSE = (m_i + log2(l_i)) * ln 2 with l_i the rescaled sum of p over every key")
     impossible = (lse.double() > s.amax(-1) + math.log(128) + 1e-3) | (lse.double() < s.amax(-1) - 1e-3)
-    if bool(impossible.any()) and not _same(lse, expected / LN_2) and not _same(lse, natural_exp):
+    if bool(impossible.any()) and not _same(lse, expected / LN_2) and not _same(lse, natural_exp) and \
+            bool((lse.double() - s.amax(-1)).abs().max() > 1e3):
         raise CheckFailed(f"{what} holds values no log-sum-exp of these scores can take (the scores are enormous): "
                           "Triton's interpreter computes bfloat16 operands of tl.dot wrongly (their bits multiplied "
                           "as integers); keep tl.dot's operands in the dtype of the inputs")
@@ -267,7 +608,186 @@ def kernel_lse(t: Trial) -> None:
     raise CheckFailed(f"{what} does not match the natural log-sum-exp of the scores (largest difference {err:.3g})")
 
 
-# -- the wrapper ----------------------------------------------------------------------------------------------------
+# -- the wrapper, judged by the launch it makes ------------------------------------------------------------------------
+# While a wrapper check calls the wrapper, the grader's Recorder stands in for every Triton launch in the student's
+# process: it records the kernel, the grid and the arguments (copies of the memory each tensor argument points at),
+# runs the kernel on padded copies (an unmasked store cannot reach the wrapper's own buffers) and copies the results
+# back. The judge checks what was recorded against what it knows: the inputs it sent, the stated grid and scale, the
+# buffers the wrapper returned, and its own launch of the same kernel.
+
+_PARAMS = ("Q", "K", "V", "O", "LSE", "n", "m", "qk_scale", "CAUSAL", "BLOCK_M", "BLOCK_N", "HEAD_DIM")
+
+
+def identical(a: Tensor, b: Tensor) -> bool:
+    """The same shape and the same values, NaN equal to NaN and inf to inf (a kernel's NaN is the kernel's)."""
+    return tuple(a.shape) == tuple(b.shape) and bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+
+
+def _observed(t: Trial, what: str, *args, **kwargs) -> tuple[Any, list]:
+    """The wrapper's result on ``args`` and the launches it made, recorded; a wrapper error is passed on."""
+    recorder = t.trusted(TOOLS, "Recorder", Obj(t, t.backend.ask({"op": "ref", "target": KERNEL})), 64 * 32)
+    recorder.method("install")
+    try:
+        with explained(lambda err: f"{what} raised: {err}"):
+            result = t.call(WRAPPER, *args, **kwargs)
+    finally:
+        launches = recorder.method("take")
+    if not isinstance(launches, tuple):
+        raise CheckFailed("the grader's record of the launches could not be read back")
+    return result, list(launches)
+
+
+def _one_launch(launches: list, what: str) -> dict[str, Any]:
+    """The one launch of the student's kernel a wrapper call made: its grid and its arguments (before and after)."""
+    if not launches:
+        raise CheckFailed(f"{what} never launched a Triton kernel: the wrapper launches {KERNEL}[grid](...) once, and "
+                          "the kernel computes the attention (the wrapper computes nothing itself)")
+    if len(launches) > 1:
+        raise CheckFailed(f"{what} launched {len(launches)} Triton kernels: launch {KERNEL} once, on the grid "
+                          "(triton.cdiv(n, block_m), B * H), which covers every query tile of every head")
+    try:
+        mine, name, grid, before, after, error = launches[0]
+        grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+        named = {p: (b, a) for p, b, a in zip(_PARAMS, before, after, strict=True)}
+    except (TypeError, ValueError):
+        raise CheckFailed(f"{what} launched its kernel with {len(launches[0][3]) if isinstance(launches[0], tuple) and len(launches[0]) > 3 else 'other'} "
+                          f"arguments the grader could not read; {KERNEL} takes 12: {', '.join(_PARAMS)}") from None
+    if mine is not True:
+        raise CheckFailed(f"{what} launched {name}, not {KERNEL}: launch the kernel you wrote")
+    if error is not None and "could not" in str(error) and not named:
+        raise CheckFailed(f"{what}: the grader could not record the launch ({str(error)[:300]})")
+    return {"grid": grid, "args": named, "error": error}
+
+
+def _tensor_arg(launch: dict, name: str, what: str, numel: int, after: bool = False) -> Tensor:
+    value = launch["args"][name][1 if after else 0]
+    if not (isinstance(value, tuple) and len(value) == 4 and value[0] == "tensor" and isinstance(value[3], Tensor)):
+        raise CheckFailed(f"{what} passes {name} a {value[1] if isinstance(value, tuple) and len(value) > 1 else '?'}"
+                          f", not a tensor: pass {KERNEL} q, k, v, out, lse, n, m, qk_scale, causal, block_m, block_n, d")
+    if value[3].numel() != numel:
+        raise CheckFailed(f"{what} passes as {name} a tensor of shape {tuple(value[1])} ({value[3].numel()} numbers); "
+                          f"the kernel reads or writes {numel} there")
+    return value[3]
+
+
+def _scalar(launch: dict, name: str) -> Any:
+    value = launch["args"][name][0]
+    return value[1] if isinstance(value, tuple) and len(value) == 2 and value[0] == "value" else value
+
+
+def _returned(result: Any, launch: dict, what: str, B: int, H: int, n: int, d: int) -> tuple[Tensor, Tensor]:
+    """The pair the wrapper returned, which must be the buffers the launch wrote (O and LSE after the launch)."""
+    out, lse = _pair(result, what)
+    for got, name, numel in ((out, "O", B * H * n * d), (lse, "LSE", B * H * n)):
+        written = _tensor_arg(launch, name, what, numel, after=True)
+        if got.numel() != numel or not identical(got.flatten(), written):
+            raise CheckFailed(f"{what} returns {'an output' if name == 'O' else 'an lse'} that is not the buffer "
+                              f"passed to {KERNEL} as {name}: the launch writes into out and lse; return (output, lse), "
+                              "those two buffers")
+    return out, lse
+
+
+@SUITE.check(_SHAPES, parts=[WRAPPER])
+def wrapper_shapes(t: Trial) -> None:
+    """Returns (output, lse), the buffers its one launch wrote: (B, H, n, d) in the inputs' dtype and (B, H, n) float32,
+    for n != m."""
+    q, k, v = t.randn(2, 2, 64, 16), t.randn(2, 2, 96, 16), t.randn(2, 2, 96, 16)
+    what = f"{WRAPPER}(q, k, v)"
+    result, launches = _observed(t, what, q, k, v)
+    out, lse = _pair(result, what)
+    for name, x, shape in (("output", out, (2, 2, 64, 16)), ("lse", lse, (2, 2, 64))):
+        if tuple(x.shape) != shape or x.dtype != torch.float32:
+            raise CheckFailed(f"the {name} of {WRAPPER} for q (2, 2, 64, 16), k and v (2, 2, 96, 16) has shape "
+                              f"{tuple(x.shape)} and dtype {x.dtype}; expected {shape}, torch.float32")
+    _returned(result, _one_launch(launches, what), what, 2, 2, 64, 16)
+
+
+def _arguments(launch: dict, what: str, q: Tensor, k: Tensor, v: Tensor, causal: bool, bm: int, bn: int) -> None:
+    """The recorded launch against the stated one: grid, sizes, qk_scale, CAUSAL, tiles."""
+    (B, H, n, d), m = q.shape, k.shape[2]
+    grid, want = launch["grid"], (-(-n // bm), B * H, 1)
+    if grid != want:
+        why = ("the last, partial tile of queries is not computed: the grid needs triton.cdiv(n, block_m) query "
+               "tiles, not n // block_m" if grid == (n // bm, B * H, 1) else
+               "its axes are swapped: axis 0 counts the query tiles (tl.program_id(0)), axis 1 the heads"
+               if grid[:2] == want[1::-1] and grid[2] == 1 else "")
+        raise CheckFailed(f"mistake in {what}: it launches the grid {grid[:2] if grid[2] == 1 else grid}; the stated "
+                          f"grid is (triton.cdiv(n, block_m), B * H) = {want[:2]}" + (f": {why}" if why else ""))
+    for name, expected in (("n", n), ("m", m), ("BLOCK_M", bm), ("BLOCK_N", bn), ("HEAD_DIM", d)):
+        got = _scalar(launch, name)
+        if type(got) not in (int, bool) or got != expected:
+            raise CheckFailed(f"mistake in {what}: it passes {name} = {got!r}; expected {expected}")
+    got = _scalar(launch, "CAUSAL")
+    if type(got) not in (int, bool) or bool(got) != causal:
+        raise CheckFailed(f"mistake in {what}: it passes CAUSAL = {got!r}: causal is not passed to the kernel: launch "
+                          "it with CAUSAL = causal")
+    scale, want_scale = _scalar(launch, "qk_scale"), LOG2_E / math.sqrt(d)
+    if type(scale) not in (int, float) or not math.isclose(scale, want_scale, rel_tol=1e-6):
+        named = {1 / math.sqrt(d): "qk_scale lacks log2(e): the kernel uses exp2, so pass qk_scale = log2(e) / sqrt(d)",
+                 LOG2_E / d: "qk_scale divides by d: pass qk_scale = log2(e) / sqrt(d)"}
+        why = next((w for s, w in named.items() if type(scale) in (int, float) and math.isclose(scale, s,
+                                                                                                 rel_tol=1e-6)), "")
+        raise CheckFailed(f"mistake in {what}: it passes qk_scale = {scale!r}; the stated scale is "
+                          f"log2(e) / sqrt(d) = {want_scale:.6g}" + (f": {why}" if why else ""))
+    for name, x in (("Q", q), ("K", k), ("V", v)):
+        if not identical(_tensor_arg(launch, name, what, x.numel()), x.contiguous().flatten()):
+            raise CheckFailed(f"mistake in {what}: what {KERNEL} reads at {name} is not {name.lower()} row after row: "
+                              f"pass q, k, v as Q, K, V, made contiguous")
+
+
+@SUITE.check(_LAUNCH, parts=[WRAPPER])
+def wrapper_launch(t: Trial) -> None:
+    """The wrapper launches its kernel once, as stated: grid (cdiv(n, block_m), B * H), qk_scale, CAUSAL, the tiles;
+    it returns what that launch wrote, the grader's own launch of the same kernel."""
+    tools = _kernel(t)
+    for B, H, n, m, d, causal, bm, bn in [(1, 3, 100, 100, 16, True, 64, 32), (2, 1, 70, 90, 32, False, 32, 64)]:
+        q, k, v = t.randn(B, H, n, d), t.randn(B, H, m, d), t.randn(B, H, m, d)
+        what = f"{WRAPPER}(q {(B, H, n, d)}, k and v {(B, H, m, d)}, causal={causal}, block_m={bm}, block_n={bn})"
+        result, launches = _observed(t, what, q, k, v, causal=causal, block_m=bm, block_n=bn)
+        launch = _one_launch(launches, what)
+        _arguments(launch, what, q, k, v, causal, bm, bn)
+        out, lse = _returned(result, launch, what, B, H, n, d)
+        got = tools.method("launch", q, k, v, _tail(q), LOG2_E / math.sqrt(d), causal, bm, bn)
+        if not (isinstance(got, tuple) and len(got) == 3 and isinstance(got[0], Tensor) and isinstance(got[1], Tensor)):
+            raise CheckFailed("the kernel's outputs could not be read back")
+        for mine, own in ((out.flatten(), got[0][: out.numel()]), (lse.flatten(), got[1][: lse.numel()])):
+            written = own != UNWRITTEN
+            if mine.numel() != own.numel() or not identical(mine[written], own[written]):
+                raise CheckFailed(f"{what} does not return what {KERNEL} writes when the grader launches it with the "
+                                  "same arguments: the output must come from that one launch")
+
+
+@SUITE.check(_STRIDES, parts=[WRAPPER])
+def wrapper_strides(t: Trial) -> None:
+    """Inputs whose rows are not contiguous (a transposed view) reach the kernel made contiguous."""
+    x = [t.randn(1, 64, 2, 16) for _ in range(3)]  # (B, n, H, d)
+    views = [t.trusted(TOOLS, "strided", xi) for xi in x]  # (B, H, n, d) views, rows not contiguous
+    what = f"{WRAPPER} on q, k, v of shape (1, 2, 64, 16) whose rows are not contiguous (x.transpose(1, 2))"
+    result, launches = _observed(t, what, *views)
+    launch = _one_launch(launches, what)
+    _pair(result, what)
+    for name, xi in zip(("Q", "K", "V"), x):
+        if not identical(_tensor_arg(launch, name, what, xi.numel()), xi.transpose(1, 2).contiguous().flatten()):
+            raise CheckFailed(f"{what}: what {KERNEL} reads at {name} is not {name.lower()} row after row: the kernel "
+                              "reads rows at (bh * n + i) * d, which holds only for contiguous tensors; call "
+                              ".contiguous() on q, k, v first")
+
+
+@SUITE.check("test_wrapper_blocks", parts=[WRAPPER])
+def wrapper_blocks(t: Trial) -> None:
+    """ValueError when block_m, block_n or d is not a power of two of at least 16 (what the GPU compiler needs), and
+    a launch when they are."""
+    q = t.randn(1, 1, 32, 16)
+    hint = ("Check the sizes before launching: tl.arange needs a power of two and a GPU's tl.dot at least 16, "
+            "even where the interpreter runs other sizes")
+    for kwargs, why in (({"block_m": 48}, "block_m = 48 is not a power of two"),
+                        ({"block_n": 8}, "block_n = 8 is a power of two below 16")):
+        expect_value_error(lambda: t.call(WRAPPER, q, q, q, **kwargs), f"{WRAPPER}(..., {why})", hint)
+    x = t.randn(1, 1, 32, 24)
+    expect_value_error(lambda: t.call(WRAPPER, x, x, x), f"{WRAPPER} on inputs of width d = 24 (not a power of two)",
+                       hint)
+    what = f"{WRAPPER}(q, k, v, block_m=16, block_n=32) on inputs (1, 1, 32, 16)"
+    _one_launch(_observed(t, what, q, q, q, block_m=16, block_n=32)[1], what)
 
 
 def _pair(value, what: str) -> tuple[Tensor, Tensor]:
@@ -279,67 +799,6 @@ def _pair(value, what: str) -> tuple[Tensor, Tensor]:
         raise CheckFailed(f"{what} should return two tensors (output, lse), got {type(out).__name__}, "
                           f"{type(lse).__name__}")
     return out, lse
-
-
-@SUITE.check(_SHAPES, parts=[WRAPPER])
-def wrapper_shapes(t: Trial) -> None:
-    """Returns (output, lse): (B, H, n, d) in the inputs' dtype and (B, H, n) float32, for n != m."""
-    q, k, v = t.randn(2, 2, 64, 16), t.randn(2, 2, 96, 16), t.randn(2, 2, 96, 16)
-    out, lse = _pair(t.call(WRAPPER, q, k, v), f"{WRAPPER}(q, k, v)")
-    for name, x, shape in (("output", out, (2, 2, 64, 16)), ("lse", lse, (2, 2, 64))):
-        if tuple(x.shape) != shape or x.dtype != torch.float32:
-            raise CheckFailed(f"the {name} of {WRAPPER} for q (2, 2, 64, 16), k and v (2, 2, 96, 16) has shape "
-                              f"{tuple(x.shape)} and dtype {x.dtype}; expected {shape}, torch.float32")
-
-
-@SUITE.check(_LAUNCH, parts=[WRAPPER])
-def wrapper_launch(t: Trial) -> None:
-    """The wrapper launches the kernel as stated: grid (cdiv(n, block_m), B * H), qk_scale, CAUSAL, the tiles."""
-    for B, H, n, m, d, causal, bm, bn in [(1, 2, 100, 100, 16, True, 64, 32), (2, 1, 70, 90, 32, False, 64, 64)]:
-        q, k, v = t.randn(B, H, n, d), t.randn(B, H, m, d), t.randn(B, H, m, d)
-        what = f"{WRAPPER}(q {(B, H, n, d)}, k and v {(B, H, m, d)}, causal={causal}, block_m={bm}, block_n={bn})"
-        out, lse = _pair(t.call(WRAPPER, q, k, v, causal=causal, block_m=bm, block_n=bn), what)
-        own, own_lse = _launch(t, q, k, v, causal, bm, bn)
-        if _same(out, own) and _same(lse, own_lse):
-            continue
-        full = n // bm * bm
-        if n % bm and tuple(out.shape) == tuple(own.shape) and _same(out[:, :, :full], own[:, :, :full]):
-            raise CheckFailed(f"mistake in {what}: the last, partial tile of queries (rows {full} to {n - 1}) is not "
-                              f"computed: the grid needs triton.cdiv(n, block_m) query tiles, not n // block_m")
-        wrong = [("qk_scale lacks log2(e): the kernel uses exp2, so pass qk_scale = log2(e) / sqrt(d)", causal,
-                  1 / math.sqrt(d)), ("qk_scale divides by d: pass qk_scale = log2(e) / sqrt(d)", causal, LOG2_E / d)]
-        wrong += [("causal is not passed to the kernel: launch it with CAUSAL = causal", False, None)] * causal
-        fail_if_named(out, ((why, _launch(t, q, k, v, c, bm, bn, qk_scale=s)[0]) for why, c, s in wrong), what, _same)
-        raise CheckFailed(f"{what} does not equal your kernel launched on the grid (triton.cdiv(n, block_m), B * H) "
-                          "with qk_scale = log2(e) / sqrt(d) and CAUSAL = causal")
-
-
-@SUITE.check(_STRIDES, parts=[WRAPPER])
-def wrapper_strides(t: Trial) -> None:
-    """Inputs whose rows are not contiguous (a transposed view) give what the same inputs give made contiguous."""
-    x = [t.randn(1, 64, 2, 16) for _ in range(3)]  # (B, n, H, d)
-    views = [t.trusted(LAUNCH, "strided", xi) for xi in x]  # (B, H, n, d) views, rows not contiguous
-    what = f"{WRAPPER} on q, k, v of shape (1, 2, 64, 16) whose rows are not contiguous (x.transpose(1, 2))"
-    out, _ = _pair(t.call(WRAPPER, *views), what)
-    same, _ = _pair(t.call(WRAPPER, *(xi.transpose(1, 2).contiguous() for xi in x)), f"{WRAPPER}(q, k, v)")
-    if not _same(out, same):
-        raise CheckFailed(f"{what} differs from its result on the same inputs made contiguous: the kernel reads rows "
-                          "at (bh * n + i) * d, which holds only for contiguous tensors; call .contiguous() on q, k, "
-                          "v first")
-
-
-@SUITE.check("test_wrapper_blocks", parts=[WRAPPER])
-def wrapper_blocks(t: Trial) -> None:
-    """ValueError when block_m, block_n or d is not a power of two of at least 16 (what the GPU compiler needs)."""
-    q = t.randn(1, 1, 32, 16)
-    hint = ("Check the sizes before launching: tl.arange needs a power of two and a GPU's tl.dot at least 16, "
-            "even where the interpreter runs other sizes")
-    for kwargs, why in (({"block_m": 48}, "block_m = 48 is not a power of two"),
-                        ({"block_n": 8}, "block_n = 8 is a power of two below 16")):
-        expect_value_error(lambda: t.call(WRAPPER, q, q, q, **kwargs), f"{WRAPPER}(..., {why})", hint)
-    x = t.randn(1, 1, 32, 24)
-    expect_value_error(lambda: t.call(WRAPPER, x, x, x), f"{WRAPPER} on inputs of width d = 24 (not a power of two)",
-                       hint)
 
 
 # -- conceptual questions (the inputs are in the question; the answer is a value) ---------------------------------
