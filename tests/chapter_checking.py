@@ -66,3 +66,15 @@ def assert_requirement_broken_alone(assignment: str, stated: Mapping[str, Requir
     assert all(results[gid] for gid in req.also), f"{name}: a check listed under also passes: {results}"
     others = {gid: msg for gid, msg in results.items() if msg and gid not in req.checks + req.also}
     assert not others, f"{name}: the mutant also fails checks the table does not map it to: {others}"
+
+
+def assert_earns_only(assignment: str, code: str, parts: set[str] | str, passing: set[str] = frozenset()) -> dict:
+    """Issue 34: an answer that ignores its inputs (or computes nothing) earns nothing on the checks of ``parts``
+    beyond ``passing`` (a shapes check), and passes those."""
+    parts = {parts} if isinstance(parts, str) else set(parts)
+    suite = load_suite(assignment)
+    gids = [gid for gid, c in suite.checks.items() if parts & set(c.parts)]
+    results = run_checks(assignment, code, gids)
+    earned = {gid for gid, msg in results.items() if not msg}
+    assert earned == set(passing), f"earned {sorted(earned)}, expected only {sorted(passing)}: {results}"
+    return results
