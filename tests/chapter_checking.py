@@ -66,3 +66,32 @@ def assert_requirement_broken_alone(assignment: str, stated: Mapping[str, Requir
     assert all(results[gid] for gid in req.also), f"{name}: a check listed under also passes: {results}"
     others = {gid: msg for gid, msg in results.items() if msg and gid not in req.checks + req.also}
     assert not others, f"{name}: the mutant also fails checks the table does not map it to: {others}"
+
+
+def assert_earns_only(assignment: str, code: str, parts: set[str] | str, passing: set[str] = frozenset()) -> dict:
+    """Issue 34: an answer that ignores its inputs (or computes nothing) earns nothing on the checks of ``parts``
+    beyond ``passing`` (a shapes check), and passes those."""
+    parts = {parts} if isinstance(parts, str) else set(parts)
+    suite = load_suite(assignment)
+    gids = [gid for gid, c in suite.checks.items() if parts & set(c.parts)]
+    results = run_checks(assignment, code, gids)
+    earned = {gid for gid, msg in results.items() if not msg}
+    assert earned == set(passing), f"earned {sorted(earned)}, expected only {sorted(passing)}: {results}"
+    return results
+
+
+# A layer's answer that ignores the queries and keys (issue 34): weights uniform over the allowed keys, the output the
+# layer's projections of those weights times the values. ``_uniform(attn, query, key, value, mask)`` for a module
+# ``attn`` holding q_proj, k_proj, v_proj, out_proj and num_heads.
+UNIFORM_LAYER = '''
+
+def _uniform(attn, query, key, value, mask=None):
+    B, n, E = query.shape
+    H, m = attn.num_heads, key.shape[1]
+    v = attn.v_proj(value).view(B, m, H, E // H).transpose(1, 2)
+    allowed = torch.ones(B, H, n, m, dtype=torch.bool)
+    if mask is not None:
+        allowed = allowed & (mask.unsqueeze(1) if mask.dim() == 3 else mask)
+    w = allowed.to(query.dtype) / allowed.sum(-1, keepdim=True).clamp_min(1).to(query.dtype)
+    return attn.out_proj((w @ v).transpose(1, 2).reshape(B, n, E)), w
+'''

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from autograder.judging.checks.ch01_single_head import STATED_REQUIREMENTS
-from chapter_checking import (assert_answer_named, assert_questions_pass, assert_requirement_broken_alone, grade_answer,
+from chapter_checking import (assert_answer_named, assert_earns_only, assert_questions_pass, assert_requirement_broken_alone, grade_answer,
                               question_answers)
 from checking import (assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, namespace, run_suite,
                       source_code)
@@ -258,3 +258,25 @@ def test_numpy_scalars_answer_questions_like_python_numbers(sandboxed):
             backend = LocalBackend(namespace(NUMPY_ANSWERS))
         for gid in questions:
             suite.run(gid, backend, seed_for("t", A, gid))  # raises CheckFailed if marked down
+
+
+# -- issue 34: every check anchored to the reference ------------------------------------------------------
+
+UNIFORM = REF + '''
+def scaled_dot_product_attention(query, key, value, mask=None):
+    """Weights uniform over the allowed keys, whatever the queries and keys are."""
+    allowed = torch.ones(*query.shape[:-1], key.shape[-2], dtype=torch.bool)
+    if mask is not None:
+        allowed = allowed & mask
+    w = allowed.to(query.dtype) / allowed.sum(-1, keepdim=True).clamp_min(1).to(query.dtype)
+    return w @ value, w
+'''
+ZERO_OUTPUT = mutate(REF, "return weights @ value, weights", "return torch.zeros_like(weights @ value), weights")
+
+
+@pytest.mark.parametrize("code", [UNIFORM, ZERO_OUTPUT], ids=["uniform-weights", "zero-output"])
+def test_an_answer_that_ignores_its_inputs_earns_only_the_shapes(code):
+    """Issue 34: the mask, fully-masked and dtype checks compare the answer with itself; they first establish that it
+    is attention of its inputs (the weights follow the scores at the student's own fitted scale)."""
+    results = assert_earns_only(A, code, "scaled_dot_product_attention", {"test_sdpa_shapes"})
+    assert "do not follow the scores" in results["test_sdpa_mask"] or "weights times the values" in results["test_sdpa_mask"]

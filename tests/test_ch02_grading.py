@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from autograder.judging.checks.ch02_multi_head import STATED_REQUIREMENTS
-from chapter_checking import (assert_answer_named, assert_questions_pass, assert_requirement_broken_alone, grade_answer,
+from chapter_checking import (UNIFORM_LAYER, assert_answer_named, assert_earns_only, assert_questions_pass, assert_requirement_broken_alone, grade_answer,
                               question_answers)
 from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
@@ -255,3 +255,17 @@ def test_out_proj_bias_with_bias_false_is_charged_once():
     results = run_suite(A, code)
     assert "out_proj" in results["test_mha_shapes"], results
     assert [gid for gid, msg in results.items() if msg] == ["test_mha_shapes"], results
+
+
+# -- issue 34: every check anchored to the reference ------------------------------------------------------
+
+UNIFORM = mutate(REF, ATTN, "allowed = torch.ones(*q.shape[:-1], k.shape[-2], dtype=torch.bool)\n"
+                 "        allowed = allowed if mask is None else allowed & mask\n"
+                 "        weights = allowed.to(q.dtype) / allowed.sum(-1, keepdim=True).clamp_min(1).to(q.dtype)\n"
+                 "        out = weights @ v  # weights uniform over the allowed keys, whatever q and k are")
+
+
+def test_an_answer_that_ignores_its_inputs_earns_only_the_shapes():
+    """Issue 34: uniform weights over the allowed keys earned test_mha_mask (its own unmasked weights renormalised)."""
+    results = assert_earns_only(A, UNIFORM, "MultiHeadAttention", {"test_mha_shapes"})
+    assert "not attention of its inputs" in results["test_mha_mask"], results["test_mha_mask"]

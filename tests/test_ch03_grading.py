@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autograder.judging.checks.ch03_self_attention import STATED_REQUIREMENTS
-from chapter_checking import (assert_answer_named, assert_questions_pass, assert_requirement_broken_alone, grade_answer,
+from chapter_checking import (UNIFORM_LAYER, assert_answer_named, assert_earns_only, assert_questions_pass, assert_requirement_broken_alone, grade_answer,
                               question_answers)
 from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, namespace, source_code
 
@@ -185,3 +185,16 @@ def test_other_wrong_answers_fail_without_giving_the_answer_away(gid, value):
     message = grade_answer(A, gid, **{gid.removeprefix("test_"): value})
     assert message and "(0, 2)" not in message and "1024" not in message and "134217728" not in message \
         and "3.29" not in message, message
+
+
+# -- issue 34: every check anchored to the reference ------------------------------------------------------
+
+UNIFORM = mutate(REF, FWD, "return _uniform(self.attn, x, x, x, mask)") + UNIFORM_LAYER
+
+
+def test_an_answer_that_ignores_its_inputs_earns_only_the_shapes():
+    """Issue 34: uniform weights earned the mask check (its own weights renormalised) and the permutation check (a
+    mean over the keys is permutation equivariant)."""
+    results = assert_earns_only(A, UNIFORM, "SelfAttention", {"test_self_attention_shapes"})
+    assert all("not attention of its inputs" in results[g] for g in
+               ("test_self_attention_mask", "test_self_attention_permutation")), results

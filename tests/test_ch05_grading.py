@@ -6,7 +6,7 @@ import pytest
 
 import checking
 from autograder.judging.checks.ch05_cross_attention import STATED_REQUIREMENTS
-from chapter_checking import assert_requirement_broken_alone
+from chapter_checking import UNIFORM_LAYER, assert_earns_only, assert_requirement_broken_alone
 from checking import assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 A = "05_cross_attention"
@@ -176,3 +176,16 @@ QUESTIONS = {
 @pytest.mark.parametrize("name, wrong, words", [(q, w, m) for q, cases in QUESTIONS.items() for w, m in cases])
 def test_question_wrong_answer_is_named(name, wrong, words):
     checking.assert_only_question_named(A, checking.with_answer(REF, name, wrong), name, QUESTIONS, words)
+
+
+# -- issue 34: every check anchored to the reference ------------------------------------------------------
+
+UNIFORM = mutate(REF, CALL, "return _uniform(self.attn, x, context, context, mask)") + UNIFORM_LAYER
+
+
+def test_an_answer_that_ignores_its_inputs_earns_only_the_shapes():
+    """Issue 34: uniform weights earned the mask check (its own weights renormalised) and the properties check (a mean
+    over the context ignores its order, and row i of the output depends on x's row i only)."""
+    results = assert_earns_only(A, UNIFORM, {"CrossAttention", "DecoderCrossAttention"}, {"test_cross_attention_shapes"})
+    assert all("not attention of its inputs" in results[g] for g in
+               ("test_cross_attention_mask", "test_cross_attention_properties", "test_decoder_cross_attention_padding")), results

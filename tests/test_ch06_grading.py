@@ -6,7 +6,7 @@ import pytest
 
 import checking
 from autograder.judging.checks.ch06_positional_encoding import STATED_REQUIREMENTS
-from chapter_checking import assert_requirement_broken_alone
+from chapter_checking import assert_earns_only, assert_requirement_broken_alone
 from checking import assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 A = "06_positional_encoding"
@@ -236,3 +236,44 @@ QUESTIONS = {
 @pytest.mark.parametrize("name, wrong, words", [(q, w, m) for q, cases in QUESTIONS.items() for w, m in cases])
 def test_question_wrong_answer_is_named(name, wrong, words):
     checking.assert_only_question_named(A, checking.with_answer(REF, name, wrong), name, QUESTIONS, words)
+
+
+# -- issue 34: a part that computes nothing earns nothing ------------------------------------------------
+
+PLACEHOLDERS = REF + '''
+
+def sinusoidal_positional_encoding(num_positions, dim):
+    if dim % 2:
+        raise ValueError(f"dim must be even, got {dim}")
+    return torch.zeros(num_positions, dim)
+
+
+def position_shift_matrix(delta, dim):
+    return torch.eye(dim)
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    def __init__(self, max_len, dim):
+        super().__init__()
+        self.max_len = max_len
+        self.embedding = nn.Embedding(max_len, dim)
+
+    def forward(self, x):
+        if x.shape[-2] > self.max_len:
+            raise ValueError(f"{x.shape[-2]} positions, more than max_len = {self.max_len}")
+        return x.clone()
+
+
+def apply_rotary_embedding(x, positions=None):
+    if x.shape[-1] % 2:
+        raise ValueError(f"the last dimension must be even, got {x.shape[-1]}")
+    return x.clone()
+'''
+
+
+def test_placeholders_that_raise_the_stated_errors_earn_nothing():
+    """Issue 34: zeros, the identity and copies of x that raise the stated ValueErrors earned 5 of chapter 06's code
+    checks (the shapes, the errors and the identity shift matrix at delta = 3)."""
+    results = assert_earns_only(A, PLACEHOLDERS, {"sinusoidal_positional_encoding", "position_shift_matrix",
+                                                  "LearnedPositionalEmbedding", "apply_rotary_embedding"})
+    assert "not the expected value" in results["test_shift_matrix_shape"], results

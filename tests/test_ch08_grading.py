@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from autograder.judging.checks import CheckFailed, LocalBackend, Trial, load_suite, seed_for
 import checking
@@ -227,7 +228,7 @@ REQUIREMENTS = {
     "tiled: mask hides keys": mutate(REF, MASK_FILL, "pass"),
     "tiled: mask True = may attend": mutate(REF, MASK_FILL, MASK_FILL.replace("~mask", "mask")),
     "tiled: no allowed key gives zeros, not NaN": mutate(REF, DIVIDE, "return acc / total"),
-    "tiled: does not call the setup's attention (it refuses large inputs)": REF + "\ndef tiled_attention(query, key, value, mask=None, causal=False, block_k=4):\n"
+    "tiled: does not call the setup's attention": REF + "\ndef tiled_attention(query, key, value, mask=None, causal=False, block_k=4):\n"
               "    n, m = query.shape[-2], key.shape[-2]\n"
               "    if causal:\n"
               "        tril = torch.ones(n, m, dtype=torch.bool).tril()\n"
@@ -305,3 +306,72 @@ def grouped_query_attention(query, key, value, mask=None):
 '''
     gids = ["test_grouped_query_attention", "test_grouped_query_attention_mask", "test_grouped_query_attention_heads"]
     assert run_checks(code, gids) == {gid: "" for gid in gids}
+
+
+# -- issue 34: "does not call the setup's attention" is the tiled part's rule, not a size ----------------------
+
+CHUNKED = REF + '''
+def tiled_attention(query, key, value, mask=None, causal=False, block_k=4):
+    """The setup's attention on chunks of 8 queries: never more than MAX_SCORES scores at once."""
+    n, m = query.shape[-2], key.shape[-2]
+    if causal:
+        tril = torch.ones(n, m, dtype=torch.bool).tril()
+        mask = tril if mask is None else mask & tril
+    outs, step = [], 8
+    for i in range(0, n, step):
+        sub = None if mask is None else mask.expand(*mask.shape[:-2], n, m)[..., i:i + step, :]
+        outs.append(attention(query[..., i:i + step, :], key, value, sub))
+    return torch.cat(outs, dim=-2)
+'''
+REBOUND = mutate(CHUNKED, "    outs, step = [], 8\n", "    outs, step = [], n  # one chunk: every query at once\n"
+                 "    global MAX_SCORES\n    MAX_SCORES = 10 ** 12  # the setup's attention reads this global\n")
+
+
+@pytest.mark.parametrize("code", [CHUNKED, REBOUND], ids=["chunked-queries", "MAX_SCORES-rebound"])
+def test_the_setup_attention_earns_nothing_in_the_tiled_part_at_any_size(code):
+    """Issue 34: calling the setup's attention on small chunks, or after rebinding MAX_SCORES, earned every tiled
+    point; the tiled part's process refuses torch's softmax, which the setup's attention uses."""
+    tiled = ["test_tiled_attention", "test_tiled_attention_causal", "test_tiled_attention_mask"]
+    scanned = run_suite(A, code)  # the static scan follows the call into the setup's attention
+    assert all(scanned[g].startswith("earns no points") for g in tiled), {g: scanned[g] for g in tiled}
+    assert scanned["test_cached_attention_step"] == "", "the setup's attention still works in the other parts"
+    results = checking.run_checks(A, code, tiled)  # and the run-time rule alone (a call the scan cannot resolve)
+    assert all("setup's attention" in results[g] for g in tiled), results
+
+
+def test_the_tiled_ban_refuses_logsumexp_at_run_time_and_the_setup_still_runs():
+    """The names of SUITE.forbidden map to refused operators: aten::logsumexp and aten::_softmax refuse in a call of
+    the tiled part, and the setup cell's code (its attention, defined and called in another part) runs."""
+    from autograder.judging.checks import StudentError
+    from autograder.in_sandbox.torch_names import runtime_fragments
+
+    suite = load_suite(A)
+    assert {"logsumexp", "softmax"} <= set(runtime_fragments(suite.bans(["tiled_attention"])))
+    ns = namespace(REF + "\ndef lse(x):\n    return torch.logsumexp(x, -1)\n"
+                         "def sm(x):\n    return attention(x, x, x)\n")
+    x = torch.randn(2, 3, 4)
+    for fn in ("lse", "sm"):
+        with pytest.raises(StudentError, match="refused by the grader's guard"):
+            Trial(LocalBackend(ns), 0, suite.bans(["tiled_attention"])).call(fn, x)
+    assert Trial(LocalBackend(ns), 0, suite.bans(["cached_attention"])).call("sm", x).shape == (2, 3, 4)
+
+
+UNIFORM_TILED = REF + '''
+def tiled_attention(query, key, value, mask=None, causal=False, block_k=4):
+    """The mean of the values each query may see, whatever the queries and keys are."""
+    n, m = query.shape[-2], key.shape[-2]
+    allowed = torch.ones(n, m, dtype=torch.bool)
+    if causal:
+        allowed = allowed.tril()
+    if mask is not None:
+        allowed = allowed & mask
+    w = allowed.to(value.dtype)
+    return (w / w.sum(-1, keepdim=True).clamp_min(1)) @ value
+'''
+
+
+def test_a_tiled_answer_that_ignores_its_inputs_earns_nothing():
+    """Issue 34: a mean over the allowed keys earned the causal and mask checks (rows compared with itself)."""
+    results = checking.run_checks(A, UNIFORM_TILED, ["test_tiled_attention", "test_tiled_attention_causal",
+                                                      "test_tiled_attention_mask"])
+    assert all(results.values()), results

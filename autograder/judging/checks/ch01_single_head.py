@@ -15,8 +15,8 @@ from attnkit import scaled_dot_product_attention as ref_attention
 from attnkit import softmax as ref_softmax
 from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, args, close, expect_close, expect_pair,
                                        expect_tensor, listed, mistakes, number, requirements)
-from autograder.judging.checks.common import (ATTENTION_MISTAKES, expect_distributions, expect_masked, fitted_scale,
-                                              hidden_keys_changed)
+from autograder.judging.checks.common import (ATTENTION_MISTAKES, expect_attention_of, expect_distributions,
+                                              expect_masked, fitted_scale, hidden_keys_changed)
 
 SUITE = Suite("01_single_head")
 _BASIC, _DIM, _STABLE = (f"test_softmax_{c}" for c in ("basic", "dim", "stable"))
@@ -191,7 +191,8 @@ def sdpa_mask(t: Trial) -> None:
     for mask, what in [(t.rand_mask(n, m, p=0.6), "masked attention"),
                        (t.rand_mask(b, n, m, p=0.5), "attention with a per-example (B, n, m) mask")]:
         mask[..., 0], mask[..., -1] = True, False  # every query sees key 0; no query sees key m-1
-        _, w0 = _own(t, q, k, v, what="attention without a mask")
+        out0, w0 = _own(t, q, k, v, what="attention without a mask")
+        expect_attention_of(q, k, v, out0, w0, "attention without a mask")  # the anchor: w0 is attention of q, k
         out, w = _own(t, q, k, v, mask, what=what)
         full = mask.expand_as(w)
         expect_masked(w, w0, full, f"the weights of {what}", {
@@ -212,12 +213,16 @@ def sdpa_fully_masked(t: Trial) -> None:
                            "row of -inf divides 0 by 0. The contract asks for a zero row instead (for example, replace "
                            "the row's max by 0 when it is -inf and divide by the sum only where it is positive)")
     out, w = _own(t, q, k, v, mask, what="attention with one fully masked query row")
+    out0, w0 = _own(t, q, k, v, what="attention on the same inputs without a mask")
+    expect_attention_of(q, k, v, out0, w0, "attention on the same inputs without a mask")  # the anchor
     expect_close(w[:, 1], torch.zeros(1, 5), "the weights of the fully masked query row",
                  {ATTENTION_MISTAKES[mistakes.FINITE_FILL]: torch.full((1, 5), 0.2)})
     expect_close(out[:, 1], torch.zeros(1, 2), "the output row of the fully masked query (it should be all zero)")
     rest = torch.tensor([0, 2])
     expect_distributions(w[:, rest], "the weights of the other rows")
     out2, w2 = _own(t, q[:, rest], k, v, mask[rest], what="attention on the other two queries")
+    expect_close(w[:, rest], w0[:, rest], "the weights of the other rows (they may see every key, so they must equal "
+                 "your weights without a mask)")
     expect_close(w[:, rest], w2, "the weights of the other rows (a fully masked row must not change them)")
     expect_close(out[:, rest], out2, "the output of the other rows (a fully masked row must not change them)")
 
@@ -227,6 +232,7 @@ def sdpa_dtype_stability(t: Trial) -> None:
     """float64 in gives float64 out; large scores (1e4 after scaling) stay finite, equal to the float64 answer."""
     q, k, v = t.randn(2, 3, 4), t.randn(2, 5, 4), t.randn(2, 5, 3)
     out32, w32 = _own(t, q, k, v, what="attention on float32 inputs")
+    scale = expect_attention_of(q, k, v, out32, w32, "attention on float32 inputs")  # the anchor
     out, w = _own(t, q.double(), k.double(), v.double())
     expect_tensor(out, tuple(out32.shape), "the output for float64 inputs", dtype=torch.float64)
     expect_tensor(w, tuple(w32.shape), "the weights for float64 inputs", dtype=torch.float64)
@@ -237,6 +243,9 @@ def sdpa_dtype_stability(t: Trial) -> None:
         raise CheckFailed("the weights overflow to NaN/inf for large scores (around 1e4): use a numerically stable "
                           "softmax that subtracts the row maximum")
     out64, w64 = _own(t, q.double(), k.double(), v.double(), what="attention on the same large scores in float64")
+    # the anchor at scores too large to show a scale (one-hot rows): the scale of the float32 call above
+    expect_attention_of(q.double(), k.double(), v.double(), out64, w64, "attention on large scores in float64",
+                        atol=5e-3, scale=scale)
     expect_close(w, w64, "the weights for large scores (they should equal your float64 answer)", atol=1e-4)
     expect_close(out, out64, "the output for large scores (it should equal your float64 answer)", atol=1e-3)
 

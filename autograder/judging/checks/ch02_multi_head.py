@@ -15,7 +15,7 @@ from attnkit import split_heads as ref_split
 from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, build, expect_close, expect_pair,
                                        expect_tensor, listed, mistakes, number, requirements, twin)
 from autograder.judging.checks.common import (INTERLEAVED_SPLIT, MASK_AXES, NAN_ROWS, NO_TRANSPOSE_MERGE,
-                                              NO_TRANSPOSE_SPLIT, REVERSED_HEADS, expect_layer, expect_masked,
+                                              NO_TRANSPOSE_SPLIT, REVERSED_HEADS, expect_layer, expect_layer_of, expect_masked,
                                               hidden_keys_changed, random_weights)
 
 SUITE = Suite("02_multi_head")
@@ -141,7 +141,8 @@ def mha_mask(t: Trial) -> None:
     padding[1, 0, 3:] = False
     per_head[..., 1] = True
     empty[1] = False  # example 1 is a sequence of length 0: none of its queries has a key to attend to
-    _, w0 = _shaped(obj, q, k, v, h, what=" without a mask")
+    out0, w0 = _shaped(obj, q, k, v, h, what=" without a mask")
+    expect_layer_of(out0, w0, p, q, k, v, h, "MultiHeadAttention without a mask")  # the anchor of the relative checks
     for mask, what in [(t.rand_mask(n, m, p=0.6), " with an (n, m) mask"),
                        (t.rand_mask(b, n, m, p=0.6), " with a (B, n, m) mask"),
                        (padding, " with a (B, 1, m) padding mask"), (per_head, " with a (B, H, n, m) per-head mask"),

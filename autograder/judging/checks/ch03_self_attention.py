@@ -12,7 +12,8 @@ from torch import Tensor
 from attnkit import softmax as ref_softmax
 from autograder.judging.checks import (CheckFailed, Suite, Trial, expect_close, expect_pair, expect_tensor, listed,
                                        mistakes, number, requirements, row_set, twin)
-from autograder.judging.checks.common import NAN_ROWS, expect_layer, expect_masked, random_weights, reference
+from autograder.judging.checks.common import (NAN_ROWS, expect_layer, expect_layer_of, expect_masked, random_weights,
+                                              reference)
 
 SUITE = Suite("03_self_attention")
 _SHAPES, _VALUES, _MASK, _PERM = ("test_self_attention_shapes", "test_self_attention_values",
@@ -25,7 +26,7 @@ STATED_REQUIREMENTS = requirements({  # name -> (check(s), words of the message,
     'attn created once in __init__': (_VALUES, 'in __init__', 'create the multiheadattention once', (_MASK, _PERM)),
     'mask passed on': (_MASK, 'mask is ignored', 'pass the mask (true = may attend) on unchanged'),
     'fully masked row gives zeros': (_MASK, 'attends to every key instead', 'do not switch its keys back on'),
-    'permutation equivariance': (_PERM, 'permutation equivariant', "depends on a position's index", (_VALUES,)),
+    'permutation equivariance': (_PERM, 'permutation equivariant', "depends on a position's index", (_VALUES, _MASK)),
     'design: a pair of (d, d_k) matrices': ('test_design_weights', 'pair', 'returns (w_q, w_k)'),
     'design: at least 0.9 on the target': ('test_design_weights', 'scale', 'at least 0.9 of its weight'),
     'design: shared targets': ('test_design_weights', 'share a target', 'several positions may share a target'),
@@ -73,6 +74,13 @@ def self_attention_values(t: Trial) -> None:
                      also={RESIDUAL: (right_out + x.double(), right_w)})
 
 
+def _anchor(out: Tensor, w: Tensor, p: dict, x: Tensor, h: int, what: str) -> None:
+    """The anchor of the checks that compare SelfAttention with itself (issue 34): its answer is attention of x (at
+    its own scale), or a classic mistake the value check names (the residual included)."""
+    right_out, right_w = reference(p, x, x, x, h)
+    expect_layer_of(out, w, p, x, x, x, h, what, also={RESIDUAL: (right_out + x.double(), right_w)})
+
+
 @SUITE.check("test_self_attention_mask", parts=[SELF])
 def self_attention_mask(t: Trial) -> None:
     """The mask (True = may attend) is passed on: (n, n) and (B, n, n) masks hide the same keys in every head."""
@@ -82,7 +90,9 @@ def self_attention_mask(t: Trial) -> None:
     causal, per_example = torch.ones(n, n, dtype=torch.bool).tril(), t.rand_mask(b, n, n, p=0.6)
     per_example[..., 0] = True
     padding = (torch.arange(b) != 1).reshape(b, 1, 1)  # example 1 is empty: no query of it has a key to attend to
-    w0 = expect_tensor(expect_pair(obj(x), SELF)[1], (b, h, n, n), "the weights of SelfAttention without a mask")
+    out0, w0 = expect_pair(obj(x), SELF)
+    w0 = expect_tensor(w0, (b, h, n, n), "the weights of SelfAttention without a mask")
+    _anchor(out0, w0, p, x, h, "SelfAttention without a mask")
     for mask, what in [(causal, " with an (n, n) mask"), (per_example, " with a (B, n, n) mask"),
                        (causal & padding, " with a causal & padding mask where example 1 is empty")]:
         out, w = expect_pair(obj(x, mask), SELF)
@@ -97,7 +107,7 @@ def self_attention_mask(t: Trial) -> None:
 def self_attention_permutation(t: Trial) -> None:
     """Reordering the positions of x reorders the outputs (and the weights' rows and columns) the same way."""
     b, n, e, h = 2, 6, 8, 2
-    obj, _ = _layer(t, e, h)
+    obj, p = _layer(t, e, h)
     x = t.randn(b, n, e)
     perm = torch.randperm(n, generator=t.gen)
     out, w = expect_pair(obj(x), SELF)
@@ -107,6 +117,7 @@ def self_attention_permutation(t: Trial) -> None:
     expect_close(out_p, out[:, perm], "the output for reordered positions (it should be the output reordered: "
                  "self-attention without positions is permutation equivariant)")
     expect_close(w_p, w[:, :, perm][:, :, :, perm], "the weights for reordered positions")
+    _anchor(out, w, p, x, h, "SelfAttention")  # after the property, so that a position-dependent answer is named
 
 
 # -- design the weights ----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from attnkit import CrossAttention as RefCrossAttention
 from autograder.judging.checks import (CheckFailed, Obj, Suite, Trial, choice, draw_weights, expect_close, expect_pair,
                                        expect_tensor, expect_value_error, explained, fail_if_named, listed, mistakes,
                                        number, requirements, twin)
-from autograder.judging.checks.common import expect_masked, hidden_keys_changed
+from autograder.judging.checks.common import expect_layer_of, expect_masked, hidden_keys_changed
 
 SUITE = Suite("05_cross_attention")
 _SHAPES, _VALUES, _MASK, _PROPS = (f"test_cross_attention_{c}" for c in ("shapes", "values", "mask", "properties"))
@@ -129,12 +129,13 @@ def cross_attention_values(t: Trial) -> None:
         _with_unequal_lengths(lambda: _compare(obj, ref, x, ctx))
 
 
-def _expect_mask_property(obj: Obj, part: str, x: Tensor, ctx: Tensor, keep: Tensor, what: str,
+def _expect_mask_property(obj: Obj, ref: nn.Module, part: str, x: Tensor, ctx: Tensor, keep: Tensor, what: str,
                           name: str = "the context mask", given: Callable = lambda keep: keep) -> None:
     """``part``'s answer for (x, ctx) with the mask ``given(keep)`` hides the keys ``keep`` (B, m) marks False: its
     weights are its own unmasked weights renormalised on the real tokens, no NaN, and a padded token's content never
     reaches the output."""
     out0, w0 = _answer(obj, part, x, ctx, 2, what + " without the mask")
+    _anchor(part, ref, x, ctx, out0, w0, f"the answer{what} without the mask")
     out, w = _answer(obj, part, x, ctx, 2, what, given(keep), nan=f": {FULLY_PADDED}")
     full = keep[:, None, None, :].expand_as(w)
     wrong = {WRONG_AXIS: keep[:, None, :, None].expand_as(w)} if x.shape[1] == ctx.shape[1] else {}
@@ -148,23 +149,24 @@ def _expect_mask_property(obj: Obj, part: str, x: Tensor, ctx: Tensor, keep: Ten
 def cross_attention_mask(t: Trial) -> None:
     """A (B, m) context mask hides padded context tokens from every query (n == m and n != m); a fully padded
     example gives zero weights and no NaN."""
-    obj, _ = _module(t, 8, 2)
+    obj, ref = _module(t, 8, 2)
     for b, n, m, empty in [(3, 5, 5, False), (2, 3, 6, False), (3, 7, 4, False), (2, 3, 4, True)]:
         x, ctx, keep = t.randn(b, n, 8), t.randn(b, m, 8), t.rand_mask(b, m, p=0.6)
         keep[:, 0], keep[0, -1] = True, False  # every example has a real context token, and one has a padded one
         keep[0] &= not empty  # the last case's example 0: nothing but padding
         what = f" for x {(b, n, 8)} and context {(b, m, 8)}" + (" whose example 0 is all padding" if empty else
                                                                 " with a context mask")
-        _with_unequal_lengths(lambda: _expect_mask_property(obj, CROSS, x, ctx, keep, what),
+        _with_unequal_lengths(lambda: _expect_mask_property(obj, ref, CROSS, x, ctx, keep, what),
                               WRONG_AXIS + "; or " + N_EQUALS_M)
 
 
 @SUITE.check(_PROPS, parts=[CROSS])
 def cross_attention_properties(t: Trial) -> None:
     """Reordering the context changes nothing; output row i depends on x row i only (no mask: the mask has its own check)."""
-    obj, _ = _module(t, 8, 4)
+    obj, ref = _module(t, 8, 4)
     x, ctx = t.randn(2, 4, 8), t.randn(2, 6, 8)
-    out, _ = _with_unequal_lengths(lambda: _answer(obj, CROSS, x, ctx, 4, " for x (2, 4, 8) and context (2, 6, 8)"))
+    out, w = _with_unequal_lengths(lambda: _answer(obj, CROSS, x, ctx, 4, " for x (2, 4, 8) and context (2, 6, 8)"))
+    _anchor(CROSS, ref, x, ctx, out, w, "the answer for x (2, 4, 8) and context (2, 6, 8)")
     perm = torch.randperm(6, generator=t.gen)
     out_p, _ = expect_pair(obj(x, ctx[:, perm]), CROSS)
     expect_close(out_p, out, "the output after reordering the context tokens: the "
@@ -239,6 +241,38 @@ def _decoder(t: Trial, e: int, h: int) -> tuple[Obj, nn.ModuleDict]:
                 draw=lambda t, s: {k: w + float(k == "norm.weight") for k, w in draw_weights(t, s).items()})[0], ref
 
 
+def _sublayer_answers(ref: nn.ModuleDict, x: Tensor, mem: Tensor) -> tuple[Tensor, Tensor, mistakes.Pairs]:
+    """The reference sublayer's cross-attention (output, weights) on (norm(x), memory), and its classic mistakes."""
+    with torch.no_grad():
+        (att, exp_w), (both, both_w), (post, post_w) = (ref.cross(ref.norm(x), mem),  # the reference: x + att
+                                                        ref.cross(ref.norm(x), ref.norm(mem)), ref.cross(x, mem))
+        return att, exp_w, {
+            "the residual is missing: the sublayer returns x + cross-attention(norm(x), memory)": (att, exp_w),
+            "the memory is normalised too: in a pre-norm decoder the sublayer's norm applies to x (the queries) "
+            "only; the encoder already normalised its output": (x + both, both_w),
+            "this is post-norm (norm(x + attention(x))): the exercise asks for pre-norm, x + attention(norm(x))":
+                (ref.norm(x + post), post_w)}
+
+
+def _params(ref: RefCrossAttention) -> dict[str, Tensor]:
+    return {name: w.detach() for name, w in ref.attn.state_dict().items()}
+
+
+def _anchor(part: str, ref: nn.Module, x: Tensor, ctx: Tensor, out: Tensor, w: Tensor, what: str) -> None:
+    """The anchor of the checks that compare ``part`` with itself (issue 34): its unmasked answer on (x, ctx) is the
+    reference's at the student's own scale, or a classic mistake a value check names."""
+    h = w.shape[1] if isinstance(w, Tensor) and w.dim() == 4 else 1
+    if part == CROSS:
+        with torch.no_grad():
+            wrong = {m: (o.detach(), ww.detach()) for m, (o, ww) in _mistakes(ref, x, ctx).items()}
+        return expect_layer_of(out, w, _params(ref), x, ctx, ctx, h, what, wrong)
+    _, _, wrong = _sublayer_answers(ref, x, ctx)  # the sublayer: x + its cross-attention of (norm(x), memory)
+    with torch.no_grad():
+        nx = ref.norm(x).detach()
+    shifted = {m: (o.detach() - x, ww.detach()) for m, (o, ww) in wrong.items()}
+    expect_layer_of(out - x if isinstance(out, Tensor) else out, w, _params(ref.cross), nx, ctx, ctx, h, what, shifted)
+
+
 @SUITE.check(_SUBLAYER, parts=[DECODER])
 def decoder_cross_attention(t: Trial) -> None:
     """With copied weights, equals x + attnkit's CrossAttention(norm(x), memory) (pre-norm), for n != m."""
@@ -249,15 +283,7 @@ def decoder_cross_attention(t: Trial) -> None:
         out, w = expect_pair(obj(x, mem), DECODER)
         expect_tensor(out, (b, n, e), f"the output{what}")
         expect_tensor(w, (b, h, n, m), f"the weights{what}")
-        with torch.no_grad():
-            (att, exp_w), (both, both_w), (post, post_w) = (ref.cross(ref.norm(x), mem),  # the reference: x + att
-                                                            ref.cross(ref.norm(x), ref.norm(mem)), ref.cross(x, mem))
-            wrong = {
-                "the residual is missing: the sublayer returns x + cross-attention(norm(x), memory)": (att, exp_w),
-                "the memory is normalised too: in a pre-norm decoder the sublayer's norm applies to x (the queries) "
-                "only; the encoder already normalised its output": (x + both, both_w),
-                "this is post-norm (norm(x + attention(x))): the exercise asks for pre-norm, x + attention(norm(x))":
-                    (ref.norm(x + post), post_w)}
+        att, exp_w, wrong = _sublayer_answers(ref, x, mem)
         expect_close(w, exp_w, f"the weights{what}", mistakes.weights(wrong))
         expect_close(out, x + att, f"the output{what}", mistakes.outputs(wrong))
 
@@ -266,11 +292,11 @@ def decoder_cross_attention(t: Trial) -> None:
 def decoder_cross_attention_padding(t: Trial) -> None:
     """memory_lengths hide each example's padded source positions; an empty source (length 0) gives zero weights
     and no NaN (its queries read nothing)."""
-    obj, _ = _decoder(t, 8, 2)
+    obj, ref = _decoder(t, 8, 2)
     for lengths, n, m in [([4, 2, 1], 3, 4), ([0, 5], 2, 5)]:
         x, mem = t.randn(len(lengths), n, 8), t.randn(len(lengths), m, 8)
         what = f" for memory_lengths={lengths}, x {(len(lengths), n, 8)} and memory {(len(lengths), m, 8)}"
-        _expect_mask_property(obj, DECODER, x, mem, _ref_source_mask(torch.tensor(lengths), m), what, "memory_lengths",
+        _expect_mask_property(obj, ref, DECODER, x, mem, _ref_source_mask(torch.tensor(lengths), m), what, "memory_lengths",
                               given=lambda keep: keep.sum(-1))  # the lengths of the prefix mask
 
 

@@ -10,6 +10,7 @@ import torch
 from attnkit import apply_rotary_embedding as ref_rope
 from attnkit import position_shift_matrix as ref_shift
 from attnkit import sinusoidal_positional_encoding as ref_pe
+from autograder.judging.checks.compare import expect_computes
 from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, close, expect_close, expect_tensor,
                                        expect_value_error, number, requirements)
 
@@ -33,8 +34,8 @@ STATED_REQUIREMENTS = requirements({  # name -> (check(s), words of the message,
     'rope: given positions used': (_ROPE, 'positions argument is ignored', '1-d tensor of the n rows'),
     "rope: x's dtype": (_ROPE, "return x's dtype", 'shape and dtype (a float64 x'),
     'rope: odd d raises ValueError': (_ROPE_ODD, 'ValueError', 'an odd d cannot be split'),
-    'rope: depends on i - j only': (_RELATIVE, 'offset only', 'on q, k and i - j only', (_ROPE,)),
-    'rope: a rotation keeps lengths': (_RELATIVE, 'length', 'rotates each query and key', (_ROPE,)),
+    'rope: depends on i - j only': (_RELATIVE, 'offset only', 'on q, k and i - j only', (_ROPE, _ROPE_ODD)),
+    'rope: a rotation keeps lengths': (_RELATIVE, 'length', 'rotates each query and key', (_ROPE, _ROPE_ODD)),
 })
 PE, SHIFT, LEARNED = "sinusoidal_positional_encoding", "position_shift_matrix", "LearnedPositionalEmbedding"
 ROPE = "apply_rotary_embedding"
@@ -89,6 +90,8 @@ def sinusoidal_shape(t: Trial) -> None:
             raise CheckFailed(f"sinusoidal_positional_encoding({n}, {d}) has dtype {P.dtype}; the exercise asks for "
                               "float32 (the dtype of the embeddings it is added to: a float64 table would turn x + P "
                               "into float64). Compute in float64 if you like, then .float()")
+    expect_computes(P, ref_pe(n, d, dtype=torch.float64), f"sinusoidal_positional_encoding({n}, {d})", _pe_mistakes(n, d),
+                    atol=2e-4)
 
 
 SUITE.oracle(_PE_VALUES, PE, "Every entry equals sin(i w_j) / cos(i w_j) with w_j = 10000^(-2j/dim), "
@@ -102,7 +105,8 @@ def sinusoidal_odd_dim(t: Trial) -> None:
     for d in (5, 1):
         expect_value_error(lambda: t.call(PE, 4, d), f"sinusoidal_positional_encoding(4, {d})",
                             "With an odd dim the last sin column would have no cos partner: check dim % 2 first")
-    expect_tensor(t.call(PE, 3, 2), (3, 2), "sinusoidal_positional_encoding(3, 2) (the smallest even dim must work)")
+    P = expect_tensor(t.call(PE, 3, 2), (3, 2), "sinusoidal_positional_encoding(3, 2) (the smallest even dim must work)")
+    expect_computes(P, ref_pe(3, 2, dtype=torch.float64), "sinusoidal_positional_encoding(3, 2)", _pe_mistakes(3, 2))
 
 
 # -- the shift matrix -----------------------------------------------------------------------------
@@ -136,6 +140,8 @@ def shift_matrix_shape(t: Trial) -> None:
     if M.to(torch.float64)[~block].abs().max() > 1e-6:
         raise CheckFailed("position_shift_matrix(3, 8) has non-zero entries outside the 2x2 diagonal blocks: each "
                           "sin/cos pair (columns 2j, 2j+1) rotates on its own")
+    # the identity passes the two checks above for every delta: M(3, 8) is not the identity (issue 34)
+    expect_computes(M, ref_shift(3, 8, dtype=torch.float64), "position_shift_matrix(3, 8)", _shift_mistakes(3, 8))
 
 
 @SUITE.check(_SHIFT, parts=[SHIFT])
@@ -194,7 +200,9 @@ def learned_embedding(t: Trial) -> None:
 def learned_embedding_max_len(t: Trial) -> None:
     """Sequences up to max_len work; a longer one raises a ValueError (there is no learned row for it)."""
     obj = t.new(LEARNED, 5, 4)
-    _, table = _table_of(obj, 5, 4)
+    name, table = _table_of(obj, 5, 4)
+    table = t.randn(5, 4)  # a table of the judge's (a table of zeros would make x + table[:n] a copy of x)
+    obj.load({name: table})
     try:
         out = obj(t.randn(2, 5, 4))
     except StudentError as err:
@@ -208,6 +216,9 @@ def learned_embedding_max_len(t: Trial) -> None:
                 raise CheckFailed(f"a sequence of exactly max_len = 5 positions fails ({err}): {LEARNED_FROM_1}") from None
         raise
     expect_tensor(out, (2, 5, 4), "the output for a sequence of exactly max_len = 5 positions")
+    x = t.randn(2, 3, 4)
+    expect_computes(obj(x), x + table[:3], "LearnedPositionalEmbedding(5, 4) on x of shape (2, 3, 4)",
+                    _learned_mistakes(x, table))
     expect_value_error(lambda: obj(t.randn(2, 6, 4)), "LearnedPositionalEmbedding(5, 4) on a sequence of 6 positions",
                         "Position 5 has no learned row: compare x.shape[-2] with max_len and raise a ValueError that "
                         "names both")
@@ -279,6 +290,10 @@ def rotary_odd_dim(t: Trial) -> None:
     """An odd last dimension raises a ValueError (columns are rotated in pairs)."""
     expect_value_error(lambda: t.call(ROPE, t.randn(1, 3, 5)), "apply_rotary_embedding(x of shape (1, 3, 5))",
                         "With an odd width the last column has no partner to rotate with: check x.shape[-1] % 2")
+    x = t.randn(1, 3, 4)
+    expect_computes(_call_rope(t, x, None, "apply_rotary_embedding(x of shape (1, 3, 4))"),
+                    ref_rope(x.to(torch.float64), None), "apply_rotary_embedding(x of shape (1, 3, 4))",
+                    _rope_mistakes(x, None))
 
 
 @SUITE.check(_RELATIVE, parts=[ROPE])

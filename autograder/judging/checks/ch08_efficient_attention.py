@@ -1,8 +1,12 @@
 """Graded checks for exercise 08_efficient_attention (requirements: ``STATED_REQUIREMENTS``). The update checks fold
 a block into a realistic state and name the classic mistakes computed from the same inputs; the cache checks compare
 with causal attention over the whole sequence; tiled_attention's causal and mask checks compare each row with the
-student's own tiled_attention over the keys it may see (a wrong scale costs test_tiled_attention alone). A large
-case in each test_tiled_* catches a call of the setup's attention (inlining the score matrix is left to the formgrader).
+student's own tiled_attention over the keys it may see (a wrong scale costs test_tiled_attention alone), after the
+answer is anchored to the reference (a row that sees every key is the attention of its inputs, issue 34).
+"Do not call the setup's attention" is part of the tiled part's rule, not read from a size (issue 34): the part's
+process refuses torch's softmax and logsumexp (``SUITE.forbidden``, banned at run time), and the setup's attention
+computes with torch's softmax, so calling it, on inputs of any size, is refused (inlining the score matrix is left
+to the formgrader).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ STATED_REQUIREMENTS = requirements({  # name -> (check(s), words of the message,
     'tiled: mask hides keys': (_TILED_MASK, 'mask is ignored', 'give the masked keys of each block the score -\\infty'),
     'tiled: mask True = may attend': (_TILED_MASK, 'polarity', 'true = may attend'),
     'tiled: no allowed key gives zeros, not NaN': (_TILED_MASK, '0 / 0', 'no allowed key at all gets a row of zeros'),
-    "tiled: does not call the setup's attention (it refuses large inputs)": (
+    "tiled: does not call the setup's attention": (
         (_TILED_VALUES, _TILED_CAUSAL, _TILED_MASK), "setup's attention", 'so do not call attention from it'),
     'gqa: ValueError when G does not divide H': (_GQA_HEADS, 'check is missing', 'when g does not divide h'),
     'gqa: the ValueError names H and G': (_GQA_HEADS, 'name both numbers', 'message names both numbers'),
@@ -66,6 +70,12 @@ STATED_REQUIREMENTS = requirements({  # name -> (check(s), words of the message,
         'lower triangle shifted right by t'),
 })
 UPDATE, APPEND, CACHED, TILED = "online_softmax_update", "append_to_cache", "cached_attention", "tiled_attention"
+# The tiled loop is the online softmax written out: torch's softmax and logsumexp are outside it (the static scan names
+# them; at run time the part's process refuses aten's softmax and logsumexp operators, so the setup's attention, which
+# uses torch's softmax, cannot stand in for the loop on chunks of any size, and rebinding MAX_SCORES changes nothing).
+SUITE.forbidden = {TILED: {name: f"torch's {name}" for name in (
+    "softmax", "log_softmax", "Softmax", "LogSoftmax", "softmin", "Softmin", "logsumexp", "logits_to_probs",
+    "Categorical")}}
 
 NO_RESCALE_SUM = ("the running sum is not rescaled when the maximum grows: multiply the old running_sum by "
                   "exp(running_max - new_max) before adding the block's exponentials")
@@ -335,8 +345,9 @@ BLOCK_LOCAL = ("the causal mask compares positions inside the block (0..b-1) wit
                "position in the whole sequence, block start + c")
 MASK_IGNORED = "the mask is ignored: give the masked keys of each block the score -inf"
 MASK_INVERTED = "the mask's polarity is inverted: True means may attend, so hide the keys where the mask is False"
-CALLS_SETUP = ("tiled_attention calls the setup's attention, which forms the whole (n, m) score matrix at once and "
-               "refuses one larger than MAX_SCORES: the exercise is the loop, one block of keys at a time through your "
+CALLS_SETUP = ("tiled_attention calls the setup's attention (or torch's softmax or logsumexp), which its checks "
+               "refuse, on inputs of any size: the setup's attention forms the whole score matrix of a chunk at once "
+               "with torch's softmax. The exercise is the loop, one block of keys at a time through your "
                "online_softmax_update")
 MAX_SCORES = 2 ** 16  # the setup's attention refuses more scores
 EMPTY_NAN = ("a query with no allowed key gives NaN (0 / 0): its running sum is 0, so return zeros there "
@@ -394,6 +405,16 @@ def _expect_own_rows(t: Trial, got: Tensor, q: Tensor, k: Tensor, v: Tensor, wha
     allowed = torch.ones(n, m, dtype=torch.bool).tril() if causal else torch.ones(n, m, dtype=torch.bool)
     allowed = (allowed & mask if mask is not None else allowed).expand(*lead, n, m).reshape(-1, n, m)
     qs, ks, vs = (x.expand(*lead, *x.shape[-2:]).reshape(-1, *x.shape[-2:]) for x in (q, k, v))
+    # the anchor (issue 34): without a mask, the answer is softmax attention of its inputs (or a named mistake of the
+    # loop): an output that ignores the queries and keys (a mean of the values) is not compared with itself
+    own = expect_tensor(t.call(TILED, qs[:1], ks[:1], vs[:1], block_k=block), (1, n, v.shape[-1]),
+                        f"tiled_attention without a mask on the inputs of {what}")
+    unmasked = _tiled_mistakes(qs[:1], ks[:1], vs[:1], None, False, block)
+    if not close(own, ref_tiled(qs[:1].double(), ks[:1].double(), vs[:1].double())) and \
+            not any(close(own, wrong) for wrong in unmasked.values()):
+        raise CheckFailed(f"{what}: without a mask, your tiled_attention on the same inputs is not softmax attention "
+                          "of them (softmax(Q K^T / sqrt(d_k)) V): this check compares your masked rows with your own "
+                          "answer, so it first needs that answer to follow its queries and keys")
     if not bool(got.reshape(-1, n, v.shape[-1]).abs().sum(-1)[allowed.any(-1)].gt(0).all()):
         raise CheckFailed(f"{what}: a query that may see some key gets an output of zeros: it is the softmax-weighted "
                           "sum of the values it may see")
@@ -419,7 +440,8 @@ def _expect_tiled(t: Trial, q: Tensor, k: Tensor, v: Tensor, what: str, mask: Te
     try:
         got = t.call(TILED, q, k, v, **kwargs)
     except StudentError as err:
-        if "MemoryError" in str(err) and "MAX_SCORES" in str(err):
+        refused = "refused by the grader's guard" in str(err) and any(f in str(err) for f in ("softmax", "logsumexp"))
+        if refused or "MemoryError" in str(err) and "MAX_SCORES" in str(err):
             raise CheckFailed(f"{what}: {CALLS_SETUP}") from None
         raise
     if isinstance(got, Tensor) and got.is_floating_point() and not torch.isfinite(got).all():

@@ -20,7 +20,7 @@ from attnkit import softmax as ref_softmax
 from attnkit import split_heads as ref_split
 from attnkit.torch_twins import to_torch_multihead
 from autograder.judging.checks import mistakes
-from autograder.judging.checks.compare import expect_close, expect_tensor
+from autograder.judging.checks.compare import close, expect_close, expect_tensor
 from autograder.judging.checks.verdicts import CheckFailed
 from autograder.judging.checks.trial import Trial
 
@@ -263,3 +263,71 @@ def scaled_reference(p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, mask: T
     full = None if mask is None else _per_head(mask).expand(q.shape[0], h, q.shape[1], k.shape[1])
     c = fitted_scale(ref_split(Q, h) @ ref_split(K, h).transpose(-2, -1), w, full)
     return _heads(p, Q, K, V, h, mask, scale=None if c is None else 1.0 / c ** 2)
+
+
+# -- anchors: a property judged relative to the student's own answer is paid only when that answer follows its inputs
+
+NOT_ATTENTION = ("the weights do not follow the scores: they must be softmax(c * Q K^T) over the keys, for a scale "
+                 "c > 0 (1/sqrt(d_k)); weights that ignore the queries or the keys (uniform over the allowed keys, "
+                 "say) earn nothing here, because this check compares your answer with your own answer on related "
+                 "inputs and so first needs it to be attention of its inputs")
+NOT_LAYER = ("it is not attention of its inputs: with the weights loaded into your module, the weights must be "
+             "softmax(c * Q K^T) of its projections (for a scale c > 0) and the output out_proj of the weights times "
+             "the projected values, or one of the layer's classic mistakes that the value checks name; an answer that "
+             "ignores its inputs (uniform weights, say) earns nothing here, because this check compares your answer "
+             "with your own answer on related inputs")
+
+
+def attention_scale(scores: Tensor, w: Tensor, allowed: Tensor | None = None, atol: float = 1e-4,
+                    scale: tuple[float, int] | None = None) -> tuple[float, int] | None:
+    """``(c, dim)`` when ``w`` is ``softmax(c * scores)`` along ``dim`` over the ``allowed`` keys (zeros elsewhere, and
+    in a row with no allowed key) for the student's own scale ``c > 0`` (:func:`fitted_scale`); ``dim`` is -1 (the
+    keys) or -2 (the queries: the named mistake a value check charges). None when ``w`` does not follow the scores:
+    the anchor of a check that judges ``w`` against the student's own answer. ``scale``: a ``(c, dim)`` found on
+    other inputs, tested instead of fitting one (scores so large that the weights are one-hot show no scale)."""
+    if not isinstance(w, Tensor) or not w.is_floating_point() or w.dim() < 2 \
+            or tuple(torch.broadcast_shapes(scores.shape, w.shape)) != tuple(w.shape):
+        return None
+    s = scores.double().expand(w.shape)
+    full = torch.ones_like(s, dtype=torch.bool) if allowed is None else allowed.expand(w.shape)
+    for dim in (-1, -2) if scale is None else (scale[1],):
+        c = scale[0] if scale is not None else fitted_scale(s.transpose(-1, dim), w.transpose(-1, dim),
+                                                            full.transpose(-1, dim))
+        if c is not None and close(w, ref_softmax((c * s).masked_fill(~full, float("-inf")), dim=dim), atol, atol):
+            return c, dim
+    return None
+
+
+def follows_scores(scores: Tensor, w: Tensor, allowed: Tensor | None = None, atol: float = 1e-4) -> bool:
+    """Whether ``w`` is softmax attention of ``scores`` at the student's own scale (:func:`attention_scale`)."""
+    return attention_scale(scores, w, allowed, atol) is not None
+
+
+def expect_attention_of(q: Tensor, k: Tensor, v: Tensor, out: Tensor, w: Tensor, what: str,
+                        allowed: Tensor | None = None, atol: float = 1e-4,
+                        scale: tuple[float, int] | None = None) -> tuple[float, int]:
+    """The anchor of a check of attention relative to the student's own answer: the weights ``w`` follow the scores
+    ``q k^T`` at the student's own scale (:func:`follows_scores`) and the output is ``w @ v``. A wrong scale passes
+    (it costs the check of the values alone); weights or an output that ignore their inputs do not. Returns the
+    student's ``(c, dim)`` (:func:`attention_scale`; ``scale``: one found on other inputs, tested instead)."""
+    found = attention_scale(q @ k.transpose(-2, -1), w, allowed, atol, scale)
+    if found is None:
+        raise CheckFailed(f"{what}: {NOT_ATTENTION}")
+    if not close(out, w.double() @ v.double(), atol, atol):
+        raise CheckFailed(f"{what}: the output is not the weights times the values (weights @ value); an output that "
+                          "does not follow its inputs earns nothing here")
+    return found
+
+
+def expect_layer_of(out, w, p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, what: str,
+                    also: mistakes.Pairs | None = None) -> None:
+    """The anchor of a layer's check relative to the student's own answer (the mask, a permutation): the unmasked
+    ``(out, w)`` of MultiHeadAttention with weights ``p`` on (q, k, v) at the student's own scale
+    (:func:`scaled_reference`), or one of the layer's named mistakes (:func:`mha_mistakes`, ``also``), which the
+    value checks charge. Ignoring the inputs (uniform weights, an output of zeros) passes neither."""
+    if not isinstance(out, Tensor) or not isinstance(w, Tensor):
+        raise CheckFailed(f"{what}: {NOT_LAYER}")
+    right = scaled_reference(p, q, k, v, h, None, w)
+    candidates = [right, *mha_mistakes(p, q, k, v, h).values(), *(also or {}).values()]
+    if not any(close(out, o) and close(w, ww) for o, ww in candidates):
+        raise CheckFailed(f"{what}: {NOT_LAYER}")

@@ -88,3 +88,14 @@ def expect_close(actual: Tensor, expected: Tensor, what: str, mistakes: Mapping[
     fail_if_named(actual, mistakes, what, lambda a, b: close(a, b, atol, rtol))
     err = (actual.to(torch.float64) - expected.to(torch.float64)).abs().max().item()
     raise CheckFailed(f"{what} does not match the expected values (largest difference {err:.3g})")
+
+
+def expect_computes(actual: Any, expected: Tensor, what: str, mistakes: Mapping[str, Tensor] | None = None,
+                    atol: float = 1e-4) -> None:
+    """A contract check's anchor (issue 34: a part that computes nothing earns nothing): ``actual`` is the right value
+    or one of the named ``mistakes`` (which the value checks charge), not a placeholder of the right shape."""
+    if close(actual, expected, atol, atol) or named_mistake(actual, mistakes, lambda a, b: close(a, b, atol, atol)):
+        return
+    raise CheckFailed(f"{what} is not the expected value (nor a known mistake): this check of the contract is paid "
+                      "only together with a value the part computes, and a placeholder of the right shape (zeros, "
+                      "the identity, a copy of x) computes nothing")
