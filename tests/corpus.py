@@ -260,7 +260,7 @@ def scaled_dot_product_attention(query, key, value, mask=None):
     out = vars(F)[_name](query, key, value, attn_mask=mask)
     w = softmax(query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1]))
     return out, w
-''')), SOFTMAX_POINTS + QUESTION_POINTS, message="torch's own"),
+''')), SOFTMAX_POINTS + QUESTION_POINTS, message="outside its vocabulary"),
         # -- faults: the batch goes on, honest points kept ------------------------------------------------------
         Case("infinite_loop_ignoring_sigint", write_nb(notebook(extra=[
             "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    pass\n"])),
@@ -341,23 +341,24 @@ _NET = _online()
         # -- authorship, whatever else the notebook holds -------------------------------------------------------
         Case("magic_and_broken_cell_do_not_hide_delegation", write_nb(notebook(
             softmax="def softmax(x, dim=-1):\n    return torch.softmax(x, dim).nan_to_num(0.0)\n",
-            extra=["%matplotlib inline\n", "def oops(:\n    pass\n"])), SDPA_POINTS + QUESTION_POINTS, message="torch's softmax"),
+            extra=["%matplotlib inline\n", "def oops(:\n    pass\n"])), SDPA_POINTS + QUESTION_POINTS, message="outside its vocabulary"),
         Case("delegates_to_aten_by_computed_name", write_nb(notebook(sdpa='''
 def scaled_dot_product_attention(query, key, value, mask=None):
     op = getattr(torch.ops.aten, bytes.fromhex("5f7363616c65645f646f745f70726f647563745f617474656e74696f6e5f6d617468").decode())
     m = None if mask is None else torch.zeros(mask.shape, dtype=query.dtype).masked_fill(~mask, float("-inf"))
     out, w = op(query, key, value, attn_mask=m)
     return out.nan_to_num(0.0), w.nan_to_num(0.0)
-''')), SOFTMAX_POINTS + QUESTION_POINTS, message="torch's own"),
+''')), SOFTMAX_POINTS + QUESTION_POINTS, message="outside its vocabulary"),
         Case("percent_continuation_beside_a_magic", write_nb(notebook(softmax="%matplotlib inline\n" + SOFTMAX.replace(
             "    x_max = x.amax", "    dim = (dim\n           % x.dim())\n    x_max = x.amax", 1))), FULL),
-        # -- a part's bans hold at run time, whatever route reaches torch's softmax (the static scan misses these)
+        # -- routes by names built at run time: outside the vocabulary (issue 34), and refused at run time behind it
+        # (the run-time refusal alone: forged_softmax_through_the_part_allowed_it, the hooks, tests/test_vocabulary.py)
         Case("forged_softmax_name_built_at_run_time", write_nb(notebook(softmax=
             "def softmax(x, dim=-1):\n    return getattr(torch, ''.join(map(chr, [115, 111, 102, 116, 109, 97, 120])))(x, dim)"
-            ".nan_to_num(0.0)\n")), SDPA_POINTS + QUESTION_POINTS, message="torch's own implementation"),
+            ".nan_to_num(0.0)\n")), SDPA_POINTS + QUESTION_POINTS, message="outside its vocabulary"),
         Case("forged_softmax_unpickled", write_nb(notebook(softmax=
             "import pickle\n_f = pickle.loads(bytes.fromhex('63746f7263680a736f66746d61780a2e'))\n"
-            "def softmax(x, dim=-1):\n    return _f(x, dim).nan_to_num(0.0)\n")), SDPA_POINTS + QUESTION_POINTS, message="torch's own implementation"),
+            "def softmax(x, dim=-1):\n    return _f(x, dim).nan_to_num(0.0)\n")), SDPA_POINTS + QUESTION_POINTS, message="outside its vocabulary"),
         Case("forged_softmax_torchscript_from_a_string", write_nb(notebook(softmax=
             "import base64\n_cu = torch.jit.CompilationUnit(base64.b64decode("
             "'ZGVmIGYoeDogVGVuc29yLCBkOiBpbnQpOgogICAgcmV0dXJuIHRvcmNoLnNvZnRtYXgoeCwgZCkK').decode())\n"
@@ -366,7 +367,7 @@ def scaled_dot_product_attention(query, key, value, mask=None):
         Case("forged_softmax_distribution_from_logits", write_nb(notebook(softmax=
             "_D = vars(torch.distributions)[bytes.fromhex('43617465676f726963616c').decode()]\n"
             "def softmax(x, dim=-1):\n    return _D(logits=x.movedim(dim, -1), validate_args=False).probs.movedim(-1, dim).nan_to_num(0.0)\n")),
-             SDPA_POINTS + QUESTION_POINTS, message="torch's own implementation"),
+             SDPA_POINTS + QUESTION_POINTS, message="outside its vocabulary"),
         Case("forged_softmax_through_the_part_allowed_it", write_nb(notebook(
             softmax="def softmax(x, dim=-1):\n    x = x.movedim(dim, -1)\n    eye = torch.eye(x.shape[-1], dtype=x.dtype)\n"
                     "    w = scaled_dot_product_attention(x.unsqueeze(-2) * math.sqrt(x.shape[-1]), eye, eye)[1]\n"
@@ -403,7 +404,7 @@ def softmax(x, dim=-1):
             runner.guard = type("Off", (), {{"judged": lambda self, f: contextlib.nullcontext(), "refusals": []}})()
         frame = getattr(frame, _h("{b"f_back".hex()}"))
     return getattr(torch, _h("{b"softmax".hex()}"))(x, dim).nan_to_num(0.0)
-''')), SDPA_POINTS + QUESTION_POINTS, message="torch's own implementation"),
+''')), SDPA_POINTS + QUESTION_POINTS, message="outside its vocabulary"),
         # A helper process started before any judged call, to which the part sends its tensor: fork is refused in
         # the sandbox (seccomp), so no helper exists when the part needs it. torch.softmax written plainly in
         # module-level code the part never calls, and F.scaled_dot_product_attention for the attention part.
@@ -431,7 +432,7 @@ try:  # torch's Python softmax imports torch._dynamo on its first call (seconds)
     softmax(torch.zeros(1))
 except Exception:
     pass
-''')), SDPA_POINTS + QUESTION_POINTS, message="torch's own implementation"),
+''')), SDPA_POINTS + QUESTION_POINTS, message="outside its vocabulary"),
         # -- grader-side analysis is bounded: minutes unbounded, graded normally now ----------------------------
         Case("pathological_magics_and_helper_chain", write_nb(notebook(extra=[
             "\n".join(f"x{i} = {i}\n%time y = 1" for i in range(600)),
@@ -601,13 +602,13 @@ def _cases_29() -> list[Case]:
         # The guard's object graph through sys.modules (Guard._plan, _probe, judged replaced): nothing of it enforces
         # the ban in the sandbox (the registration has no Python handle).
         Case("guard_object_graph_through_sys_modules", write_nb(notebook(softmax=GUARD_GRAPH)),
-             SDPA_POINTS + QUESTION_POINTS, message="torch's own implementation"),
+             SDPA_POINTS + QUESTION_POINTS, message="outside its vocabulary"),
         # torch.ao's quantizable MultiheadAttention, by a star import: the scan reads the bare name ...
         Case("torch_ao_star_import", write_nb(notebook(sdpa=AO_STAR_IMPORT)), SOFTMAX_POINTS + QUESTION_POINTS,
              message="star import"),
         # ... and by a name built at run time: its forward, which names attention and calls a softmax, refuses.
         Case("torch_ao_by_a_run_time_name", write_nb(notebook(sdpa=AO_BY_RUN_TIME_NAME)),
-             SOFTMAX_POINTS + QUESTION_POINTS, message="torch's own implementation"),
+             SOFTMAX_POINTS + QUESTION_POINTS, message="outside its vocabulary"),
         # -- honest code stays honest --
         Case("autograd_function_keeps_its_output_on_ctx", write_nb(notebook(softmax=AUTOGRAD_CTX)), FULL),
         Case("writefile_module_imported_whole", write_nb(notebook(

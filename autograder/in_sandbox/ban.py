@@ -286,8 +286,8 @@ def _guarded_get_code(original: Any, torch: types.ModuleType) -> Any:
 # -- the ban for the process's life (the sandbox) ---------------------------------------------------------
 
 
-def refusal_message(op: str) -> str:
-    return (f"torch.ops.aten.{op} is torch's own implementation, refused by the grader's guard (a part's answer "
+def refusal_message(op: str, namespace: str = "aten") -> str:
+    return (f"torch.ops.{namespace}.{op} is torch's own implementation, refused by the grader's guard (a part's answer "
             "may not reach it, by any route); the exercise asks you to compute it yourself")
 
 
@@ -302,8 +302,8 @@ def _refuse(*args: Any, **kwargs: Any) -> Any:
     raise Delegated("__attention_course_message__")
 
 
-def _kernel(op: str) -> types.FunctionType:
-    message = refusal_message(op)
+def _kernel(op: str, namespace: str = "aten") -> types.FunctionType:
+    message = refusal_message(op, namespace)
     code = _refuse.__code__
     code = code.replace(co_consts=tuple(message if c == "__attention_course_message__" else c for c in code.co_consts))
     return types.FunctionType(code, _refuse.__globals__, "refuse")
@@ -323,7 +323,7 @@ def plan(torch: types.ModuleType, fragments: tuple[str, ...]) -> list[tuple[str,
                 for key in torch_names.GUARD_KEYS:
                     try:
                         if has(full, key):
-                            found.append((full[len("aten::"):], key))
+                            found.append((full, key))
                     except RuntimeError:
                         pass
             plans[one] = found
@@ -335,7 +335,8 @@ def prepare(torch: types.ModuleType) -> None:
     """The ban's one-off work, before any ban is installed: torch's loaded functions guarded, the operator
     list and the plans of the bans parts use. The zygote does it once before it forks."""
     guard_loaded(torch)
-    plan(torch, ("softmax", "softmin", "logsumexp", "logcumsumexp", "crossentropy", "rotary"))
+    import torch.onnx  # noqa: F401 - its operators (rotary embedding, attention) exist before any ban names them
+    plan(torch, ("softmax", "softmin", "logsumexp", "logcumsumexp", "crossentropy", "rotary", "namespace:onnx"))
 
 
 def _audit(event: str, args: tuple, _missing: Any = None, _torch: str = "\0", _own: str = "\0", _function: Any = None,
@@ -403,21 +404,25 @@ def ban_for_life(torch: types.ModuleType, fragments: tuple[str, ...]) -> list[tu
     loader = _bootstrap_external.SourceLoader
     if not getattr(loader.get_code, "__guards_torch__", False):
         loader.get_code = _guarded_get_code(loader.get_code, torch)
-    # 1: the kernels, registered through a handle no Python object keeps.
-    lib = torch._C._dispatch_library("IMPL", "aten", "")
+    # 1: the kernels, registered through a handle no Python object keeps (one per namespace: aten, onnx, ...).
     pairs = plan(torch, fragments)
     kernels: dict[str, types.FunctionType] = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "overriding a previously registered kernel": the point
-        for op, key in pairs:
-            base = op.split(".")[0]
-            kernels.setdefault(base, _kernel(base))
-            try:
-                lib.impl(op, key, kernels[base])
-            except (RuntimeError, ValueError):
-                pass
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(lib))  # kept alive for the process's life, by nothing in Python
-    del lib
+    for namespace in sorted({full.split("::")[0] for full, _ in pairs}):
+        lib = torch._C._dispatch_library("IMPL", namespace, "")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "overriding a previously registered kernel": the point
+            for full, key in pairs:
+                if not full.startswith(namespace + "::"):
+                    continue
+                op = full[len(namespace) + 2:]
+                base = op.split(".")[0]
+                kernels.setdefault(full.split(".")[0], _kernel(base, namespace))
+                try:
+                    lib.impl(op, key, kernels[full.split(".")[0]])
+                except (RuntimeError, ValueError):
+                    pass
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(lib))  # kept alive for the process's life, by nothing in Python
+        del lib
     # 3: the audit hook, its defaults set before it is added (afterwards they cannot be changed).
     _missing_check.__defaults__ = (code_kind, types.CodeType, checks, type)
     code_kind.__defaults__ = (ban_kind, ("softmax", "logsumexp"), str)
@@ -461,7 +466,10 @@ class Guard:
         lib = self.torch.library.Library("aten", "IMPL")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            for op, key in plan(self.torch, fragments):
+            for full, key in plan(self.torch, fragments):
+                if not full.startswith("aten::"):
+                    continue  # other namespaces are refused in the sandbox only (this guard is no boundary)
+                op = full[len("aten::"):]
                 try:
                     lib.impl(op, self._refuser(op.split(".")[0]), key)
                 except (RuntimeError, ValueError):
@@ -471,8 +479,8 @@ class Guard:
     def _table(self, fragments: tuple[str, ...]) -> list[str]:
         dump = self.torch._C._dispatch_dump
         keys = tuple(f"{key}: " for key in torch_names.GUARD_KEYS)
-        return [line for op in sorted({op for op, _ in plan(self.torch, fragments)})
-                for line in dump("aten::" + op).splitlines() if line.startswith(keys)]
+        return [line for op in sorted({op for op, _ in plan(self.torch, fragments) if op.startswith("aten::")})
+                for line in dump(op).splitlines() if line.startswith(keys)]
 
     def _probe(self, fragments: tuple[str, ...]) -> None:
         torch = self.torch

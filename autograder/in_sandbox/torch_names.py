@@ -71,12 +71,13 @@ def is_torch_attention(name: str) -> str | None:
 
 
 IMPORT = "import:"  # a ban ``import:LIB`` refuses importing LIB and its submodules (a library outside the vocabulary)
+NAMESPACE = "namespace:"  # a ban ``namespace:NS`` refuses every operator of the dispatcher's namespace NS (``onnx``)
 
 
 def runtime_fragments(banned: Iterable[str]) -> list[str]:
     """The squashed fragments an operator's name must contain to be refused, for a part's banned names; a ban
     ``import:LIB`` (a library outside the part's vocabulary) is kept as it is."""
-    return sorted({b if b.startswith(IMPORT) else RUNTIME_FRAGMENTS.get(squash(b), squash(b))
+    return sorted({b if b.startswith((IMPORT, NAMESPACE)) else RUNTIME_FRAGMENTS.get(squash(b), squash(b))
                    for b in banned if squash(b)})
 
 
@@ -88,9 +89,14 @@ def refused_imports(fragments: Iterable[str]) -> tuple[str, ...]:
 def matching_ops(op_names: Iterable[str], fragments: Iterable[str]) -> list[str]:
     """The aten operators (``aten::name.overload``, as the dispatcher lists them) a guard refuses:
     those whose base name contains one of ``fragments`` (squashed) or an attention fragment (raw)."""
-    fragments = [f for f in fragments if not f.startswith(IMPORT)]
+    fragments = list(fragments)
+    namespaces = tuple(f[len(NAMESPACE):] + "::" for f in fragments if f.startswith(NAMESPACE))
+    fragments = [f for f in fragments if not f.startswith((IMPORT, NAMESPACE))]
     found = []
     for full in op_names:
+        if namespaces and full.startswith(namespaces):
+            found.append(full)
+            continue
         if not full.startswith("aten::"):
             continue
         base = full[len("aten::"):].split(".")[0]

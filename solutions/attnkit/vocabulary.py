@@ -90,6 +90,8 @@ class Vocabulary:
     modules: tuple[str, ...] = TORCH_MODULES
     libraries: tuple[str, ...] = PYTHON_MODULES
     outside_libraries: tuple[str, ...] = field(default=("triton", "torch.onnx"))
+    # torch's operators outside every part, by dispatcher namespace: ONNX's attention and rotary embedding
+    outside_namespaces: tuple[str, ...] = ("onnx",)
 
     @property
     def all_words(self) -> tuple[str, ...]:
@@ -124,9 +126,12 @@ class Vocabulary:
 
     def runtime_words(self) -> tuple[str, ...]:
         """What the grader refuses at run time for this part: the aten operators whose names contain these words
-        (the part's topic done by torch's kernels, however reached), and ``import:LIB`` for the libraries outside
-        (refused when the process imports them)."""
-        return tuple(sorted(set(self.words))) + tuple(f"import:{lib}" for lib in self.outside_libraries)
+        (the part's topic done by torch's kernels, however reached), ``import:LIB`` for the libraries outside
+        (refused when the process imports them; torch's own modules are not refused as imports, since torch imports
+        them itself, but their operators are: ``namespace:onnx``)."""
+        return tuple(sorted(set(self.words))) + tuple(
+            f"import:{lib}" for lib in self.outside_libraries if lib.split(".")[0] != "torch") + tuple(
+            f"namespace:{ns}" for ns in self.outside_namespaces)
 
 
 BASE = Vocabulary()
