@@ -260,17 +260,34 @@ class Runner:
     def op_params(self, req: Mapping[str, Any]) -> dict[str, Any]:
         return {k: self.to_wire(v) for k, v in self.resolve(req["target"]).state_dict().items()}
 
+    def op_shared(self, req: Mapping[str, Any]) -> list[list[str]]:
+        """The names of the module's state that are one tensor (a module registered under two names, as in
+        ``self.linear1`` and ``self.net = nn.Sequential(self.linear1, ...)``), each group in state order."""
+        groups: dict[int, list[str]] = {}
+        for k, v in self.resolve(req["target"]).state_dict(keep_vars=True).items():
+            groups.setdefault(id(v), []).append(str(k))
+        return [g for g in groups.values() if len(g) > 1]
+
     def op_load(self, req: Mapping[str, Any]) -> None:
-        """Copy the judge's parameters into the student's module, name by name and shape by shape."""
+        """Copy the judge's parameters into the student's module, name by name and shape by shape; a tensor
+        that several names share is loaded once (two different values for it are refused)."""
         obj = self.resolve(req["target"])
         state = self.to_torch(req["state"])
         with self.torch.no_grad():
-            own = obj.state_dict()
+            own = obj.state_dict(keep_vars=True)
+            loaded: dict[int, tuple[str, Any]] = {}
             for k, v in state.items():
                 if k not in own:
                     raise KeyError(f"your module has no parameter named {k!r} (it has: {', '.join(own)})")
                 if tuple(own[k].shape) != tuple(v.shape):
                     raise ValueError(f"parameter {k!r} has shape {tuple(own[k].shape)}, expected {tuple(v.shape)}")
+                if id(own[k]) in loaded:
+                    first, value = loaded[id(own[k])]
+                    if not self.torch.equal(value, v):
+                        raise ValueError(f"parameters {first!r} and {k!r} are one tensor in your module, where the "
+                                         "exercise expects two separate parameters")
+                    continue
+                loaded[id(own[k])] = (k, v)
                 own[k].copy_(v)
         return None
 
