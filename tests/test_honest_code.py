@@ -62,3 +62,81 @@ def test_loading_one_tensor_under_two_names_with_two_values_is_refused():
     assert same["ok"] and torch.equal(ns["lin"].weight, torch.ones(2, 2)), same
     two = runner.handle({"op": "load", "target": "m", "state": {"a.weight": w, "b.weight": w * 2}})
     assert not two["ok"] and "one tensor in your module" in two["error"], two
+
+
+ANSWERS = """
+import math, numpy as np, torch
+q_induction_position = 2                                     # ch09: the int for the option '2'
+q_changed_rows = {2, 0}                                      # ch03: an order-free answer as a set
+q_changed_rows_list = [2, 0]
+keys = torch.tril(torch.ones(6, 6, dtype=torch.bool))[None] & (torch.arange(6) < 4)[None, None, :]
+q_keys_seen = keys.sum(-1)                                   # ch04: a (1, 6) tensor from the student's own masks
+q_keys_seen_array = keys.sum(-1).numpy()
+q_keys_seen_set = {1, 2, 3, 4}                               # an ordered answer as a set: refused, order matters
+q_ff_share = torch.tensor((2 * 512 * 2048 + 2048 + 512) / (4 * (512 * 512 + 512) + 2 * 512 * 2048 + 2048 + 512 + 2048))
+q_ff_share_np = np.float64(q_ff_share.item())
+q_ff_share_bool = True
+q_ff_share_nan = float("nan")
+q_ff_share_inf = math.inf
+q_block_params_tensor = torch.tensor([1, 2])
+"""
+
+# (chapter, check, the variable to read instead of the check's own, the message's words; "" when it passes)
+VERDICTS = [
+    ("09_tiny_gpt", "test_q_induction_position", "q_induction_position", ""),
+    ("03_self_attention", "test_q_changed_rows", "q_changed_rows", ""),
+    ("03_self_attention", "test_q_changed_rows", "q_changed_rows_list", ""),
+    ("04_masked_attention", "test_q_keys_seen", "q_keys_seen", ""),
+    ("04_masked_attention", "test_q_keys_seen", "q_keys_seen_array", ""),
+    ("04_masked_attention", "test_q_keys_seen", "q_keys_seen_set", "in order: a set has no order"),
+    ("07_transformer_block", "test_q_ff_share", "q_ff_share", ""),
+    ("07_transformer_block", "test_q_ff_share", "q_ff_share_np", ""),
+    ("07_transformer_block", "test_q_ff_share", "q_ff_share_bool", "should be a number (an int or a float"),
+    ("07_transformer_block", "test_q_ff_share", "q_ff_share_nan", "should be a finite number"),
+    ("07_transformer_block", "test_q_ff_share", "q_ff_share_inf", "should be a finite number"),
+    ("07_transformer_block", "test_q_block_params", "q_block_params_tensor", "should be one number"),
+]
+
+
+class _Renamed:
+    """A backend that reads ``name`` where the check asks for its own variable (one notebook, many answers)."""
+
+    def __init__(self, backend, name: str) -> None:
+        self.backend, self.name = backend, name
+
+    def __getattr__(self, attr):
+        return getattr(self.backend, attr)
+
+    def value(self, name: str):
+        return self.backend.value(self.name)
+
+
+@pytest.mark.parametrize("where", ["sandbox", "local"])
+def test_question_answers_in_the_form_a_reader_calls_the_same(where):
+    """Issue 34: the int 2 for the option '2', a set (or a list in another order) for an order-free answer, a
+    (1, 6) tensor or array for a 6-tuple, a one-number tensor or numpy float for a number; bools, NaN and
+    infinities still refused, saying what form is expected. Read through the sandbox's ``value`` request."""
+    from autograder.isolation.sandbox import Limits, Sandbox
+    from autograder.judging.checks import CheckFailed, LocalBackend, StudentError
+    from autograder.judging.judge import SandboxBackend
+
+    if where == "local":
+        ns: dict = {"__name__": "__main__"}
+        exec(ANSWERS, ns)
+        backend, box = LocalBackend(ns), None
+    else:
+        box = Sandbox(limits=Limits(cell_timeout=20, call_timeout=10, notebook_timeout=120)).__enter__()
+        reply = box.request({"op": "exec", "code": ANSWERS, "label": "<answers>"}, timeout=20)
+        assert reply["ok"], reply
+        backend = SandboxBackend(box, box.limits)
+    try:
+        for chapter, gid, name, words in VERDICTS:
+            try:
+                load_suite(chapter).run(gid, _Renamed(backend, name), 0)
+                message = ""
+            except (CheckFailed, StudentError) as e:
+                message = str(e)
+            assert (words.lower() in message.lower()) if words else message == "", (chapter, name, message)
+    finally:
+        if box is not None:
+            box.__exit__(None, None, None)

@@ -234,7 +234,8 @@ class Runner:
 
     def op_value(self, req: Mapping[str, Any]) -> Any:
         """A conceptual question's answer: a plain value the student assigned (tensors and numpy arrays
-        travel as arrays, numpy scalars as numbers, ``torch.Size`` as a tuple); the judge checks its type."""
+        travel as arrays, numpy scalars as numbers, ``torch.Size`` as a tuple, a set as ``{"set": [items]}``); the
+        judge checks its type."""
         name = req["target"]
         if name not in self.ns:
             raise NameError(f"nothing named {name!r} is defined: assign your answer to {name}")
@@ -243,7 +244,10 @@ class Runner:
             v = self.torch.from_numpy(v.copy())
         if isinstance(v, tuple) and type(v) is not tuple:
             v = tuple(v)
-        return self.to_wire(_numbers(v), expected=f"{name} to hold a plain number, string, bool, tuple or list")
+        expected = f"{name} to hold a plain number, string, bool, tuple, list or set"
+        if type(v) in (set, frozenset):  # an order-free answer: sent as {"set": [its items]} (questions.SET)
+            return {"set": [self.to_wire(x, 1, expected) for x in _numbers(list(v))]}
+        return self.to_wire(_numbers(v), expected=expected)
 
     def op_trusted(self, req: Mapping[str, Any]) -> wire.Ref:
         """Build a fixture from the judge's own source (``source``: a module's text; ``target``: the name in
