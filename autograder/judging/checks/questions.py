@@ -148,12 +148,15 @@ class Question:
     words: str  # what the question asks: the check's description
     mistakes: Mapping[str, Any] = field(default_factory=dict)
     points: float = 1
+    answer: Any = None  # the right value (never shown to a student; the tests read it)
+    kind: str = ""  # "number", "listed" or "choice"
 
 
 def number(answer: float, words: str, mistakes: Mapping[str, float], points: float = 1, rel: float = 1e-3,
            abs_tol: float = 1e-6) -> Question:
     """A number within ``rel`` / ``abs_tol``; ``mistakes``: message -> wrong number (NaN may be one)."""
-    return Question(lambda v, name: expect_number(v, answer, name, mistakes, rel, abs_tol), words, mistakes, points)
+    return Question(lambda v, name: expect_number(v, answer, name, mistakes, rel, abs_tol), words, mistakes, points,
+                    answer, "number")
 
 
 def listed(answer: tuple, words: str, mistakes: Mapping[str, tuple], points: float = 1,
@@ -168,13 +171,14 @@ def listed(answer: tuple, words: str, mistakes: Mapping[str, tuple], points: flo
             v = then(_listed_items(v, len(answer), name, False))
         expect_tuple(v, answer, name, mistakes, order_free)
 
-    return Question(judge, words, mistakes, points)
+    return Question(judge, words, mistakes, points, answer, "listed")
 
 
 def choice(answer: str, words: str, options: Iterable[str], mistakes: Mapping[str, str], points: float = 1) -> Question:
     """One of ``options``; ``mistakes``: the wrong option -> the message that explains it."""
     options = list(options)
-    return Question(lambda v, name: expect_choice(v, answer, name, options, mistakes), words, mistakes, points)
+    return Question(lambda v, name: expect_choice(v, answer, name, options, mistakes), words, mistakes, points,
+                    answer, "choice")
 
 
 def row_set(value: Any) -> Any:
