@@ -140,3 +140,55 @@ def test_question_answers_in_the_form_a_reader_calls_the_same(where):
     finally:
         if box is not None:
             box.__exit__(None, None, None)
+
+
+def test_a_cells_statements_run_one_at_a_time_as_one_cell():
+    """The runner's exec (the sandbox's and the local one): a failing statement does not stop the ones after it;
+    one that uses what a failed one would have made fails too; the cell reports its first error; a compound
+    statement is one statement; line numbers and inspect see the cell; a future import governs what follows; a
+    cell that does not parse runs nothing."""
+    import inspect
+
+    ns: dict = {"__name__": "__main__"}
+    runner = Runner(torch, ns)
+    cell = ("from __future__ import annotations\nimport torch\nfirst = undefined_name\nafter = first + 1\n"
+            "def f(x: NotDefinedEither) -> int:\n    return x + 1\n\nfor i in range(2):\n    last = i\n"
+            "    raise_here = 1 / 0 if i else None\nz = 3\n")
+    reply = runner.handle({"op": "exec", "code": cell, "label": "<cell one>"})
+    assert not reply["ok"] and reply["error"].startswith("NameError: name 'undefined_name'"), reply
+    assert 'File "<cell one>", line 3' in reply["traceback"], reply["traceback"]
+    assert "after" not in ns and "first" not in ns  # fails too: it uses what the failed statement would have made
+    assert ns["f"](1) == 2 and ns["f"].__annotations__ == {"x": "NotDefinedEither", "return": "int"}
+    assert inspect.getsource(ns["f"]).startswith("def f(x: NotDefinedEither)")
+    assert ns["last"] == 1 and ns["z"] == 3  # the loop stopped at its own error (one statement), z still ran
+    bad = runner.handle({"op": "exec", "code": "w = 1\ndef broken(:\n", "label": "<cell two>"})
+    assert not bad["ok"] and bad["error"].startswith("SyntaxError") and "w" not in ns
+
+
+def test_magics_jupyter_does_not_run_as_python_are_neither_run_nor_scanned():
+    from autograder.in_sandbox.magics import strip_magics
+
+    for magic in ("%%script false", "%%script bash", "%%bash", "%%sh", "%%html", "%%javascript", "%%js", "%%latex",
+                  "%%markdown", "%%svg", "%%perl", "%%ruby", "%%python3", "%%unknown_magic"):
+        assert strip_magics(f"\n{magic}\nfrom attnkit import softmax\n").strip() == "pass", magic
+    for magic in ("%%time", "%%timeit", "%%capture out", "%%writefile helper.py"):
+        assert "from attnkit import softmax" in strip_magics(f"{magic}\nfrom attnkit import softmax\n"), magic
+
+
+def test_run_lines_are_read_as_ipython_reads_them(tmp_path):
+    from autograder.notebook import MAX_RUN_BYTES, expand_runs, run_target
+
+    assert run_target(" helpers.py") == run_target(" -i helpers") == run_target(' "helpers.py" a b') == "helpers.py"
+    assert run_target(" -m pkg.mod") == "pkg/mod.py" and run_target(" 'my helpers.py'") == "my helpers.py"
+    (tmp_path / "helpers.py").write_text("h = 1\n")
+    (tmp_path / "big.py").write_text("#" * (MAX_RUN_BYTES + 1))
+    (tmp_path / "link.py").symlink_to(tmp_path / "helpers.py")
+    cells = expand_runs("a = 1\n%run helpers.py\nb = h\n", "your cell 'x'", tmp_path)
+    assert [c for _, c in cells] == ["a = 1", "h = 1\n", "\n\nb = h\n"]  # b keeps its line number (3)
+    assert cells[1][0] == "your file 'helpers.py' (%run in cell 'x')"
+    for line, words in [("%run missing.py", "no file missing.py"), ("%run ../helpers.py", "no absolute path, no .."),
+                        (f"%run {tmp_path}/helpers.py", "no absolute path"), ("%run link.py", "symbolic link"),
+                        ("%run big.py", "over the grader's limit"), ("%run", "needs a file name")]:
+        (label, code), = expand_runs(line + "\n", "your cell 'x'", tmp_path)
+        assert code.startswith("raise FileNotFoundError(") and words in code, (line, code)
+    assert expand_runs("%%bash\n%run helpers.py\n", "c", tmp_path) == [("c", "%%bash\n%run helpers.py\n")]

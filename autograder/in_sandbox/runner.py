@@ -15,10 +15,13 @@ with a :class:`ban.Guard`.
 
 from __future__ import annotations
 
+import __future__
+import ast
 import contextlib
 import errno
 import importlib
 import linecache
+import sys
 import traceback
 import types
 from collections.abc import Mapping
@@ -164,7 +167,14 @@ class Runner:
 
     def op_exec(self, req: Mapping[str, Any]) -> None:
         """Run a cell as Jupyter would: its source registered for ``inspect`` (so ``torch.jit.script``
-        finds it), ``%%writefile`` writing into the working folder, other magics doing nothing."""
+        finds it), ``%%writefile`` writing into the working folder, a body Jupyter does not run as Python
+        (``%%bash``, ``%%script false``, ``%%html``, ...) not run, line magics doing nothing.
+
+        Its top-level statements run one at a time (a compound statement, ``def``, ``class``, ``for``, ``with``,
+        is one): a statement that raises does not stop the ones after it, so a self-check that fails before a
+        ``def`` leaves the function defined. The cell still fails with the first error (the judge logs it); a
+        statement that uses what a failed one would have made fails too, as it would after it in Jupyter. A
+        cell that does not parse runs nothing. ``SystemExit`` and ``KeyboardInterrupt`` stop the cell."""
         code, label = str(req["code"]), str(req.get("label", "<cell>"))
         magic = magics.cell_magic(code)
         if magic is not None and magic[0] in ("writefile", "file"):
@@ -172,7 +182,22 @@ class Runner:
             return None
         code = magics.strip_magics(code)
         linecache.cache[label] = (len(code), None, code.splitlines(True), label)
-        exec(compile(code, label, "exec"), self.ns)
+        tree = compile(code, label, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+        flags, first = 0, None
+        for stmt in tree.body:
+            if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
+                for alias in stmt.names:  # a future import governs how the statements after it compile
+                    feature = getattr(__future__, alias.name, None)
+                    flags |= getattr(feature, "compiler_flag", 0)
+            try:
+                exec(compile(ast.Module([stmt], []), label, "exec", flags, dont_inherit=True), self.ns)
+            except Exception as e:  # noqa: BLE001 - the cell goes on, and fails with its first error at the end
+                if first is None:
+                    first = e
+                else:
+                    print(f"{type(e).__name__} at line {stmt.lineno}: {str(e)[:200]}", file=sys.stderr)
+        if first is not None:
+            raise first
         return None
 
     @staticmethod
