@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import ast
 import json
+import os
+import shlex
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autograder.in_sandbox.magics import cell_magic
+
 MAX_NOTEBOOK_BYTES = 32 << 20
+MAX_RUN_BYTES = 1 << 20  # a file a notebook runs with %run: read at most this much
 
 
 class BadNotebook(ValueError):
@@ -150,7 +156,103 @@ def cell_label(code: str, grade_id: str | None) -> str:
     return f"your cell that begins {first[:50]!r}"
 
 
-def plan_cells(source: SourceNotebook, student: dict) -> Plan:
+RUN_FLAGS = {"-i", "-t", "-N", "-p", "-d", "-e", "-n", "-q"}  # %run's options that take no value
+
+
+def run_target(args: str) -> str:
+    """The file a ``%run`` line runs (``args``: what follows ``%run``), as IPython reads it: options first
+    (``-i``, ``-t``, ...; ``-m NAME`` names a module), then the file, quoted or not, ``.py`` added when it has no
+    suffix; what follows is the script's own argv. Raises ValueError saying what is wrong."""
+    try:
+        words = shlex.split(args)
+    except ValueError as e:
+        raise ValueError(f"%run {args.strip()[:80]!r} could not be read ({e})") from None
+    module = False
+    while words and words[0].startswith("-"):
+        flag = words.pop(0)
+        if flag == "-m":
+            module = True
+            break
+        if flag not in RUN_FLAGS and not flag.startswith(("-G", "-T", "-D")):
+            raise ValueError(f"%run option {flag!r} is not supported by the grader (use %run FILE.py)")
+    if not words:
+        raise ValueError("%run needs a file name")
+    name = words[0]
+    if module:
+        name = name.replace(".", "/") + ".py"
+    elif not os.path.splitext(name)[1]:
+        name += ".py"
+    return name
+
+
+def read_student_file(folder: Path | None, name: str) -> str:
+    """The text of ``name`` in the submission's folder, read defensively: a relative path inside the folder (no
+    ``..``, no absolute path), no symbolic link on the way, a regular file of at most ``MAX_RUN_BYTES``, UTF-8.
+    Raises ValueError saying what is wrong (a missing file included)."""
+    parts = Path(name).parts
+    if folder is None:
+        raise ValueError(f"no file {name} beside the notebook (no submission folder)")
+    if not parts or Path(name).is_absolute() or ".." in parts or name.startswith("~"):
+        raise ValueError(f"%run {name}: only a file of your submission's folder can be run (no absolute path, no ..)")
+    path = folder
+    for i, part in enumerate(parts):
+        path = path / part
+        try:
+            st = os.lstat(path)
+        except OSError:
+            raise ValueError(f"no file {name} in your submission's folder: %run {name} runs nothing "
+                             "(submit the file beside the notebook)") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise ValueError(f"%run {name}: {'/'.join(parts[:i + 1])} is a symbolic link, which the grader does not "
+                             "follow; submit the file itself")
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"%run {name}: not a regular file")
+    if st.st_size > MAX_RUN_BYTES:
+        raise ValueError(f"%run {name}: the file is {st.st_size} bytes, over the grader's limit of {MAX_RUN_BYTES}")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(MAX_RUN_BYTES + 1)
+    except OSError as e:
+        raise ValueError(f"%run {name}: the file could not be read ({e.strerror})") from None
+    if len(data) > MAX_RUN_BYTES:
+        raise ValueError(f"%run {name}: the file is over the grader's limit of {MAX_RUN_BYTES} bytes")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ValueError(f"%run {name}: the file is not UTF-8 text") from None
+
+
+def expand_runs(code: str, label: str, folder: Path | None) -> list[tuple[str, str]]:
+    """A student's cell as the cells it runs: ``%run FILE`` at the start of a top-level line runs the file of the
+    submission's folder in the notebook's namespace, so the file's text becomes a cell of its own (run, and scanned
+    as the student's code), between the cell's code before and after the line (each keeps its line numbers). A file
+    that cannot be run becomes a cell that raises, saying why, as Jupyter's %run would fail. A cell whose body
+    Jupyter does not run as Python (a cell magic) is left as it is."""
+    lines = code.split("\n")
+    runs = [i for i, line in enumerate(lines) if line.startswith("%run") and line[4:5] in ("", " ", "\t")]
+    if not runs or cell_magic(code) is not None:
+        return [(label, code)]
+    out: list[tuple[str, str]] = []
+    start = 0
+    for n, i in enumerate(runs):
+        before = "\n" * start + "\n".join(lines[start:i])  # padded: its line numbers stay the cell's
+        if before.strip():
+            out.append((label if not out else f"{label} (after a %run)", before))
+        try:
+            name = run_target(lines[i][4:])
+            text = read_student_file(folder, name)
+            out.append((f"your file {name!r} (%run in {label.removeprefix('your ')})", text))
+        except ValueError as e:
+            out.append((f"{label} (its %run line {i + 1})", f"raise FileNotFoundError({str(e)!r})\n"))
+        start = i + 1
+    after = "\n" * start + "\n".join(lines[start:])
+    if after.strip():
+        out.append((f"{label} (after a %run)", after))
+    return out
+
+
+def plan_cells(source: SourceNotebook, student: dict, folder: Path | None = None) -> Plan:
     """Match the student's cells to the source and list the code to run.
 
     A student cell is taken as a test cell (and skipped) when its grade_id names a
@@ -158,7 +260,9 @@ def plan_cells(source: SourceNotebook, student: dict) -> Plan:
     replaced by the source's text) when its grade_id or text is that of a source
     setup cell. Everything else is the student's own code and runs in their order:
     answer cells are matched to parts by grade_id, or failing that by the
-    function or class they define.
+    function or class they define. ``%run FILE`` in a student's cell runs a
+    file of ``folder`` (the submission's folder), listed as a cell of its own
+    (:func:`expand_runs`).
     """
     tests = {c.grade_id: c for c in source.tests()}
     test_texts = {canonical_text(c.code) for c in tests.values()}
@@ -191,10 +295,12 @@ def plan_cells(source: SourceNotebook, student: dict) -> Plan:
         if not code.strip():
             continue
         label = cell_label(code, gid)
-        plan.cells.append((label, code))
-        part = gid if gid in parts else next((p for p in sorted(defined_names(code)) if p in parts), None)
-        if part is not None:
-            plan.answers[part] = plan.answers.get(part, "") + code + "\n"
+        pieces = expand_runs(code, label, folder)
+        for piece_label, piece in pieces:
+            plan.cells.append((piece_label, piece))
+            part = gid if gid in parts else next((p for p in sorted(defined_names(piece)) if p in parts), None)
+            if part is not None:
+                plan.answers[part] = plan.answers.get(part, "") + (piece if len(pieces) == 1 else piece.lstrip("\n")) + "\n"
     if pending_setup:
         missing = [s.grade_id for s in pending_setup]
         plan.notes.append(f"read-only cells restored from the assignment: {', '.join(missing)}")

@@ -449,6 +449,7 @@ except Exception:
             softmax="import attention_helpers\nfrom attention_helpers import stable_softmax\n\n"
                     "def softmax(x, dim=-1):\n    return attention_helpers.stable_softmax(x, dim)\n")), FULL),
         *_cases_29(),
+        *_cases_34(),
     ]
     return cases
 
@@ -623,6 +624,61 @@ def _cases_29() -> list[Case]:
         Case("subprocess_in_an_answer", write_nb(notebook(softmax=SOFTMAX.replace(
             "    x_max = x.amax", "    import subprocess\n    subprocess.run(['true'], check=True)\n    x_max = x.amax", 1))),
              QUESTION_POINTS, message="the grader runs your notebook in one process"),
+    ]
+
+
+def with_files(nb: dict, files: dict[str, str], outside: dict[str, str] | None = None,
+               links: dict[str, str] | None = None) -> Callable[[Path], None]:
+    """The notebook and ``files`` (name -> text) in the student's folder; ``outside``: files beside the folder (a
+    path escape's target); ``links``: name -> target, symbolic links in the folder."""
+    def build(folder: Path) -> None:
+        write_nb(nb)(folder)
+        for name, text in files.items():
+            (folder / name).write_text(text)
+        for name, text in (outside or {}).items():
+            (folder.parent / name).write_text(text)
+        for name, target in (links or {}).items():
+            (folder / name).symlink_to(target)
+
+    return build
+
+
+SELF_CHECK_FIRST = "x = torch.randn(2, 5)\ntorch.testing.assert_close(softmax(x), torch.softmax(x, -1))\n\n" + SOFTMAX
+HELPERS = "import torch\n\n" + SOFTMAX.replace("def softmax(", "def helper_softmax(")
+USES_HELPER = "def softmax(x, dim=-1):\n    return helper_softmax(x, dim)\n"
+
+
+def _cases_34() -> list[Case]:
+    """Issue 34: honest code written unusually keeps its points (the execution half)."""
+    return [
+        # A self-check before the def, refused (torch's softmax in the softmax part's banned process; softmax not
+        # yet defined elsewhere): the cell's later statements still run, the function is defined.
+        Case("self_check_before_the_def", write_nb(notebook(softmax=SELF_CHECK_FIRST)), FULL),
+        # A cell disabled as Jupyter disables it is neither run nor scanned.
+        Case("script_false_cell_not_run", write_nb(notebook(extra=[
+            "%%script false\nfrom attnkit import softmax\ndef scaled_dot_product_attention(q, k, v, mask=None):\n"
+            "    return torch.nn.functional.scaled_dot_product_attention(q, k, v), None\n",
+            "%%bash\necho $HOME\n", "%%html\n<b>attention</b>\n"])), FULL),
+        # %run FILE runs the student's file in the namespace (scanned as theirs), options and quotes as IPython reads them.
+        Case("run_helpers_file", with_files(notebook(softmax="%run helpers.py\n\n" + USES_HELPER),
+                                                              {"helpers.py": HELPERS}), FULL),
+        Case("run_helpers_quoted_no_suffix", with_files(notebook(softmax="%run -i 'helpers'\n" + USES_HELPER),
+                                                        {"helpers.py": HELPERS}), FULL),
+        # A missing file fails that line, as in Jupyter; the cell's def after it still runs.
+        Case("run_missing_file", write_nb(notebook(softmax="%run not_submitted.py\n" + SOFTMAX)), FULL),
+        # Files outside the folder, or through a link, are not read: the helper is missing, so is softmax.
+        Case("run_path_escape", with_files(notebook(softmax="%run ../outside_helpers.py\n" + USES_HELPER), {},
+                                           outside={"outside_helpers.py": HELPERS}), QUESTION_POINTS),
+        Case("run_symlink", with_files(notebook(softmax="%run helpers.py\n" + USES_HELPER), {},
+                                       links={"helpers.py": "/etc/hostname"}), QUESTION_POINTS),
+        # A one-process torch.compile backend that decomposes the student's own softmax.
+        Case("torch_compile_decomp_partition", write_nb(notebook(
+            softmax=SOFTMAX + "\nsoftmax = torch.compile(softmax, backend='aot_eager_decomp_partition')\n")), FULL),
+        # Question answers in the form a reader calls the same.
+        Case("questions_as_tensors", write_nb(notebook(questions={
+            "q_output_shape": "q_output_shape = torch.tensor([[8, 3, 5, 32]])\n",
+            "q_weight": "q_weight = torch.tensor(math.e / (math.e + 1))\n",
+            "q_score_variance": "q_score_variance = torch.ones(64).sum()\n"})), FULL),
     ]
 
 

@@ -318,7 +318,7 @@ def test_no_unguarded_torch_attention_or_softmax_function_is_reachable():
         reply = run(box, ORIGINALS, timeout=60)
         assert reply["ok"], reply
         found, held, unguarded = reply["output"].strip().split(" ", 2)
-        assert int(found) >= 30 and int(held) >= 5, reply["output"]  # the walk does find them
+        assert int(found) >= 20 and int(held) >= 5, reply["output"]  # the walk does find them (issue 34: 27 today)
         assert unguarded == "[]", unguarded
         run(box, "import torch._refs\n_inner = [c.cell_contents for c in torch._refs.softmax.__closure__\n"
                  "          if getattr(c.cell_contents, '__name__', '') == 'softmax'][0]\n"
@@ -610,3 +610,34 @@ def test_no_window_every_function_the_loop_touches_rebound():
         box.request({"op": "call", "target": "mine", "args": [x], "kwargs": {}, "bans": []}, timeout=30)
         escaped = box.request({"op": "value", "target": "_ESCAPED"}, timeout=30)
     assert escaped["ok"] and escaped["value"] and all(e.startswith("softmax in ") for e in escaped["value"]), escaped
+
+
+COMPILED = """
+import torch
+def own(x):
+    e = (x - x.amax(-1, keepdim=True)).exp()
+    return e / e.sum(-1, keepdim=True)
+def theirs(x):
+    return torch.softmax(x, -1)
+eager, aot_eager, decomp = (torch.compile(own, backend=b) for b in ("eager", "aot_eager", "aot_eager_decomp_partition"))
+delegated = torch.compile(theirs, backend="aot_eager_decomp_partition")
+"""
+
+
+@isolated
+def test_one_process_compile_backends_run_the_students_own_softmax_under_the_ban():
+    """Issue 34: ``torch.compile``'s one-process backends trace, decompose and register around the student's own
+    softmax (importing torch._inductor's pattern builders, whose names name a softmax): not refused. torch's softmax
+    inside a compiled function still is, and the default backend (helper processes) says what to use."""
+    x = np.random.default_rng(0).standard_normal((2, 5)).astype(np.float32)
+    want = np.exp(x) / np.exp(x).sum(-1, keepdims=True)
+    with Sandbox(bans=("softmax",), limits=Limits(cell_timeout=60, call_timeout=120)) as box:
+        assert run(box, COMPILED, timeout=60)["ok"]
+        call = lambda name: box.request({"op": "call", "target": name, "args": [x], "bans": ["softmax"]},  # noqa: E731
+                                        timeout=120)
+        replies = {name: call(name) for name in ("eager", "aot_eager", "decomp", "delegated")}
+        replies["inductor"] = run(box, "inductor = torch.compile(own)\n")
+    for name in ("eager", "aot_eager", "decomp"):
+        assert replies[name]["ok"] and np.allclose(replies[name]["value"], want, atol=1e-6), (name, replies[name])
+    assert not replies["delegated"]["ok"] and "torch's own implementation" in replies["delegated"]["error"]
+    assert not replies["inductor"]["ok"] and "one process" in replies["inductor"]["error"], replies["inductor"]

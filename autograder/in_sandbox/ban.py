@@ -19,9 +19,11 @@ It is made of three parts, none of them an object student code can reach and swi
 2. **torch's Python re-implementations.** Some of torch's Python code computes a softmax or attention with
    allowed operators (the references and decompositions, ``nn.MultiheadAttention`` with weights,
    ``torch.ao``'s quantizable ``MultiheadAttention``, flex attention's math path, any later one). No list of
-   them is kept: **every function in torch's files whose qualified name names a softmax, or names attention
-   and whose code calls a softmax (or a logsumexp)** (:func:`code_kind`: ``softmax``,
-   ``SoftmaxTransform._call``, ``MultiheadAttention._forward_impl``, ``math_attention``) starts with a call of the matching banned operator (the math attention, or ``_softmax``) straight to its
+   them is kept: **every function in torch's files whose qualified name names a softmax and whose code calls
+   a softmax, a logsumexp or an exponential, or names attention and whose code calls a softmax (or a
+   logsumexp)** (:func:`code_kind`: ``softmax``, ``SoftmaxTransform._call``,
+   ``MultiheadAttention._forward_impl``, ``math_attention``; not torch's code that only registers, traces or
+   rewrites the student's own softmax, as ``torch.compile``'s one-process backends do) starts with a call of the matching banned operator (the math attention, or ``_softmax``) straight to its
    CPU kernel, so it refuses exactly where that operator is banned. Functions already loaded are compiled
    again from their source with that call first (:func:`guard_loaded`); a torch module loaded later is
    compiled from its source the same way by the import system (:func:`_guarded_get_code`). The call is a
@@ -96,23 +98,33 @@ def ban_kind(qualname: str, _attention: str = "attention", _softmax: str = "soft
     return kind
 
 
-def code_kind(code: Any, _kind: Any = ban_kind, _names: tuple = ("softmax", "logsumexp"), _str: Any = str) -> str:
-    """Which ban covers the function whose code is ``code``: ``"softmax"`` when its qualified name names a softmax;
-    ``"attention"`` when its name names attention and its code names a softmax (or a logsumexp) it calls,
-    as computing attention in Python does (``MultiheadAttention._forward_impl``, ``math_attention``,
-    ``multi_head_attention_forward``; not flex attention's registration helpers, which torch calls while it
-    imports); else ``''``. Lambdas, comprehensions and class bodies are not covered. Reads no global name."""
+def code_kind(code: Any, _kind: Any = ban_kind, _names: tuple = ("softmax", "logsumexp"),
+              _exps: tuple = ("exp", "exp_", "exp2", "exp2_", "expm1"), _str: Any = str) -> str:
+    """Which ban covers the function whose code is ``code``: the kind its qualified name names (:func:`ban_kind`)
+    when its code computes one, else ``''``. A function computes attention when it names a softmax (or a
+    logsumexp) it calls, as computing attention in Python does (``MultiheadAttention._forward_impl``,
+    ``math_attention``, ``multi_head_attention_forward``; not flex attention's registration helpers, which torch
+    calls while it imports); a softmax when it names a softmax, a logsumexp or an exponential (``exp``, ``exp2``,
+    ``expm1``) it calls (``torch._refs.softmax``, the decompositions, ``SoftmaxTransform._call``,
+    ``F.softmax``). So torch's code that only registers, traces or rewrites the student's own softmax (the
+    pattern builders of ``torch._inductor``'s joint-graph passes, which ``torch.compile``'s one-process backends
+    import; a meta kernel that computes shapes; a module's ``__init__``) is not covered: it computes nothing
+    for the caller. Lambdas, comprehensions and class bodies are not covered. Reads no global name."""
     if not code.co_flags & 2 or _str.startswith(code.co_name, "<"):  # a function (CO_NEWLOCALS), not a lambda
         return ""
     kind = _kind(code.co_qualname)
-    if kind == "attention":
-        for name in code.co_names:
-            low = _str.lower(name)
-            for n in _names:
-                if _str.__contains__(low, n):
-                    return kind
+    if not kind:
         return ""
-    return kind
+    for name in code.co_names:
+        low = _str.lower(name)
+        for n in _names:
+            if _str.__contains__(low, n):
+                return kind
+        if kind == "softmax":
+            for n in _exps:
+                if low == n:
+                    return kind
+    return ""
 
 
 def _missing_check(code: Any, _kind: Any = code_kind, _code: Any = types.CodeType, _checks: tuple = (),
@@ -425,7 +437,7 @@ def ban_for_life(torch: types.ModuleType, fragments: tuple[str, ...]) -> list[tu
         del lib
     # 3: the audit hook, its defaults set before it is added (afterwards they cannot be changed).
     _missing_check.__defaults__ = (code_kind, types.CodeType, checks, type)
-    code_kind.__defaults__ = (ban_kind, ("softmax", "logsumexp"), str)
+    code_kind.__defaults__ = (ban_kind, ("softmax", "logsumexp"), ("exp", "exp_", "exp2", "exp2_", "expm1"), str)
     _audit.__defaults__ = (_missing_check, _STATE["torch_root"], HERE, types.FunctionType, types.CodeType,
                            PermissionError, type, str, torch_names.refused_imports(fragments), ModuleNotFoundError)
     ban_kind.__defaults__ = ("attention", "softmax", str, "logsumexp")

@@ -32,15 +32,33 @@ def cell_magic(code: str) -> tuple[str, str, str] | None:
     return None
 
 
+# The cell magics whose body Jupyter runs as Python in the notebook's namespace (``%%writefile`` writes its body to
+# a file: the harness writes it, the scan reads it as the student's module). Any other (``%%bash``, ``%%script``,
+# ``%%html``, ``%%javascript``, ``%%latex``, ``%%markdown``, ``%%svg``, ``%%perl``, ``%%ruby``, ``%%python3`` (another
+# process), or a magic Jupyter does not know, which fails without running the body) runs no Python here.
+PYTHON_CELL_MAGICS = ("time", "timeit", "capture", "prun", "writefile", "file")
+
+
+def runs_python(code: str) -> bool:
+    """Whether Jupyter runs the cell's body as Python in the notebook's namespace (no cell magic, or one of
+    :data:`PYTHON_CELL_MAGICS`)."""
+    magic = cell_magic(code)
+    return magic is None or magic[0] in PYTHON_CELL_MAGICS
+
+
 def strip_magics(code: str) -> str:
     """Turn IPython-only syntax (``%magic``, ``!shell``, ``obj?``) into plain Python that does nothing.
 
-    A cell magic on the first line (``%%time``, ``%%capture``, ...) becomes ``pass`` and the cell's body
-    runs as plain Python (``%%writefile`` is handled by the harness before this). A cell that is plain
+    A cell whose body Jupyter does not run as Python (:func:`runs_python`: ``%%bash``, ``%%script false``,
+    ``%%html``, ...) becomes ``pass``: neither run nor scanned. A cell magic that runs its body (``%%time``,
+    ``%%capture``, ...) becomes ``pass`` on its line and the cell's body runs as plain Python (``%%writefile`` is
+    handled by the harness before this, and read by the scan as the module's code). A cell that is plain
     Python is left exactly as it is (a continuation line ``% x.dim()`` or a ``%`` inside a string is no
     magic); one that is not is handed to IPython's own input transformer, which turns only real magics
     at the start of logical lines into ``get_ipython()`` calls (a no-op in the sandbox).
     """
+    if not runs_python(code):
+        return "pass\n"
     lines = code.split("\n")
     i = 0
     while i < len(lines):

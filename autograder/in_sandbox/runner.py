@@ -15,10 +15,13 @@ with a :class:`ban.Guard`.
 
 from __future__ import annotations
 
+import __future__
+import ast
 import contextlib
 import errno
 import importlib
 import linecache
+import sys
 import traceback
 import types
 from collections.abc import Mapping
@@ -164,7 +167,14 @@ class Runner:
 
     def op_exec(self, req: Mapping[str, Any]) -> None:
         """Run a cell as Jupyter would: its source registered for ``inspect`` (so ``torch.jit.script``
-        finds it), ``%%writefile`` writing into the working folder, other magics doing nothing."""
+        finds it), ``%%writefile`` writing into the working folder, a body Jupyter does not run as Python
+        (``%%bash``, ``%%script false``, ``%%html``, ...) not run, line magics doing nothing.
+
+        Its top-level statements run one at a time (a compound statement, ``def``, ``class``, ``for``, ``with``,
+        is one): a statement that raises does not stop the ones after it, so a self-check that fails before a
+        ``def`` leaves the function defined. The cell still fails with the first error (the judge logs it); a
+        statement that uses what a failed one would have made fails too, as it would after it in Jupyter. A
+        cell that does not parse runs nothing. ``SystemExit`` and ``KeyboardInterrupt`` stop the cell."""
         code, label = str(req["code"]), str(req.get("label", "<cell>"))
         magic = magics.cell_magic(code)
         if magic is not None and magic[0] in ("writefile", "file"):
@@ -172,7 +182,22 @@ class Runner:
             return None
         code = magics.strip_magics(code)
         linecache.cache[label] = (len(code), None, code.splitlines(True), label)
-        exec(compile(code, label, "exec"), self.ns)
+        tree = compile(code, label, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+        flags, first = 0, None
+        for stmt in tree.body:
+            if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
+                for alias in stmt.names:  # a future import governs how the statements after it compile
+                    feature = getattr(__future__, alias.name, None)
+                    flags |= getattr(feature, "compiler_flag", 0)
+            try:
+                exec(compile(ast.Module([stmt], []), label, "exec", flags, dont_inherit=True), self.ns)
+            except Exception as e:  # noqa: BLE001 - the cell goes on, and fails with its first error at the end
+                if first is None:
+                    first = e
+                else:
+                    print(f"{type(e).__name__} at line {stmt.lineno}: {str(e)[:200]}", file=sys.stderr)
+        if first is not None:
+            raise first
         return None
 
     @staticmethod
@@ -234,7 +259,8 @@ class Runner:
 
     def op_value(self, req: Mapping[str, Any]) -> Any:
         """A conceptual question's answer: a plain value the student assigned (tensors and numpy arrays
-        travel as arrays, numpy scalars as numbers, ``torch.Size`` as a tuple); the judge checks its type."""
+        travel as arrays, numpy scalars as numbers, ``torch.Size`` as a tuple, a set as ``{"set": [items]}``); the
+        judge checks its type."""
         name = req["target"]
         if name not in self.ns:
             raise NameError(f"nothing named {name!r} is defined: assign your answer to {name}")
@@ -243,7 +269,10 @@ class Runner:
             v = self.torch.from_numpy(v.copy())
         if isinstance(v, tuple) and type(v) is not tuple:
             v = tuple(v)
-        return self.to_wire(_numbers(v), expected=f"{name} to hold a plain number, string, bool, tuple or list")
+        expected = f"{name} to hold a plain number, string, bool, tuple, list or set"
+        if type(v) in (set, frozenset):  # an order-free answer: sent as {"set": [its items]} (questions.SET)
+            return {"set": [self.to_wire(x, 1, expected) for x in _numbers(list(v))]}
+        return self.to_wire(_numbers(v), expected=expected)
 
     def op_trusted(self, req: Mapping[str, Any]) -> wire.Ref:
         """Build a fixture from the judge's own source (``source``: a module's text; ``target``: the name in
@@ -267,17 +296,34 @@ class Runner:
     def op_params(self, req: Mapping[str, Any]) -> dict[str, Any]:
         return {k: self.to_wire(v) for k, v in self.resolve(req["target"]).state_dict().items()}
 
+    def op_shared(self, req: Mapping[str, Any]) -> list[list[str]]:
+        """The names of the module's state that are one tensor (a module registered under two names, as in
+        ``self.linear1`` and ``self.net = nn.Sequential(self.linear1, ...)``), each group in state order."""
+        groups: dict[int, list[str]] = {}
+        for k, v in self.resolve(req["target"]).state_dict(keep_vars=True).items():
+            groups.setdefault(id(v), []).append(str(k))
+        return [g for g in groups.values() if len(g) > 1]
+
     def op_load(self, req: Mapping[str, Any]) -> None:
-        """Copy the judge's parameters into the student's module, name by name and shape by shape."""
+        """Copy the judge's parameters into the student's module, name by name and shape by shape; a tensor
+        that several names share is loaded once (two different values for it are refused)."""
         obj = self.resolve(req["target"])
         state = self.to_torch(req["state"])
         with self.torch.no_grad():
-            own = obj.state_dict()
+            own = obj.state_dict(keep_vars=True)
+            loaded: dict[int, tuple[str, Any]] = {}
             for k, v in state.items():
                 if k not in own:
                     raise KeyError(f"your module has no parameter named {k!r} (it has: {', '.join(own)})")
                 if tuple(own[k].shape) != tuple(v.shape):
                     raise ValueError(f"parameter {k!r} has shape {tuple(own[k].shape)}, expected {tuple(v.shape)}")
+                if id(own[k]) in loaded:
+                    first, value = loaded[id(own[k])]
+                    if not self.torch.equal(value, v):
+                        raise ValueError(f"parameters {first!r} and {k!r} are one tensor in your module, where the "
+                                         "exercise expects two separate parameters")
+                    continue
+                loaded[id(own[k])] = (k, v)
                 own[k].copy_(v)
         return None
 

@@ -134,7 +134,7 @@ def grade_notebook(path: Path | None, source: SourceNotebook, assignment: str, *
         nb = read_notebook(path)
     except BadNotebook as e:
         return fail_all(str(e))
-    plan = plan_cells(source, nb)
+    plan = plan_cells(source, nb, folder=path.parent)
     result.log += plan.notes
     result.answers = {part: code[:20000] for part, code in plan.answers.items()}
     if not plan.answers:

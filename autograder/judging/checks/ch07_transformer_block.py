@@ -401,5 +401,6 @@ SUITE.questions({
         "that is the attention's share: the question asks for the feed-forward network's": ATTN_Q / TOTAL_Q,
         "that is the ratio of feed-forward to attention parameters, not the share of the whole block": FFN_Q / ATTN_Q,
         "that counts only one of the feed-forward's two linear layers":
-            (E_Q * F_Q + F_Q) / (ATTN_Q + E_Q * F_Q + F_Q + NORMS_Q)}, rel=2e-3),
+            (E_Q * F_Q + F_Q) / (ATTN_Q + E_Q * F_Q + F_Q + NORMS_Q)},
+        rel=1e-4),  # four significant digits; the slips q_block_params names (biases, LayerNorms left out) are 2.4e-4 away or more
 })

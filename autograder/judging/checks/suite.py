@@ -33,6 +33,7 @@ class Suite:
     checks: dict[str, Check] = field(default_factory=dict)
     # part -> {attribute or imported name: what it is}: names that part's answer must not use
     forbidden: dict[str, dict[str, str]] = field(default_factory=dict)
+    asked: dict[str, Question] = field(default_factory=dict)  # the conceptual questions' table (see questions)
 
     def add(self, grade_id: str, parts: Iterable[str], fn: Callable[[Trial], None], doc: str,
             points: float | None = None) -> None:
@@ -54,6 +55,7 @@ class Suite:
 
     def questions(self, table: Mapping[str, Question]) -> None:
         """The chapter's conceptual questions, one check ``test_<name>`` per row, graded on the value of ``name``."""
+        self.asked.update(table)
         for name, q in table.items():
             self.add(f"test_{name}", [name], lambda t, name=name, q=q: q.judge(t.value(name), name), q.words, q.points)
 
