@@ -25,6 +25,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from attnkit.vocabulary import COMPOUND, DEFS  # noqa: F401 - the units the vocabulary reads, read the same way
+from attnkit.vocabulary import module_units as _units
 from autograder.in_sandbox.magics import cell_magic, strip_magics
 from autograder.in_sandbox.torch_names import ATEN_ATTENTION, is_torch_attention, squash
 
@@ -223,21 +225,6 @@ def _fold(node: ast.AST, unit: _Unit, ctx: _Context, depth: int = 0) -> str | No
     if isinstance(node, ast.Name) and node.id in ctx.consts and unit.is_global(node.id):
         return _fold(ctx.consts[node.id], unit, ctx, depth + 1)
     return None
-
-
-COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.TryStar)
-DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-
-
-def _units(body: list[ast.stmt]) -> Iterable[ast.stmt]:
-    """The module's statements, and the definitions nested in its compound statements (``if``, ``try``, ...)."""
-    for stmt in body:
-        yield stmt
-        if isinstance(stmt, COMPOUND):
-            for block in ("body", "orelse", "finalbody"):
-                yield from (u for u in _units(getattr(stmt, block, [])) if isinstance(u, DEFS))
-            for handler in getattr(stmt, "handlers", []):
-                yield from (u for u in _units(handler.body) if isinstance(u, DEFS))
 
 
 def _module_level(stmt: ast.stmt) -> Iterable[ast.AST]:

@@ -234,19 +234,17 @@ class _Unit:
     stmt: ast.stmt
     module: str | None = None  # the %%writefile module it belongs to, None for the notebook
 
-    @property
-    def name(self) -> str | None:
-        return self.stmt.name if isinstance(self.stmt, DEFS) else None
 
-
-def _units(body: list[ast.stmt]) -> Iterable[ast.stmt]:
+def module_units(body: list[ast.stmt]) -> Iterable[ast.stmt]:
+    """The module's statements, and the definitions nested in its compound statements (``if``, ``try``, ...): what a
+    notebook's cell binds at module level (the grader's tampering scan reads the same units)."""
     for stmt in body:
         yield stmt
         if isinstance(stmt, COMPOUND):
             for block in ("body", "orelse", "finalbody"):
-                yield from (u for u in _units(getattr(stmt, block, [])) if isinstance(u, DEFS))
+                yield from (u for u in module_units(getattr(stmt, block, [])) if isinstance(u, DEFS))
             for handler in getattr(stmt, "handlers", []):
-                yield from (u for u in _units(handler.body) if isinstance(u, DEFS))
+                yield from (u for u in module_units(handler.body) if isinstance(u, DEFS))
 
 
 def _bound(stmt: ast.stmt) -> set[str]:
@@ -356,10 +354,10 @@ class _Reader:
         self.modules = dict(modules)
         for name, src in self.modules.items():
             tree = _parse(src)
-            self.units += [_Unit(s, name) for s in _units(tree.body)] if tree else []
+            self.units += [_Unit(s, name) for s in module_units(tree.body)] if tree else []
         for src in cells:
             tree = _parse(src)
-            self.units += [_Unit(s) for s in _units(tree.body)] if tree else []
+            self.units += [_Unit(s) for s in module_units(tree.body)] if tree else []
         self.binders: dict[tuple[str | None, str], list[_Unit]] = {}
         for u in self.units:
             for name in _bound(u.stmt):
