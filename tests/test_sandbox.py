@@ -261,7 +261,7 @@ def test_forked_sandboxes_inherit_the_bans_setup_and_are_banned_for_life():
     x = np.ones((2, 3), dtype=np.float32)
     with Sandbox(bans=("softmax",)) as box:
         reply = run(box, code)
-        assert reply["output"].split() == ["True", "2"], reply
+        assert reply["output"].split()[0] == "True" and int(reply["output"].split()[1]) >= 2, reply  # some planned
         assert not run(box, "torch.softmax(torch.ones(3), -1)")["ok"]  # a cell runs banned too
         banned = box.request({"op": "call", "target": "mine", "args": [x], "bans": ["softmax"]}, timeout=10)
         wrong = box.request({"op": "call", "target": "mine", "args": [x]}, timeout=10)
@@ -325,12 +325,15 @@ def test_no_unguarded_torch_attention_or_softmax_function_is_reachable():
                  "def mine(x):\n    return _inner(x, -1)\n")
         banned = box.request({"op": "call", "target": "mine", "args": [x], "bans": ["softmax"]}, timeout=20)
         assert not banned["ok"] and "torch's own implementation" in banned["error"], banned
-        # a module loaded after the ban (torch.onnx is not loaded at start-up): guarded as it loads
-        later = run(box, "import sys\nassert 'torch.onnx.ops._impl' not in sys.modules\n"
-                         "import gc, types, torch.onnx.ops._impl as impl\n"
-                         "fn = [f for f in gc.get_objects() if isinstance(f, types.FunctionType)\n"
-                         "      and f.__code__.co_filename == impl.__file__ and f.__name__ == 'attention_23'][0]\n"
-                         "print(any(c is sys.modules['ban']._STATE['checks']['attention'][0] for c in fn.__code__.co_consts))\n")
+        # a module loaded after the ban (torch.masked's tensor ops are not loaded at start-up): guarded as it loads;
+        # torch.onnx, loaded at start-up (its operators are refused by namespace), is guarded in place
+        later = run(box, "import sys\nassert 'torch.masked.maskedtensor._ops_refs' not in sys.modules\n"
+                         "import gc, types, torch.masked.maskedtensor._ops_refs as impl, torch.onnx.ops._impl as onnx\n"
+                         "fns = [f for f in gc.get_objects() if isinstance(f, types.FunctionType) and (\n"
+                         "       (f.__code__.co_filename == impl.__file__ and f.__name__ == '_softmax') or\n"
+                         "       (f.__code__.co_filename == onnx.__file__ and f.__name__ == 'attention_23'))]\n"
+                         "checks = [v[0] for v in sys.modules['ban']._STATE['checks'].values()]\n"
+                         "print(len(fns) == 2 and all(any(c is k for c in f.__code__.co_consts for k in checks) for f in fns))\n")
         assert later["ok"] and "True" in later["output"], later
         # reloading a torch module, or taking its unguarded code, is refused by the audit hook
         reload = run(box, "import importlib, torch.ao.nn.quantizable.modules.activation as m\nm = importlib.reload(m)\n"

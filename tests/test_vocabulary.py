@@ -207,7 +207,9 @@ def test_the_run_time_words_come_from_the_same_table():
 RUNTIME = r'''
 import torch
 ok = []
-for attempt in ("import triton", "from torch.onnx import ops",
+for attempt in ("import triton",
+                "torch.onnx.ops.rotary_embedding(torch.ones(1, 2, 4, 8), torch.ones(4, 4), torch.ones(4, 4), "
+                "torch.arange(4)[None], interleaved=True)",
                 "torch.distributions.Categorical(logits=torch.ones(3)).probs",
                 "torch.ones(3).logsumexp(0)"):
     try:
@@ -226,8 +228,8 @@ def softmax(x, dim=-1):
 
 @pytest.mark.slow
 def test_the_graders_process_refuses_the_topic_and_the_libraries_outside(tmp_path):
-    """Graded through the real sandbox: in the softmax's process, Triton and torch.onnx do not import and a
-    distribution built from logits (its log-sum-exp) is refused, whatever route reached them; the honest kinds above
+    """Graded through the real sandbox: in the softmax's process, Triton does not import, torch's ONNX rotary
+    embedding refuses and a distribution built from logits (its log-sum-exp) is refused, whatever route reached them; the honest kinds above
     keep their points."""
     from autograder.batch import run
     from autograder.isolation.sandbox import Limits

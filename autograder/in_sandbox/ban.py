@@ -346,8 +346,8 @@ def plan(torch: types.ModuleType, fragments: tuple[str, ...]) -> list[tuple[str,
 def prepare(torch: types.ModuleType) -> None:
     """The ban's one-off work, before any ban is installed: torch's loaded functions guarded, the operator
     list and the plans of the bans parts use. The zygote does it once before it forks."""
-    guard_loaded(torch)
     import torch.onnx  # noqa: F401 - its operators (rotary embedding, attention) exist before any ban names them
+    guard_loaded(torch)  # (after: torch.onnx's Python attention is guarded in place like the rest)
     plan(torch, ("softmax", "softmin", "logsumexp", "logcumsumexp", "crossentropy", "rotary", "namespace:onnx"))
 
 
