@@ -257,3 +257,35 @@ def test_the_graders_process_refuses_the_topic_and_the_libraries_outside(tmp_pat
         rows = {row["student"]: row for row in csv.DictReader(f)}
     for name, (_, expected) in cases.items():
         assert float(rows[name]["score"]) == pytest.approx(expected), (name, rows[name])
+
+
+@pytest.mark.slow
+def test_honest_receivers_and_an_unused_debugging_method_keep_their_points_through_the_grader(tmp_path):
+    """Exercise 02 graded through the real sandbox: a MultiHeadAttention that reaches attention through its own
+    sub-module (``self.core.scaled_dot_product``) and keeps an unused method comparing with torch's attention gets
+    the reference's score; the same class whose forward calls that method gets only what the other parts earn."""
+    from pathlib import Path
+
+    from autograder.batch import run
+    from autograder.isolation.sandbox import Limits
+    from checking import answered_release, reference_answers
+
+    a, name = "02_multi_head", "multi_head.ipynb"
+    ref = reference_answers(Path(SOURCE / a / name))
+    core = ("import torch.nn.functional as F\n\nclass Core:\n    def scaled_dot_product(self, q, k, v, mask=None):\n"
+            "        return scaled_dot_product_attention(q, k, v, mask)\n\n")
+    honest = core + ref["MultiHeadAttention"].replace(
+        "        self.num_heads = num_heads\n", "        self.num_heads = num_heads\n        self.core = Core()\n").replace(
+        "out, weights = scaled_dot_product_attention(q, k, v, mask)", "out, weights = self.core.scaled_dot_product(q, k, v, mask)"
+    ) + "\n    def debug_compare_with_torch(self, x):\n        return F.scaled_dot_product_attention(x, x, x)\n"
+    calling = honest.replace("        return self.out_proj(merge_heads(out)), weights",
+                             "        self.debug_compare_with_torch(q)\n        return self.out_proj(merge_heads(out)), weights")
+    for student, answer in (("reference", ref["MultiHeadAttention"]), ("honest", honest), ("calling", calling)):
+        folder = tmp_path / "submitted" / student / a
+        folder.mkdir(parents=True)
+        (folder / name).write_text(json.dumps(answered_release(a, name, dict(ref, MultiHeadAttention=answer))))
+    limits = Limits(cell_timeout=30, call_timeout=15, notebook_timeout=240, memory_bytes=3 << 30, max_processes=128)
+    run(tmp_path / "submitted", a, tmp_path / "grades.csv", tmp_path / "grading", limits, workers=2, log=lambda _: None)
+    with open(tmp_path / "grades.csv", newline="") as f:
+        rows = {row["student"]: float(row["score"]) for row in csv.DictReader(f)}
+    assert rows["honest"] == rows["reference"] > rows["calling"], rows
