@@ -42,6 +42,7 @@ def _lse(q, k, causal):
     (1, 2, 100, 100, 16, True, (64, 64)),  # ragged: the last tile is part padding; the causal early exit
     (2, 1, 70, 50, 32, False, (64, 32)),  # n != m, blocks of different sizes
     (1, 1, 90, 130, 16, True, (32, 64)),  # causal with more keys than queries (counted from the start)
+    (1, 2, 130, 90, 16, True, (16, 64)),  # causal, more queries than keys, BLOCK_N > BLOCK_M (a tile straddles)
 ])
 def test_matches_torch_float32(B, H, n, m, d, causal, blocks):
     q, k, v = _inputs(B, H, n, m, d, device=_device())
@@ -148,7 +149,14 @@ def test_attnkit_runs_without_triton():
             "import attnkit; assert 'triton' not in sys.modules or sys.modules['triton'] is None\n"
             "try:\n    import attnkit.flash_triton\nexcept ImportError as e:\n    print(e)\n")
     out = _python(code)
-    assert "pip install 'triton>=3.9,<3.10'" in out.stdout, out.stdout + out.stderr
+    assert "pip install 'triton>=3.7.1,<3.10'" in out.stdout, out.stdout + out.stderr
+
+
+def test_the_stated_requirement_is_requirements_txt_s():
+    """The module's message, chapter 10's install cell and requirements.txt name one Triton requirement."""
+    from tools.install_cell import requirement
+
+    assert ft.TRITON_REQUIREMENT == requirement("triton")
 
 
 def test_bench_needs_a_gpu(capsys):
