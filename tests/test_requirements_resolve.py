@@ -128,32 +128,49 @@ def test_triton_requirement_admits_the_installed_triton():
 
 
 @pytest.fixture(scope="module")
-def registry():
+def resolutions(tmp_path_factory):
+    """Every Python's dry run, started at once (the time is mostly waiting on the registry)."""
     why = _registry_unreachable()
     if why:
         pytest.skip(why)
+    running = {}
+    for python in PYTHONS:
+        work = tmp_path_factory.mktemp(f"resolve-{python}")
+        interpreter = _interpreter(python)
+        command = [interpreter or sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--no-cache-dir",
+                   "--index-url", INDEX, "--only-binary=:all:", "--target", str(work / "target"),
+                   "--report", str(work / "report.json")]
+        command += [arg for platform in PLATFORMS for arg in ("--platform", platform)]
+        if interpreter:
+            command += ["-r", str(ROOT / "requirements.txt")]
+        else:
+            command += ["--python-version", python, "-r", str(_for_python(python, work / "requirements.txt"))]
+        log = open(work / "pip.log", "w+")
+        running[python] = (subprocess.Popen(command, cwd=ROOT, env=_pip_environment(), stdout=log,
+                                            stderr=subprocess.STDOUT, text=True), log, work)
+    done = {}
+    for python, (process, log, work) in running.items():
+        try:
+            returncode = process.wait(timeout=1800)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            returncode = process.wait()
+        log.seek(0)
+        done[python] = (returncode, log.read(), work / "report.json")
+        log.close()
+    return done
 
 
 @pytest.mark.parametrize("python", PYTHONS)
-def test_requirements_resolve_from_pypi_alone(registry, python, tmp_path):
-    interpreter = _interpreter(python)
-    command = [interpreter or sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--no-cache-dir",
-               "--index-url", INDEX, "--only-binary=:all:", "--target", str(tmp_path / "target"),
-               "--report", str(tmp_path / "report.json")]
-    command += [arg for platform in PLATFORMS for arg in ("--platform", platform)]
-    if interpreter:
-        command += ["-r", str(ROOT / "requirements.txt")]
-    else:
-        command += ["--python-version", python, "-r", str(_for_python(python, tmp_path / "requirements.txt"))]
-    out = subprocess.run(command, cwd=ROOT, env=_pip_environment(), capture_output=True, text=True, timeout=900)
-    log = out.stdout + out.stderr
-    if out.returncode != 0 and re.search(r"NewConnectionError|ConnectTimeout|ReadTimeout|Temporary failure in name "
-                                         r"resolution|Max retries exceeded|SSLError", log):
+def test_requirements_resolve_from_pypi_alone(resolutions, python):
+    returncode, log, report = resolutions[python]
+    if returncode != 0 and re.search(r"NewConnectionError|ConnectTimeout|ReadTimeout|Temporary failure in name "
+                                     r"resolution|Max retries exceeded|SSLError", log):
         pytest.skip(f"the registry stopped answering during the resolution: {log.strip()[-300:]}")
-    assert out.returncode == 0, f"pip cannot install requirements.txt on Python {python} from {INDEX}:\n{log[-3000:]}"
+    assert returncode == 0, f"pip cannot install requirements.txt on Python {python} from {INDEX}:\n{log[-3000:]}"
 
     chosen = {item["metadata"]["name"].lower(): item["metadata"]
-              for item in json.loads((tmp_path / "report.json").read_text())["install"]}
+              for item in json.loads(report.read_text())["install"]}
     assert chosen["torch"]["version"] == "2.13.0"
     triton = chosen.get("triton")
     assert triton is not None, "no Triton in the resolution: chapter 10 would have no kernel compiler"
@@ -162,5 +179,4 @@ def test_requirements_resolve_from_pypi_alone(registry, python, tmp_path):
     pins = [Requirement(r) for r in chosen["torch"].get("requires_dist", []) if r.startswith("triton")]
     for pin in pins:
         assert pin.specifier.contains(triton["version"]), (pin, triton["version"])
-    assert triton["version"] in TRITONS_CHECKED or any(
-        Version(triton["version"]).release[:2] == Version(v).release[:2] for v in TRITONS_CHECKED)
+    assert any(Version(triton["version"]).release[:2] == Version(v).release[:2] for v in TRITONS_CHECKED)
