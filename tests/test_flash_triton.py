@@ -42,6 +42,7 @@ def _lse(q, k, causal):
     (1, 2, 100, 100, 16, True, (64, 64)),  # ragged: the last tile is part padding; the causal early exit
     (2, 1, 70, 50, 32, False, (64, 32)),  # n != m, blocks of different sizes
     (1, 1, 90, 130, 16, True, (32, 64)),  # causal with more keys than queries (counted from the start)
+    (1, 2, 130, 90, 16, True, (16, 64)),  # causal, more queries than keys, BLOCK_N > BLOCK_M (a tile straddles)
 ])
 def test_matches_torch_float32(B, H, n, m, d, causal, blocks):
     q, k, v = _inputs(B, H, n, m, d, device=_device())
@@ -148,7 +149,14 @@ def test_attnkit_runs_without_triton():
             "import attnkit; assert 'triton' not in sys.modules or sys.modules['triton'] is None\n"
             "try:\n    import attnkit.flash_triton\nexcept ImportError as e:\n    print(e)\n")
     out = _python(code)
-    assert "pip install 'triton>=3.9,<3.10'" in out.stdout, out.stdout + out.stderr
+    assert "pip install 'triton>=3.7.1,<3.10'" in out.stdout, out.stdout + out.stderr
+
+
+def test_the_stated_requirement_is_requirements_txt_s():
+    """The module's message, chapter 10's install cell and requirements.txt name one Triton requirement."""
+    from tools.install_cell import requirement
+
+    assert ft.TRITON_REQUIREMENT == requirement("triton")
 
 
 def test_bench_needs_a_gpu(capsys):
@@ -167,3 +175,39 @@ def test_gpu_float16_matches_torch(causal):
     out = ft.flash_attention(q, k, v, causal)
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     assert (out.float() - ref.float()).abs().max().item() < 1e-2
+
+
+def test_block_pointers_and_tensor_descriptors_as_chapter_10_says():
+    """Chapter 10: Triton 3.9 removed tl.make_block_ptr (it raises), 3.7 and 3.8 still run it; tensor
+    descriptors run on every Triton that requirements.txt admits, in the interpreter too."""
+    import triton
+    import triton.language as tl
+    from packaging.version import Version
+
+    if not ft.INTERPRETED:
+        pytest.skip("the interpreter's behaviour; a GPU compiles (chapter 10 runs it there)")
+
+    @triton.jit
+    def copy_block_ptr(Q, O, n, BLOCK: tl.constexpr, D: tl.constexpr):
+        q_ptr = tl.make_block_ptr(Q, (n, D), (D, 1), (tl.program_id(0) * BLOCK, 0), (BLOCK, D), (1, 0))
+        o_ptr = tl.make_block_ptr(O, (n, D), (D, 1), (tl.program_id(0) * BLOCK, 0), (BLOCK, D), (1, 0))
+        tl.store(o_ptr, tl.load(q_ptr, boundary_check=(0,)), boundary_check=(0,))
+
+    @triton.jit
+    def copy_desc(Q, O, n, BLOCK: tl.constexpr, D: tl.constexpr):
+        q_desc = tl.make_tensor_descriptor(Q, [n, D], [D, 1], [BLOCK, D])
+        o_desc = tl.make_tensor_descriptor(O, [n, D], [D, 1], [BLOCK, D])
+        o_desc.store([tl.program_id(0) * BLOCK, 0], q_desc.load([tl.program_id(0) * BLOCK, 0]))
+
+    q = torch.randn(100, 16)
+    buffer = torch.full((q.numel() + 64 * 16,), -1.0)
+    copy_desc[(2,)](q, buffer, 100, BLOCK=64, D=16)
+    assert torch.equal(buffer[: q.numel()].view_as(q), q) and bool((buffer[q.numel():] == -1).all())
+    o = torch.empty_like(q)
+    if Version(triton.__version__).release[:2] >= (3, 9):
+        with pytest.raises(Exception, match="Block pointers have been removed"):
+            copy_block_ptr[(2,)](q, o, 100, BLOCK=64, D=16)
+    else:
+        with pytest.warns(UserWarning, match="deprecated"):
+            copy_block_ptr[(2,)](q, o, 100, BLOCK=64, D=16)
+        assert torch.equal(o, q)

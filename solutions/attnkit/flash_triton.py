@@ -37,6 +37,10 @@ import os
 import torch
 from torch import Tensor
 
+TRITON_REQUIREMENT = "triton>=3.7.1,<3.10"
+"""The Triton releases this module runs on, as requirements.txt states them: 3.7.1 is the one PyPI's torch 2.13.0
+(CUDA build) pins; 3.9 removed block pointers (``tl.make_block_ptr`` raises), which the kernels here never use."""
+
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # no GPU: run the kernel with Triton's interpreter, on the CPU
 
@@ -44,7 +48,7 @@ try:
     import triton
     import triton.language as tl
 except ImportError as e:  # pragma: no cover - exercised where Triton is missing
-    raise ImportError("attnkit.flash_triton needs Triton: pip install 'triton>=3.9,<3.10' (Linux, Python >= 3.10); "
+    raise ImportError(f"attnkit.flash_triton needs Triton: pip install '{TRITON_REQUIREMENT}' (Linux, Python >= 3.10); "
                       "every other part of attnkit works without it") from e
 
 __all__ = ["INTERPRETED", "flash_forward_kernel", "flash_backward_kernel", "flash_attention", "flash_attention_forward",
