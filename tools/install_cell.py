@@ -38,7 +38,7 @@ EXTRAS = {"10_flash_triton": "triton"}
 
 
 def requirement(module: str) -> str:
-    """The requirements.txt line that installs ``module`` (``triton>=3.9,<3.10``)."""
+    """The requirements.txt line that installs ``module`` (``triton>=3.7.1,<3.10``)."""
     for line in (ROOT / "requirements.txt").read_text().splitlines():
         spec = line.split("#")[0].split(";")[0].strip()  # without a comment or a platform marker
         if spec.startswith(module):
