@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/grading_throughput.py [--submissions 40] [--workers N] [--json FILE]
     .venv/bin/python benchmarks/grading_throughput.py --scaling 200 2000 [--workers N] [--dask-workers 2]
     .venv/bin/python benchmarks/grading_throughput.py --records 50 400
+    .venv/bin/python benchmarks/grading_throughput.py --against REV [--submissions 40] [--rounds 2]
 
 Builds N submissions to exercise 01 (half the reference answers, half with
 classic mistakes), grades them once with nbgrader's own autograde, one after the
@@ -19,6 +20,10 @@ with the course grader alone, and prints the time per submission of each and the
 cost per submission grows with the class (reading the whole gradebook per student did) shows a ratio
 above 1; the goal is at most 1.2. ``--dask-workers N`` grades them through a local Dask cluster of N
 worker processes, as ``--scheduler`` does over machines.
+
+With ``--against REV`` it grades the same class with the course grader of git revision REV (checked out in a
+temporary folder) and with this checkout's, in turn, and prints the ratio of their best times: what a change to
+the grader costs, measured in one run on one machine.
 """
 
 from __future__ import annotations
@@ -102,6 +107,9 @@ def plain_nbgrader(subs: Path, work: Path) -> tuple[float, dict[str, float]]:
     course.generate_release(A, work / "release", db_path=db)
     config = course.nbgrader_config(submitted_directory=str(subs), autograded_directory=str(work / "autograded"),
                                     feedback_directory=str(work / "feedback"), db_url=f"sqlite:///{db}")
+    # the course's config refuses nbgrader's own autograde (records/doors.py: it runs student code unconfined);
+    # this baseline is that unconfined autograde, on the benchmark's own generated submissions
+    config.Autograde.exporter_class = "nbconvert.exporters.NotebookExporter"
     api = NbGraderAPI(config=config)
     students = sorted(p.name for p in subs.iterdir())
     start = time.perf_counter()
@@ -146,6 +154,52 @@ def ours(subs: Path, work: Path, workers: int) -> tuple[float, dict[str, float]]
         batch.Records.prepare_gradebook, batch._schedule, batch.publish = saved
     PHASES["other"] = seconds - sum(PHASES.values())
     return seconds, {s: sum(t["points"] for nb in r["notebooks"] for t in nb["tests"]) for s, r in results.items()}
+
+
+AGAINST = r"""
+import sys, time
+from pathlib import Path
+from autograder.batch import run
+subs, work, workers = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+start = time.perf_counter()
+results = run(subs, "01_single_head", work / "grades.csv", work / "grading", workers=workers, log=lambda s: None)
+seconds = time.perf_counter() - start
+print(seconds, sum(t["points"] for r in results.values() for nb in r["notebooks"] for t in nb["tests"]))
+"""
+
+
+def against(rev: str, n: int, workers: int, rounds: int) -> dict:
+    """The course grader of ``rev`` (a git revision of this repository, checked out in a temporary folder) and this
+    checkout's, on the same generated class, in turn, ``rounds`` times: the seconds of each and their ratio (this one
+    against ``rev``'s), so a change's cost is measured on one machine in one run."""
+    import subprocess
+
+    tmp = Path(tempfile.mkdtemp(prefix="attn-against-"))
+    try:
+        old = tmp / "old"
+        old.mkdir()
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+        build(tmp / "submitted", n)
+        times: dict[str, list[float]] = {rev: [], "this checkout": []}
+        scores: dict[str, float] = {}
+        for i in range(rounds):
+            for label, root in ((rev, old), ("this checkout", ROOT)):
+                work = tmp / f"work-{i}-{len(times[label])}-{label.replace(' ', '-')}"
+                env = dict(os.environ, PYTHONPATH=f"{root / 'solutions'}{os.pathsep}{root}")
+                out = subprocess.run([sys.executable, "-c", AGAINST, str(tmp / "submitted"), str(work), str(workers)],
+                                     cwd=root, env=env, capture_output=True, text=True, check=True).stdout.split()
+                times[label].append(float(out[-2]))
+                scores[label] = float(out[-1])
+                print(f"{label:<16} round {i + 1}: {float(out[-2]):7.1f} s (total score {float(out[-1]):g})", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    best = {label: min(t) for label, t in times.items()}
+    ratio = best["this checkout"] / best[rev]
+    print(f"{n} submissions, {workers} workers, best of {rounds}: {rev} {best[rev]:.1f} s, this checkout "
+          f"{best['this checkout']:.1f} s: ratio {ratio:.2f}")
+    return {"submissions": n, "workers": workers, "seconds": times, "best": best, "ratio": round(ratio, 3),
+            "total_score": scores}
 
 
 def records_cost(sizes: list[int]) -> dict:
@@ -204,7 +258,16 @@ def main() -> int:
     parser.add_argument("--records", type=int, nargs=2, metavar=("SMALL", "LARGE"),
                         help="instead: the coordinator's cost of recording one student in gradebooks of SMALL and "
                              "LARGE students, without grading (e.g. --records 50 400)")
+    parser.add_argument("--against", metavar="REV",
+                        help="instead: the course grader of git revision REV and this checkout's, in turn, on the same "
+                             "--submissions, and the ratio of their times (e.g. --against 13d2ebe)")
+    parser.add_argument("--rounds", type=int, default=2, help="with --against: times each grader runs (best kept)")
     args = parser.parse_args()
+    if args.against:
+        rows = against(args.against, args.submissions, args.workers, args.rounds)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
+        return 0
     if args.records:
         rows = records_cost(args.records)
         if args.json:
