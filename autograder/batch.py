@@ -48,7 +48,8 @@ from pathlib import Path
 from autograder import course
 from autograder.isolation.sandbox import IsolationUnavailable, Limits, isolation_summary, require_isolation
 from autograder.judging.judge import grade_notebook
-from autograder.notebook import MAX_NOTEBOOK_BYTES, BadNotebook, SourceNotebook
+from autograder.notebook import BadNotebook, SourceNotebook
+from autograder.records.collector import folder_fingerprint, hash_files, submission_files
 from autograder.records.feedback import generate_feedback, write_autograded
 from autograder.records.gradebook import Records, write_csv, write_term
 from autograder.records.results import (NotebookResult, Result, StudentCells, TestResult, clean_text, load_result,
@@ -64,22 +65,6 @@ GRADING_CODE = ("judging", "isolation", "in_sandbox", "notebook.py")
 
 
 # -- fingerprints ---------------------------------------------------------------------------------------
-
-
-def _hash_files(h: "hashlib._Hash", paths: list[Path]) -> None:
-    """Feed names and contents to ``h``; a file over the notebook size cap is hashed by size and time only."""
-    for p in paths:
-        h.update(os.fsencode(p.name) + b"\0")  # a name need not be UTF-8
-        try:
-            st = p.stat()
-            if st.st_size > MAX_NOTEBOOK_BYTES:
-                h.update(f"large:{st.st_size}:{st.st_mtime_ns}".encode())
-            else:
-                with open(p, "rb") as f:
-                    h.update(f.read(MAX_NOTEBOOK_BYTES + 1))
-        except OSError as e:
-            h.update(f"unreadable:{e.errno}".encode())
-        h.update(b"\0")
 
 
 def grading_code(assignment: str) -> list[Path]:
@@ -102,10 +87,10 @@ def grader_version(assignment: str, limits: Limits | None = None) -> str:
     import attnkit
 
     h = hashlib.sha256(repr(limits or Limits()).encode())
-    _hash_files(h, course.source_notebooks(assignment))
+    hash_files(h, course.source_notebooks(assignment))
     for path in grading_code(assignment):
         h.update(str(path.relative_to(HERE)).encode() + b"\0" + path.read_bytes() + b"\0")
-    _hash_files(h, sorted(Path(attnkit.__file__).parent.glob("*.py")))
+    hash_files(h, sorted(Path(attnkit.__file__).parent.glob("*.py")))
     return h.hexdigest()
 
 
@@ -131,19 +116,9 @@ class Context:
     released: dict[str, dict] = field(default_factory=dict)  # notebook name -> the release notebook, read once
 
 
-def submission_files(folder: Path) -> list[Path]:
-    """The notebooks of a submission folder (no links, no folders)."""
-    if folder.is_symlink() or not folder.is_dir():
-        return []
-    return sorted(p for p in folder.iterdir() if p.suffix == ".ipynb" and p.is_file() and not p.is_symlink())
-
-
 def fingerprint(job: Job, ctx: Context) -> str:
     """A hash of the submission (notebooks and ``timestamp.txt``) and the secret: new means re-submitted."""
-    h = hashlib.sha256(ctx.secret.encode())
-    stamp = job.folder / "timestamp.txt"
-    _hash_files(h, submission_files(job.folder) + ([stamp] if stamp.is_file() and not stamp.is_symlink() else []))
-    return h.hexdigest()
+    return folder_fingerprint(ctx.secret, job.folder)
 
 
 def read_timestamp(folder: Path) -> str:
@@ -296,7 +271,8 @@ class Plan:
 
 def check_names(assignment: str, submissions: Path, workdir: Path) -> None:
     """Refuse (``SystemExit`` naming what exists) an unknown assignment, a missing folder, or the grading
-    folder given where its submissions were meant."""
+    folder or any folder of it but ``submitted/`` (``feedback/``, ``autograded/``, ...) given where its submissions
+    were meant."""
     if assignment not in course.assignments():
         raise SystemExit(f"unknown assignment {assignment!r}; known: {', '.join(course.assignments())}")
     if not submissions.is_dir():
@@ -304,6 +280,11 @@ def check_names(assignment: str, submissions: Path, workdir: Path) -> None:
     if (submissions / "gradebook.db").exists() or submissions.resolve() == workdir:
         raise SystemExit(f"{submissions} is the grading folder (it holds the gradebook), not a folder of "
                          f"submissions: did you mean {submissions / 'submitted'}? Nothing was graded.")
+    inside = submissions.resolve()
+    if inside.is_relative_to(workdir) and inside.relative_to(workdir).parts[0] != "submitted":
+        raise SystemExit(f"{submissions} is one of the grading folder's own folders "
+                         f"({inside.relative_to(workdir).parts[0]}/: the grader's or nbgrader's output), not a folder of "
+                         f"submissions: did you mean {workdir / 'submitted'}? Nothing was graded.")
 
 
 def plan(submissions: Path, assignment: str, out: Path, workdir: Path, limits: Limits | None, force: bool,
@@ -313,14 +294,24 @@ def plan(submissions: Path, assignment: str, out: Path, workdir: Path, limits: L
     records = Records(workdir, assignment)
     roster = records.roster() if records.roster_imported() else []
     jobs, skipped = discover(submissions, assignment, own=[workdir, out], roster=roster)
+    for why in skipped:
+        log(f"skipped folder {why}")
+    # A roster student with a folder (for another assignment) but none for this one submitted nothing: no record
+    # (an empty cell in the term's grades, nothing exported), never a 0 timed at the grading moment. A grade
+    # recorded earlier is kept as it was.
+    absent = [j for j in jobs if not j.folder.exists() and not j.folder.is_symlink()]
+    if absent:
+        kept = [j.student for j in absent if records.load(j.student) is not None]
+        log(f"{assignment}: no {assignment}/ folder for {', '.join(j.student for j in absent[:20])}"
+            f"{' ...' if len(absent) > 20 else ''}: nothing recorded for them" +
+            (f" (the grade recorded earlier is kept for {', '.join(kept[:20])})" if kept else ""))
+        jobs = [j for j in jobs if j not in absent]
     if students is not None:
         unknown = sorted(set(students) - {j.student for j in jobs})
         if unknown:
             raise SystemExit(f"no submission folder of a roster student for: {', '.join(unknown)}; students with a "
                              f"folder: {', '.join(j.student for j in jobs) or 'none'}")
         jobs = [j for j in jobs if j.student in set(students)]
-    for why in skipped:
-        log(f"skipped folder {why}")
     no_roster = "" if roster else ("no roster in the gradebook: every student folder is graded and added as a "
                                    "student. Import the roster first (nbgrader db student import roster.csv) so "
                                    "that only its students are.")

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from autograder import course
-from autograder.records.collector import Collected, SubmissionTime, collected_record, decide, exchange_times
+from autograder.records.collector import (ExchangeFolder, SubmissionTime, collected_record, decide, exchange_collected,
+                                         exchange_folders, folder_fingerprint)
 from autograder.records.results import Result, atomic_write, csv_cell, load_result, save_result
 
 
@@ -74,7 +75,7 @@ class Records:
         self.exchange = configured
         self.config.Exchange.root = str(configured)
         self._times: dict[tuple[str, str, str], SubmissionTime] = {}
-        self._exchange_times: dict[str, Collected] | None = None
+        self._exchange_folders: dict[str, list[ExchangeFolder]] | None = None
         self._due: tuple[Any, dict[str, Any]] | None = None
 
     # -- files ---------------------------------------------------------------------------------------
@@ -122,14 +123,19 @@ class Records:
     def submission_time(self, result: Result) -> SubmissionTime:
         """The time to record for ``result``: the collector's (LMS download or nbgrader's exchange), checked
         against the student's ``timestamp.txt``, with the flags an instructor should see. Decided once per
-        result and run (the exchange is listed once)."""
-        key = (result.student, result.timestamp, result.first_seen)
+        result and run (the exchange is listed once). The exchange's time is that of the folder whose content was
+        graded (matched by the result's fingerprint, :func:`~autograder.records.collector.exchange_collected`),
+        never a newer, a linked or another student's folder."""
+        key = (result.student, result.timestamp, result.first_seen, result.fingerprint)
         if key not in self._times:
-            if self._exchange_times is None:
-                self._exchange_times = exchange_times(self.exchange, str(self.config.CourseDirectory.course_id),
-                                                      self.assignment)
-            collected = collected_record(self.workdir, self.assignment, result.student) or \
-                self._exchange_times.get(result.student)
+            if self._exchange_folders is None:
+                self._exchange_folders = exchange_folders(self.exchange, str(self.config.CourseDirectory.course_id),
+                                                          self.assignment)
+            collected = collected_record(self.workdir, self.assignment, result.student)
+            if collected is None and result.student in self._exchange_folders:
+                secret = self.secret()
+                collected = exchange_collected(self._exchange_folders[result.student], self.assignment,
+                                               result.fingerprint, lambda folder: folder_fingerprint(secret, folder))
             decided = decide(result.timestamp, collected, self.time_policy, result.first_seen)
             due = self.due(result.student)
             if collected and collected.late_marker and decided.when and due and decided.when > due:
