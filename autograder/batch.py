@@ -215,15 +215,37 @@ GRADING_FOLDERS = ("autograded", "feedback", "submitted", "exchange", "downloade
                    "release", "source")  # nbgrader's and the grader's own folders: never students
 
 
+def removed_file(workdir: Path) -> Path:
+    """The students ``remove-student`` took out of the course (one id a line)."""
+    return workdir / "results" / "removed-students.txt"
+
+
+def note_removed(workdir: Path, student: str) -> None:
+    path = removed_file(workdir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(student + "\n")
+    path.chmod(0o600)
+
+
+def removed_students(workdir: Path) -> set[str]:
+    try:
+        return set(removed_file(workdir).read_text().split())
+    except OSError:
+        return set()
+
+
 def discover(submissions: Path, assignment: str, own: list[Path] = (),
-             roster: list[str] | None = None) -> tuple[list[Job], list[str]]:
+             roster: list[str] | None = None, removed: set[str] = frozenset()) -> tuple[list[Job], list[str]]:
     """Student folders under ``submissions`` and the names skipped, each with why.
 
     ``own`` are the grader's outputs, never taken for students. With a ``roster`` (the gradebook's students)
-    only its students are graded: any other folder is listed and skipped, never added as a student."""
+    only its students are graded: any other folder is listed and skipped, never added as a student. ``removed``
+    are the students ``remove-student`` took out: their folders are skipped with no advice to add them back."""
     jobs, skipped = [], []
     own = [p.resolve() for p in own]
     known = set(roster or [])
+    assignments = set(course.assignments())
     for entry in sorted(submissions.iterdir()):
         name = clean_text(os.fsdecode(entry.name))
         try:
@@ -239,6 +261,12 @@ def discover(submissions: Path, assignment: str, own: list[Path] = (),
             continue
         if not STUDENT_ID.match(entry.name):
             skipped.append(f"{name!r}: not a valid student id")
+        elif entry.name in assignments:
+            skipped.append(f"{name!r}: an assignment's folder, not a student's: give the folder holding one folder "
+                           f"per student (SUBMISSIONS/<student>/{assignment}/), such as grading/submitted")
+        elif known and entry.name not in known and entry.name in removed:
+            skipped.append(f"{name!r}: removed from the course (remove-student): its folder is left as it was; "
+                           "delete it if it must go")
         elif known and entry.name not in known:
             skipped.append(f"{name!r}: not a student of the roster" + (
                 " (one of the grading folder's own folders)" if entry.name in GRADING_FOLDERS else
@@ -293,7 +321,8 @@ def plan(submissions: Path, assignment: str, out: Path, workdir: Path, limits: L
     (then nothing is recorded)."""
     records = Records(workdir, assignment)
     roster = records.roster() if records.roster_imported() else []
-    jobs, skipped = discover(submissions, assignment, own=[workdir, out], roster=roster)
+    jobs, skipped = discover(submissions, assignment, own=[workdir, out], roster=roster,
+                             removed=removed_students(workdir))
     for why in skipped:
         log(f"skipped folder {why}")
     # A roster student with a folder (for another assignment) but none for this one submitted nothing: no record
@@ -381,7 +410,8 @@ def record(p: Plan, result: Result, submissions: Path, log: Callable[[str], obje
 
 def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = None, limits: Limits | None = None,
         workers: int = 1, force: bool = False, log: Callable[[str], object] = print, scheduler: str | None = None,
-        students: list[str] | None = None, regrade: bool = False) -> dict[str, Result]:
+        students: list[str] | None = None, regrade: bool = False,
+        counts: dict[str, int] | None = None) -> dict[str, Result]:
     """Grade every roster student under ``submissions`` (or only ``students``); returns ``student -> result``.
 
     The steps, each a function: :func:`plan` (who is graded, kept, graded on the side), grading
@@ -404,7 +434,14 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
     if p is None:
         return {}
     records, ctx = p.records, p.ctx
+    if counts is not None:
+        counts["graded"] = len(p.todo)  # what this run grades (the others' recorded results are kept)
     log(isolation_summary())  # before any student code runs
+    from autograder.records.plugins import MATHJAX
+
+    if not MATHJAX.is_file():
+        log(f"WARNING: the course's MathJax ({MATHJAX}) is missing (run `make install`): feedback pages fetch it "
+            "from a CDN, and where a student is offline their math shows as raw $...$")
     results: dict[str, Result] = dict(p.reused)
 
     def finish(result: Result) -> None:
@@ -550,9 +587,19 @@ def _schedule(jobs: list[Job], ctx: Context, done: Callable[[Result], None], wor
     else:
         # Workers start from a fresh interpreter ("forkserver"), not a fork of this process: forking a process
         # whose torch or browser threads are running can crash the child.
+        # Ctrl-C reaches every process of the terminal's group: a worker still starting (before its initializer)
+        # would print a KeyboardInterrupt traceback after the coordinator's one line. SIGINT is blocked while the
+        # pool starts its server and workers (both inherit the mask) and unblocked in each worker once its quiet
+        # handler is in place; here, a Ctrl-C meanwhile is delivered when the workers are started.
         with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("forkserver"),
                                     initializer=_quiet_on_interrupt) as pool:
-            futures = [pool.submit(grade_job, job, ctx) for job in jobs]
+            import signal
+
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                futures = [pool.submit(grade_job, job, ctx) for job in jobs]
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             for fut in cf.as_completed(futures):
                 done(fut.result())
 
@@ -564,3 +611,4 @@ def _quiet_on_interrupt() -> None:
     import signal
 
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked while the pool started (_schedule)
