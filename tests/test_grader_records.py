@@ -440,3 +440,14 @@ def test_exports_refuse_any_stale_total_and_hold_the_course_assignments_only(gra
     assert header[5:] == [A]
     assert {r["assignment"] for r in csv.DictReader(open(plain, newline=""))} == {A}
     assert float(read_csv_by(canvas, "SIS Login ID")["alice"][A]) == float(read_csv(graded["out"])["alice"]["score"])
+
+
+def test_a_missing_mathjax_is_said_at_grade_time(graded, monkeypatch, tmp_path):
+    """Without the course's MathJax (`make install` not run) the feedback pages would fetch it from a CDN and show
+    raw $...$ offline: the run says so, instead of falling back silently."""
+    from autograder.records import plugins
+
+    monkeypatch.setattr(plugins, "MATHJAX", tmp_path / "missing" / "tex-svg.js")
+    graded["logs"].clear()
+    graded["grade"]()
+    assert any("MathJax" in line and "make install" in line for line in graded["logs"]), graded["logs"]

@@ -594,6 +594,7 @@ def slipped36(slipped):
     out["canvas"] = sh(term, ".venv/bin/nbgrader", "export", "--exporter",
                        "autograder.records.plugins.CanvasExportPlugin", "--to", "grading/canvas-36.csv")
     out["plain"] = sh(term, ".venv/bin/nbgrader", "export", "--to", "grading/plain-36.csv")
+    out["rows_at_export"] = rows(grading / GRADES, "student")
     # nobody collected from an LMS for B: "nothing was done", and no empty zip left
     out["lms_nothing"] = autograder(term, "lms-feedback", "--assignment", B)
     # alice re-submits (unscaled: fewer points) and the instructor grades before collecting it; meanwhile another
@@ -603,6 +604,11 @@ def slipped36(slipped):
     exchange_submit(term, "alice", "unscaled", now)
     if os.geteuid() == 0:
         exchange_submit(term, "alice", "blank", now - dt.timedelta(hours=1), owner=NOBODY)
+    # and a folder whose notebook is a link to a file she may edit later (timed by the link)
+    linked = exchange_submit(term, "alice", "blank", now - dt.timedelta(hours=2))
+    (linked / NB).unlink()
+    (linked.parent / f".alice-{A}.ipynb").write_text(notebook("unscaled"))
+    (linked / NB).symlink_to(linked.parent / f".alice-{A}.ipynb")
     out["uncollected"] = autograder(term, "grade", "grading/submitted", "--assignment", A)
     out["rows_uncollected"] = rows(grading / GRADES, "student")
     out["collect"] = sh(term, ".venv/bin/nbgrader", "collect", "--update", A)
@@ -653,7 +659,7 @@ def test_slip36_exports_hold_the_course_assignments_and_refuse_any_stale_total(s
     plain = list(csv.DictReader(open(grading / "plain-36.csv", newline="")))
     assert {r["assignment"] for r in plain} == {A}
     alice = {r[3]: r for r in canvas[2:]}["alice"]
-    assert float(alice[5]) == pytest.approx(float(rows(grading / GRADES, "student")["alice"]["score"]))
+    assert float(alice[5]) == pytest.approx(float(slipped36["rows_at_export"]["alice"]["score"]))
 
 
 def test_slip36_released_feedback_out_of_date_names_the_command(slipped):
@@ -677,6 +683,7 @@ def test_slip36_a_resubmission_not_collected_keeps_its_time_and_names_collect_up
     assert "none graded in this run" in proc.stdout  # nothing changed in grading/submitted
     if os.geteuid() == 0:  # the folder another account made in her name: flagged, its time never used
         assert "not by alice" in uncollected["time_review"]
+    assert "symbolic link" in uncollected["time_review"]
     assert slipped36["collect"].returncode == 0, slipped36["collect"].stderr[-3000:]
     collected = slipped36["rows_collected"]["alice"]
     assert float(collected["score"]) < float(before["score"])  # the unscaled re-submission, graded
