@@ -159,12 +159,25 @@ def test_a_folder_named_for_a_classmate_is_refused(tmp_path):
 
     inbound = tmp_path / "course" / "inbound"
     stamp = f"{dt.datetime.now():%Y-%m-%d %H:%M:%S}.000000 UTC"
-    os.chown(_submit(inbound, f"bob+01_single_head+{stamp}+a", "{}", stamp), 65534, 65534)
-    os.chown(_submit(inbound, f"alice+01_single_head+{stamp}+b", "{}", stamp), 65534, 65534)
+    unnamed = next(uid for uid in range(54321, 60000) if not _named(pwd, uid))  # a hub's user, unknown here
+    os.chown(_submit(inbound, f"bob+01_single_head+{stamp}+a", "{}", stamp), unnamed, unnamed)
+    os.chown(_submit(inbound, f"alice+01_single_head+{stamp}+b", "{}", stamp), unnamed, unnamed)
+    os.chown(_submit(inbound, f"carol+01_single_head+{stamp}+b", "{}", stamp), 65534, 65534)  # nobody's
+    os.chown(_submit(inbound, f"dave+01_single_head+{stamp}+b", "{}", stamp), unnamed + 1, unnamed + 1)
     account = pwd.getpwuid(1).pw_name  # an account of this machine (daemon): its folder must be its own
     _submit(inbound, f"{account}+01_single_head+{stamp}+c", "{}", stamp)  # made by root
     folders = exchange_folders(tmp_path, "course", "01_single_head")
     assert "also made folders named for bob" in folders["alice"][0].problem
     assert f"not by {account}" in folders[account][0].problem
+    assert "not by carol" in folders["carol"][0].problem  # another account of this machine made it
+    assert folders["dave"][0].problem == ""  # an unknown user id, whose only folder is dave's: his
     times = exchange_times(tmp_path, "course", "01_single_head")
     assert times["alice"].time is None and any("ignored" in n for n in times["alice"].notes)
+
+
+def _named(pwd, uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        return False

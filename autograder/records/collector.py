@@ -130,8 +130,8 @@ def exchange_folders(exchange: Path, course_id: str, assignment: str) -> dict[st
     * a folder **not owned by the student**: the exchange's ``inbound`` is writable by every student, and a
       classmate can make a folder named for anyone. With an account named for the student on this machine (as on
       a JupyterHub), its owner must be that account (nbgrader's ``collect`` warns on the same test); without one,
-      a folder made by an account that also made folders named for another student is refused (the
-      instructor's and root's own copies are accepted)."""
+      a folder owned by another account of this machine, or by a user id that also made folders named for another
+      student, is refused (the instructor's and root's own copies are accepted)."""
     import pwd
 
     inbound = exchange / course_id / "inbound"
@@ -176,6 +176,10 @@ def _not_owned(uid: int, student: str, owners: dict[int, set[str]], pwd: Any) ->
         return "" if uid == own else f"owned by {_account(uid, pwd)}, not by {student}"
     if uid in (0, os.geteuid()):
         return ""
+    try:
+        return f"owned by {pwd.getpwuid(uid).pw_name}, not by {student}"  # another account of this machine
+    except KeyError:
+        pass
     others = sorted(owners.get(uid, set()) - {student})
     return (f"made by {_account(uid, pwd)}, who also made folders named for {', '.join(others[:5])}" if others
             else "")
