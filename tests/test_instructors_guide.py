@@ -18,7 +18,12 @@ made in the page's commands); bob's Canvas time is a day and a half after it.
 The second half, "one step off", makes each slip a tired teaching assistant makes (issue 28's list: the grading
 folder graded as submissions, a hand-copied folder outside the roster, a typo in a student or an assignment, an
 export between a hand grade and `feedback`, an assignment nobody submitted, a removed student, Ctrl-C) on the
-course the guide left, and checks that nothing is invented, emptied or stale.
+course the guide left, and checks that nothing is invented, emptied or stale. Issue 36's slips follow on the same
+course (``slipped36``): grading/'s own folders given as submissions, one student's folder given as the class's, a
+negative extension, a typo'd assignment in the gradebook, a hand grade changed for an on-time student before an
+export, released feedback gone stale, an LMS zip with nobody in it, a re-submission graded before it was collected
+(beside a classmate's folder in the student's name and a linked notebook), and a roster student with no folder for
+an assignment. Every command after the guide's ``umask 077`` runs under it, as in the instructor's one shell.
 
 The one long-running command, ``python -m autograder formgrader``, is started in the background (with a free
 port appended) and checked to serve /formgrader; the hand grades it would record are then set through nbgrader's
