@@ -3,8 +3,8 @@
 ``SUBMISSIONS/<student>/<assignment>/*.ipynb`` is nbgrader's layout. :func:`run` is five named steps (as
 nbgrader's ``Autograde`` lists its preprocessors), each reading its inputs once per run:
 
-1. :func:`plan`: the roster students' folders (any other folder listed and skipped; none submitted: stop,
-   nothing recorded), the release notebooks, the grader's version, and each submission's fingerprint
+1. :func:`plan`: the roster students' folders (any other folder listed and skipped; a roster student with no
+   folder for the assignment gets no record; none submitted: stop, nothing recorded), the release notebooks, the grader's version, and each submission's fingerprint
    (its notebooks and ``timestamp.txt``): a result with the same fingerprint is reused, so an interrupted
    batch resumes where it stopped and a re-run changes nothing, while a re-submission is graded again;
 2. grading: :func:`grade_job` per submission (student code in a sandbox, verdicts here, the notebook parsed
