@@ -3,8 +3,8 @@
 ``SUBMISSIONS/<student>/<assignment>/*.ipynb`` is nbgrader's layout. :func:`run` is five named steps (as
 nbgrader's ``Autograde`` lists its preprocessors), each reading its inputs once per run:
 
-1. :func:`plan`: the roster students' folders (any other folder listed and skipped; none submitted: stop,
-   nothing recorded), the release notebooks, the grader's version, and each submission's fingerprint
+1. :func:`plan`: the roster students' folders (any other folder listed and skipped; a roster student with no
+   folder for the assignment gets no record; none submitted: stop, nothing recorded), the release notebooks, the grader's version, and each submission's fingerprint
    (its notebooks and ``timestamp.txt``): a result with the same fingerprint is reused, so an interrupted
    batch resumes where it stopped and a re-run changes nothing, while a re-submission is graded again;
 2. grading: :func:`grade_job` per submission (student code in a sandbox, verdicts here, the notebook parsed
@@ -48,7 +48,8 @@ from pathlib import Path
 from autograder import course
 from autograder.isolation.sandbox import IsolationUnavailable, Limits, isolation_summary, require_isolation
 from autograder.judging.judge import grade_notebook
-from autograder.notebook import MAX_NOTEBOOK_BYTES, BadNotebook, SourceNotebook
+from autograder.notebook import BadNotebook, SourceNotebook
+from autograder.records.collector import folder_fingerprint, hash_files, submission_files
 from autograder.records.feedback import generate_feedback, write_autograded
 from autograder.records.gradebook import Records, write_csv, write_term
 from autograder.records.results import (NotebookResult, Result, StudentCells, TestResult, clean_text, load_result,
@@ -64,22 +65,6 @@ GRADING_CODE = ("judging", "isolation", "in_sandbox", "notebook.py")
 
 
 # -- fingerprints ---------------------------------------------------------------------------------------
-
-
-def _hash_files(h: "hashlib._Hash", paths: list[Path]) -> None:
-    """Feed names and contents to ``h``; a file over the notebook size cap is hashed by size and time only."""
-    for p in paths:
-        h.update(os.fsencode(p.name) + b"\0")  # a name need not be UTF-8
-        try:
-            st = p.stat()
-            if st.st_size > MAX_NOTEBOOK_BYTES:
-                h.update(f"large:{st.st_size}:{st.st_mtime_ns}".encode())
-            else:
-                with open(p, "rb") as f:
-                    h.update(f.read(MAX_NOTEBOOK_BYTES + 1))
-        except OSError as e:
-            h.update(f"unreadable:{e.errno}".encode())
-        h.update(b"\0")
 
 
 def grading_code(assignment: str) -> list[Path]:
@@ -102,10 +87,10 @@ def grader_version(assignment: str, limits: Limits | None = None) -> str:
     import attnkit
 
     h = hashlib.sha256(repr(limits or Limits()).encode())
-    _hash_files(h, course.source_notebooks(assignment))
+    hash_files(h, course.source_notebooks(assignment))
     for path in grading_code(assignment):
         h.update(str(path.relative_to(HERE)).encode() + b"\0" + path.read_bytes() + b"\0")
-    _hash_files(h, sorted(Path(attnkit.__file__).parent.glob("*.py")))
+    hash_files(h, sorted(Path(attnkit.__file__).parent.glob("*.py")))
     return h.hexdigest()
 
 
@@ -131,19 +116,9 @@ class Context:
     released: dict[str, dict] = field(default_factory=dict)  # notebook name -> the release notebook, read once
 
 
-def submission_files(folder: Path) -> list[Path]:
-    """The notebooks of a submission folder (no links, no folders)."""
-    if folder.is_symlink() or not folder.is_dir():
-        return []
-    return sorted(p for p in folder.iterdir() if p.suffix == ".ipynb" and p.is_file() and not p.is_symlink())
-
-
 def fingerprint(job: Job, ctx: Context) -> str:
     """A hash of the submission (notebooks and ``timestamp.txt``) and the secret: new means re-submitted."""
-    h = hashlib.sha256(ctx.secret.encode())
-    stamp = job.folder / "timestamp.txt"
-    _hash_files(h, submission_files(job.folder) + ([stamp] if stamp.is_file() and not stamp.is_symlink() else []))
-    return h.hexdigest()
+    return folder_fingerprint(ctx.secret, job.folder)
 
 
 def read_timestamp(folder: Path) -> str:
@@ -240,15 +215,37 @@ GRADING_FOLDERS = ("autograded", "feedback", "submitted", "exchange", "downloade
                    "release", "source")  # nbgrader's and the grader's own folders: never students
 
 
+def removed_file(workdir: Path) -> Path:
+    """The students ``remove-student`` took out of the course (one id a line)."""
+    return workdir / "results" / "removed-students.txt"
+
+
+def note_removed(workdir: Path, student: str) -> None:
+    path = removed_file(workdir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(student + "\n")
+    path.chmod(0o600)
+
+
+def removed_students(workdir: Path) -> set[str]:
+    try:
+        return set(removed_file(workdir).read_text().split())
+    except OSError:
+        return set()
+
+
 def discover(submissions: Path, assignment: str, own: list[Path] = (),
-             roster: list[str] | None = None) -> tuple[list[Job], list[str]]:
+             roster: list[str] | None = None, removed: set[str] = frozenset()) -> tuple[list[Job], list[str]]:
     """Student folders under ``submissions`` and the names skipped, each with why.
 
     ``own`` are the grader's outputs, never taken for students. With a ``roster`` (the gradebook's students)
-    only its students are graded: any other folder is listed and skipped, never added as a student."""
+    only its students are graded: any other folder is listed and skipped, never added as a student. ``removed``
+    are the students ``remove-student`` took out: their folders are skipped with no advice to add them back."""
     jobs, skipped = [], []
     own = [p.resolve() for p in own]
     known = set(roster or [])
+    assignments = set(course.assignments())
     for entry in sorted(submissions.iterdir()):
         name = clean_text(os.fsdecode(entry.name))
         try:
@@ -264,6 +261,12 @@ def discover(submissions: Path, assignment: str, own: list[Path] = (),
             continue
         if not STUDENT_ID.match(entry.name):
             skipped.append(f"{name!r}: not a valid student id")
+        elif entry.name in assignments:
+            skipped.append(f"{name!r}: an assignment's folder, not a student's: give the folder holding one folder "
+                           f"per student (SUBMISSIONS/<student>/{assignment}/), such as grading/submitted")
+        elif known and entry.name not in known and entry.name in removed:
+            skipped.append(f"{name!r}: removed from the course (remove-student): its folder is left as it was; "
+                           "delete it if it must go")
         elif known and entry.name not in known:
             skipped.append(f"{name!r}: not a student of the roster" + (
                 " (one of the grading folder's own folders)" if entry.name in GRADING_FOLDERS else
@@ -296,7 +299,8 @@ class Plan:
 
 def check_names(assignment: str, submissions: Path, workdir: Path) -> None:
     """Refuse (``SystemExit`` naming what exists) an unknown assignment, a missing folder, or the grading
-    folder given where its submissions were meant."""
+    folder or any folder of it but ``submitted/`` (``feedback/``, ``autograded/``, ...) given where its submissions
+    were meant."""
     if assignment not in course.assignments():
         raise SystemExit(f"unknown assignment {assignment!r}; known: {', '.join(course.assignments())}")
     if not submissions.is_dir():
@@ -304,6 +308,11 @@ def check_names(assignment: str, submissions: Path, workdir: Path) -> None:
     if (submissions / "gradebook.db").exists() or submissions.resolve() == workdir:
         raise SystemExit(f"{submissions} is the grading folder (it holds the gradebook), not a folder of "
                          f"submissions: did you mean {submissions / 'submitted'}? Nothing was graded.")
+    inside = submissions.resolve()
+    if inside.is_relative_to(workdir) and inside.relative_to(workdir).parts[0] != "submitted":
+        raise SystemExit(f"{submissions} is one of the grading folder's own folders "
+                         f"({inside.relative_to(workdir).parts[0]}/: the grader's or nbgrader's output), not a folder of "
+                         f"submissions: did you mean {workdir / 'submitted'}? Nothing was graded.")
 
 
 def plan(submissions: Path, assignment: str, out: Path, workdir: Path, limits: Limits | None, force: bool,
@@ -312,15 +321,26 @@ def plan(submissions: Path, assignment: str, out: Path, workdir: Path, limits: L
     (then nothing is recorded)."""
     records = Records(workdir, assignment)
     roster = records.roster() if records.roster_imported() else []
-    jobs, skipped = discover(submissions, assignment, own=[workdir, out], roster=roster)
+    jobs, skipped = discover(submissions, assignment, own=[workdir, out], roster=roster,
+                             removed=removed_students(workdir))
+    for why in skipped:
+        log(f"skipped folder {why}")
+    # A roster student with a folder (for another assignment) but none for this one submitted nothing: no record
+    # (an empty cell in the term's grades, nothing exported), never a 0 timed at the grading moment. A grade
+    # recorded earlier is kept as it was.
+    absent = [j for j in jobs if not j.folder.exists() and not j.folder.is_symlink()]
+    if absent:
+        kept = [j.student for j in absent if records.load(j.student) is not None]
+        log(f"{assignment}: no {assignment}/ folder for {', '.join(j.student for j in absent[:20])}"
+            f"{' ...' if len(absent) > 20 else ''}: nothing recorded for them" +
+            (f" (the grade recorded earlier is kept for {', '.join(kept[:20])})" if kept else ""))
+        jobs = [j for j in jobs if j not in absent]
     if students is not None:
         unknown = sorted(set(students) - {j.student for j in jobs})
         if unknown:
             raise SystemExit(f"no submission folder of a roster student for: {', '.join(unknown)}; students with a "
                              f"folder: {', '.join(j.student for j in jobs) or 'none'}")
         jobs = [j for j in jobs if j.student in set(students)]
-    for why in skipped:
-        log(f"skipped folder {why}")
     no_roster = "" if roster else ("no roster in the gradebook: every student folder is graded and added as a "
                                    "student. Import the roster first (nbgrader db student import roster.csv) so "
                                    "that only its students are.")
@@ -390,7 +410,8 @@ def record(p: Plan, result: Result, submissions: Path, log: Callable[[str], obje
 
 def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = None, limits: Limits | None = None,
         workers: int = 1, force: bool = False, log: Callable[[str], object] = print, scheduler: str | None = None,
-        students: list[str] | None = None, regrade: bool = False) -> dict[str, Result]:
+        students: list[str] | None = None, regrade: bool = False,
+        counts: dict[str, int] | None = None) -> dict[str, Result]:
     """Grade every roster student under ``submissions`` (or only ``students``); returns ``student -> result``.
 
     The steps, each a function: :func:`plan` (who is graded, kept, graded on the side), grading
@@ -413,7 +434,14 @@ def run(submissions: Path, assignment: str, out: Path, workdir: Path | None = No
     if p is None:
         return {}
     records, ctx = p.records, p.ctx
+    if counts is not None:
+        counts["graded"] = len(p.todo)  # what this run grades (the others' recorded results are kept)
     log(isolation_summary())  # before any student code runs
+    from autograder.records.plugins import MATHJAX
+
+    if not MATHJAX.is_file():
+        log(f"WARNING: the course's MathJax ({MATHJAX}) is missing (run `make install`): feedback pages fetch it "
+            "from a CDN, and where a student is offline their math shows as raw $...$")
     results: dict[str, Result] = dict(p.reused)
 
     def finish(result: Result) -> None:
@@ -559,9 +587,19 @@ def _schedule(jobs: list[Job], ctx: Context, done: Callable[[Result], None], wor
     else:
         # Workers start from a fresh interpreter ("forkserver"), not a fork of this process: forking a process
         # whose torch or browser threads are running can crash the child.
+        # Ctrl-C reaches every process of the terminal's group: a worker still starting (before its initializer)
+        # would print a KeyboardInterrupt traceback after the coordinator's one line. SIGINT is blocked while the
+        # pool starts its server and workers (both inherit the mask) and unblocked in each worker once its quiet
+        # handler is in place; here, a Ctrl-C meanwhile is delivered when the workers are started.
         with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("forkserver"),
                                     initializer=_quiet_on_interrupt) as pool:
-            futures = [pool.submit(grade_job, job, ctx) for job in jobs]
+            import signal
+
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                futures = [pool.submit(grade_job, job, ctx) for job in jobs]
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             for fut in cf.as_completed(futures):
                 done(fut.result())
 
@@ -573,3 +611,4 @@ def _quiet_on_interrupt() -> None:
     import signal
 
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked while the pool started (_schedule)

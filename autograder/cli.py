@@ -73,17 +73,30 @@ def _grade(args: argparse.Namespace) -> int:
     if workdir is None or not _known(args.assignment):
         return 2
     out = args.out or batch.default_out(workdir, args.assignment)
+    counts: dict[str, int] = {}
     try:
         results = batch.run(args.submissions, args.assignment, out, workdir, limits_from(args), args.workers,
                             args.force, log=lambda s: print(s, file=sys.stderr, flush=True),
-                            scheduler=args.scheduler, students=args.students, regrade=args.regrade)
+                            scheduler=args.scheduler, students=args.students, regrade=args.regrade, counts=counts)
     except IsolationUnavailable as e:
         print(f"--require-isolation: nothing was graded. {e}", file=sys.stderr)
         return 3
     if not results:
         return 1  # nothing was submitted: said why, nothing written
-    print(f"wrote {out} and {batch.term_file(workdir)} ({len(results)} students graded in this run)")
+    _say_released(workdir, args.assignment)
+    graded = counts.get("graded", 0)
+    print(f"wrote {out} and {batch.term_file(workdir)} ({len(results)} students; " +
+          (f"{graded} graded in this run)" if graded else "none graded in this run: no submission changed)"))
     return 0
+
+
+def _say_released(workdir: Path, assignment: str) -> None:
+    """Say which feedback already handed back is out of date, and the command that hands it back again."""
+    from autograder.records.feedback import released_out_of_date
+    from autograder.records.gradebook import Records
+
+    for line in released_out_of_date(Records(workdir, assignment).config, workdir, assignment):
+        print(line, file=sys.stderr)
 
 
 def _feedback(args: argparse.Namespace) -> int:
@@ -118,6 +131,7 @@ def _feedback(args: argparse.Namespace) -> int:
     failed = sum(bool(e) for e in errors.values())
     out = args.out or batch.default_out(workdir, args.assignment)
     batch.write_grades(records, out, results, lambda line: print(line, file=sys.stderr))
+    _say_released(workdir, args.assignment)
     print(f"wrote {out} and {batch.term_file(workdir)} ({len(results)} students)")
     return 1 if failed else 0
 
@@ -161,13 +175,25 @@ def _roster_student(records, student: str) -> bool:
 
 
 def _extension(args: argparse.Namespace) -> int:
-    """Grant (or, with zero, remove) a student's extension in the gradebook; late penalties follow it."""
+    """Grant (or, with ``--remove``, take back) a student's extension in the gradebook; late penalties follow it.
+    Negative or zero time is refused: it would move the due date earlier, or grant nothing."""
     from nbgrader.api import Gradebook, MissingEntry
 
     from autograder.records.gradebook import Records
 
     workdir = _workdir(args)
     if workdir is None or not _known(args.assignment):
+        return 2
+    import math
+
+    if args.remove and (args.days or args.hours):
+        print("nothing was done: --remove takes no --days or --hours", file=sys.stderr)
+        return 2
+    if not args.remove and not (math.isfinite(args.days) and math.isfinite(args.hours) and args.days >= 0
+                                and args.hours >= 0 and args.days + args.hours > 0):
+        print(f"nothing was done: an extension adds time to the due date: --days and --hours must be zero or more "
+              f"and not both zero; got --days {args.days:g} --hours {args.hours:g}. To take an extension back, "
+              "pass --remove.", file=sys.stderr)
         return 2
     records = Records(workdir, args.assignment)
     if not _roster_student(records, args.student):
@@ -179,8 +205,9 @@ def _extension(args: argparse.Namespace) -> int:
         except MissingEntry:
             gb.add_submission(args.assignment, args.student)
         gb.grant_extension(args.assignment, args.student, days=args.days, hours=args.hours)
-    print(f"{args.student}: extension of {args.days:g} days {args.hours:g} hours on {args.assignment}; "
-          "run `grade` or `feedback` again to reassign the late penalty")
+    what = "extension removed" if args.remove else f"extension of {args.days:g} days {args.hours:g} hours"
+    print(f"{args.student}: {what} on {args.assignment}; run `python -m autograder feedback --assignment "
+          f"{args.assignment}` to reassign the late penalty")
     return 0
 
 
@@ -219,6 +246,7 @@ def _remove_student(args: argparse.Namespace) -> int:
         graded = [a.name for a in gb.assignments if a.submissions]
         gb.remove_student(args.student)  # with its submissions and grades
     removed.append("the gradebook's student and submissions")
+    batch.note_removed(workdir, args.student)
     for assignment in graded:
         if assignment in course.assignments():
             records = Records(workdir, assignment)
@@ -314,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     ext.add_argument("--student", required=True, help="the student's id")
     ext.add_argument("--days", type=float, default=0.0, help="days added to the due date")
     ext.add_argument("--hours", type=float, default=0.0, help="hours added to the due date")
+    ext.add_argument("--remove", action="store_true", help="take the student's extension back")
     add_workdir_options(ext)
     ext.set_defaults(func=_extension)
     lf = sub.add_parser("lms-feedback", help="zip the feedback of LMS-collected students, named as the LMS takes it back")
@@ -357,19 +386,30 @@ def _end_children() -> None:
     import glob
     import signal
 
-    pids: set[int] = set()
-    for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
-        try:
-            with open(path) as f:
-                pids |= {int(p) for p in f.read().split()}
-        except (OSError, ValueError):
-            continue
-    for pid in pids:
+    def children(pid: int) -> set[int]:
+        found: set[int] = set()
+        for path in glob.glob(f"/proc/{pid}/task/*/children"):
+            try:
+                with open(path) as f:
+                    found |= {int(p) for p in f.read().split()}
+            except (OSError, ValueError):
+                continue
+        return found
+
+    # The whole tree, listed before anything is ended (an ended parent's children move to another parent): the
+    # pool's workers are the children of its server, not of this process, and must say nothing either.
+    own = children(os.getpid())
+    tree, todo = set(own), list(own)
+    while todo:
+        for child in children(todo.pop()) - tree:
+            tree.add(child)
+            todo.append(child)
+    for pid in tree:
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    for pid in pids:
+    for pid in own:
         try:
             os.waitpid(pid, 0)
         except OSError:

@@ -9,6 +9,7 @@ through the sandbox); each test then checks one behaviour, and the later tests c
 from __future__ import annotations
 
 import csv
+import datetime
 import json
 import re
 import os
@@ -244,7 +245,7 @@ def test_every_csv_neutralises_cells_a_spreadsheet_would_run(graded):
         ["'-2+3", "'=HYPERLINK(1)", "'+1", "'@SUM(A1)", "alice", ""]
     with gradebook(graded["work"]) as gb:
         gb.add_student("-2+3", first_name="=cmd|' /C calc'!A0")
-        gb.add_submission(A, "-2+3")
+        gb.add_submission(A, "-2+3", timestamp=datetime.datetime(2026, 10, 1))  # a submission: exported
     try:
         term = graded["base"] / "term.csv"
         write_term(graded["work"] / "gradebook.db", term)
@@ -409,3 +410,44 @@ def test_the_feedback_exporter_skips_nbconverts_second_parse_but_keeps_alt_text_
     html, _ = FeedbackHTMLExporter(config=config).from_notebook_node(nb)
     assert not re.search(r"<img[^>]*onerror", html)  # nbconvert's sanitiser still runs: the tag is inert text
     assert 'alt="No description has been provided for this image"' in html
+
+
+def test_exports_refuse_any_stale_total_and_hold_the_course_assignments_only(graded):
+    """Issue 36: a hand grade changed for an on-time student (no late penalty to go stale) is refused by both
+    exports, naming her and the command that fixes it, until `feedback` has rewritten the feedback and the CSVs; a
+    typo'd assignment added to the gradebook is no column of the export."""
+    from autograder import cli
+
+    db = f"--db=sqlite:///{graded['work'] / 'gradebook.db'}"
+    nbgrader("db", "assignment", "add", "01_single_haed", db)
+    with gradebook(graded["work"]) as gb:
+        grade = gb.find_grade(WRITTEN, "single_head", A, "alice")
+        grade.manual_score = 0.5 if grade.manual_score != 0.5 else 1.0
+        gb.db.commit()
+    canvas, plain = graded["base"] / "canvas-stale.csv", graded["base"] / "plain-stale.csv"
+    for args in ([f"--exporter=autograder.records.plugins.CanvasExportPlugin", f"--to={canvas}"], [f"--to={plain}"]):
+        proc = subprocess.run([sys.executable, "-m", "nbgrader", "export", *args, db], cwd=course.ROOT, env=ENV,
+                              capture_output=True, text=True, timeout=300)
+        said = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and "alice" in said and f"python -m autograder feedback --assignment {A}" in said
+    assert not canvas.exists() and not plain.exists()
+    assert cli.main(["feedback", "--assignment", A, "--workdir", str(graded["work"]), "--separate-gradebook",
+                     "--out", str(graded["out"])]) == 0
+    nbgrader("export", "--exporter=autograder.records.plugins.CanvasExportPlugin", f"--to={canvas}", db)
+    nbgrader("export", f"--to={plain}", db)
+    with open(canvas, newline="") as f:
+        header = next(csv.reader(f))
+    assert header[5:] == [A]
+    assert {r["assignment"] for r in csv.DictReader(open(plain, newline=""))} == {A}
+    assert float(read_csv_by(canvas, "SIS Login ID")["alice"][A]) == float(read_csv(graded["out"])["alice"]["score"])
+
+
+def test_a_missing_mathjax_is_said_at_grade_time(graded, monkeypatch, tmp_path):
+    """Without the course's MathJax (`make install` not run) the feedback pages would fetch it from a CDN and show
+    raw $...$ offline: the run says so, instead of falling back silently."""
+    from autograder.records import plugins
+
+    monkeypatch.setattr(plugins, "MATHJAX", tmp_path / "missing" / "tex-svg.js")
+    graded["logs"].clear()
+    graded["grade"]()
+    assert any("MathJax" in line and "make install" in line for line in graded["logs"]), graded["logs"]

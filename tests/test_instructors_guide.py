@@ -18,7 +18,12 @@ made in the page's commands); bob's Canvas time is a day and a half after it.
 The second half, "one step off", makes each slip a tired teaching assistant makes (issue 28's list: the grading
 folder graded as submissions, a hand-copied folder outside the roster, a typo in a student or an assignment, an
 export between a hand grade and `feedback`, an assignment nobody submitted, a removed student, Ctrl-C) on the
-course the guide left, and checks that nothing is invented, emptied or stale.
+course the guide left, and checks that nothing is invented, emptied or stale. Issue 36's slips follow on the same
+course (``slipped36``): grading/'s own folders given as submissions, one student's folder given as the class's, a
+negative extension, a typo'd assignment in the gradebook, a hand grade changed for an on-time student before an
+export, released feedback gone stale, an LMS zip with nobody in it, a re-submission graded before it was collected
+(beside a classmate's folder in the student's name and a linked notebook), and a roster student with no folder for
+an assignment. Every command after the guide's ``umask 077`` runs under it, as in the instructor's one shell.
 
 The one long-running command, ``python -m autograder formgrader``, is started in the background (with a free
 port appended) and checked to serve /formgrader; the hand grades it would record are then set through nbgrader's
@@ -254,13 +259,15 @@ def run_guide(who: Instructor, base: Path) -> dict:
     timings: list[str] = []
     blocks = guide_blocks()
     assert any("zip_collect" in b for b in blocks) and any("autograder grade" in b for b in blocks)
+    umask = ""  # the guide's `umask 077` holds for every later command, as in the instructor's one shell
     for block in blocks:
         start = time.monotonic()
         if block.strip().endswith("autograder formgrader"):
-            check_formgrader(block, root, env, who)
+            check_formgrader(umask + block, root, env, who)
             grade_by_hand(root, env, who)
         else:
-            run_block(block, root, env, log, who)
+            run_block(umask + block, root, env, log, who)
+        umask = umask or "".join(line + "\n" for line in block.splitlines() if line.strip().startswith("umask "))
         timings.append(f"{time.monotonic() - start:6.1f} s  {block.strip().splitlines()[0][:80]}")
     isolation = re.search(r"^(isolation: [^(]*|WARNING: no isolation)", "\n".join(log), flags=re.MULTILINE)
     print(f"guide as {who.name} (uid {who.uid}), {isolation and isolation[1].strip()}:\n  " + "\n  ".join(timings),
@@ -540,5 +547,180 @@ def test_slip_a_removed_student_leaves_no_row_anywhere(slipped):
     assert slipped["removed_export"].returncode == 0
     assert "carol" not in {r[3] for r in csv.reader(open(grading / "canvas-after.csv", newline=""))}
     again = slipped["regraded_after_removal"]
-    assert again.returncode == 0 and "'carol': not a student of the roster" in again.stderr
+    assert again.returncode == 0 and "'carol': removed from the course" in again.stderr
+    assert "nbgrader db student add carol" not in again.stderr  # no advice that would bring her back
     assert "carol" not in rows(grading / GRADES, "student")
+
+
+# -- one step off, issue 36: every record bound to the submission it describes (as the tests' own user) ----------
+
+
+def exchange_submit(term: dict, student: str, kind: str, stamp: dt.datetime, owner: int | None = None) -> Path:
+    """A submission in the exchange's inbound, as `nbgrader submit` names it (``owner``: made by that uid)."""
+    inbound = term["grading"] / "exchange" / "attention-course" / "inbound"
+    text = f"{stamp:%Y-%m-%d %H:%M:%S}.000000 UTC"
+    folder = inbound / f"{student}+{A}+{text}+{os.urandom(4).hex()}"
+    folder.mkdir()
+    (folder / NB).write_text(notebook(kind))
+    (folder / "timestamp.txt").write_text(text)
+    if owner is not None:
+        for path in (folder, folder / NB, folder / "timestamp.txt"):
+            os.chown(path, owner, owner)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def slipped36(slipped):
+    term = slipped["term"]
+    grading, root = term["grading"], term["root"]
+    out: dict[str, object] = {"term": term}
+    # grading/'s own folders given as the submissions folder: refused, nothing changed
+    before = snapshot(grading)
+    out["own_folders"] = [autograder(term, "grade", f"grading/{name}", "--assignment", A)
+                          for name in ("feedback", "autograded")]
+    out["own_folders_after"] = snapshot(grading) == before
+    # one student's folder given as the submissions folder: no hint to add a student named after the assignment
+    out["one_student"] = autograder(term, "grade", "grading/submitted/alice", "--assignment", A)
+    # a negative extension
+    out["negative_extension"] = autograder(term, "extension", "--assignment", A, "--student", "bob", "--days", "-2")
+    out["after_negative_extension"] = snapshot(grading) == before
+    # a typo'd assignment added to the gradebook: no phantom column in any export
+    out["phantom"] = sh(term, ".venv/bin/nbgrader", "db", "assignment", "add", "01_single_haed", "--duedate",
+                        f"{DUE:%Y-%m-%d %H:%M:%S} UTC")
+    # a hand grade changed for alice, on time: every export refuses until `feedback`, which says what released
+    # feedback is out of date
+    script = HAND_GRADING.replace(repr(HAND), repr({"alice": 1.0}))
+    done = sh(term, sys.executable, "-c", script, str(grading / "gradebook.db"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    out["stale_canvas"] = sh(term, ".venv/bin/nbgrader", "export", "--exporter",
+                             "autograder.records.plugins.CanvasExportPlugin", "--to", "grading/canvas-36.csv")
+    out["stale_plain"] = sh(term, ".venv/bin/nbgrader", "export", "--to", "grading/plain-36.csv")
+    out["feedback"] = autograder(term, "feedback", "--assignment", A)
+    out["canvas"] = sh(term, ".venv/bin/nbgrader", "export", "--exporter",
+                       "autograder.records.plugins.CanvasExportPlugin", "--to", "grading/canvas-36.csv")
+    out["plain"] = sh(term, ".venv/bin/nbgrader", "export", "--to", "grading/plain-36.csv")
+    out["rows_at_export"] = rows(grading / GRADES, "student")
+    # nobody collected from an LMS for B: "nothing was done", and no empty zip left
+    out["lms_nothing"] = autograder(term, "lms-feedback", "--assignment", B)
+    # alice re-submits (unscaled: fewer points) and the instructor grades before collecting it; meanwhile another
+    # account makes a folder named for her (as root only: a folder owned by another user)
+    out["rows_before"] = rows(grading / GRADES, "student")
+    now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None, microsecond=0)
+    exchange_submit(term, "alice", "unscaled", now)
+    if os.geteuid() == 0:
+        exchange_submit(term, "alice", "blank", now - dt.timedelta(hours=1), owner=NOBODY)
+    # and a folder whose notebook is a link to a file she may edit later (timed by the link)
+    linked = exchange_submit(term, "alice", "blank", now - dt.timedelta(hours=2))
+    (linked / NB).unlink()
+    (linked.parent / f".alice-{A}.ipynb").write_text(notebook("unscaled"))
+    (linked / NB).symlink_to(linked.parent / f".alice-{A}.ipynb")
+    out["uncollected"] = autograder(term, "grade", "grading/submitted", "--assignment", A)
+    out["rows_uncollected"] = rows(grading / GRADES, "student")
+    out["collect"] = sh(term, ".venv/bin/nbgrader", "collect", "--update", A)
+    out["collected"] = autograder(term, "grade", "grading/submitted", "--assignment", A)
+    out["rows_collected"] = rows(grading / GRADES, "student")
+    out["resubmitted_at"] = now
+    # B: alice submits it, bob (a roster student with a folder for A) does not: bob gets no record for B
+    folder = grading / "submitted" / "alice" / B
+    folder.mkdir(parents=True)
+    shutil.copy(course.RELEASE / B / next(p.name for p in (course.RELEASE / B).glob("*.ipynb")), folder)
+    out["grade_b"] = autograder(term, "grade", "grading/submitted", "--assignment", B)
+    out["feedback_after_b"] = autograder(term, "feedback", "--assignment", A)
+    out["canvas_b"] = sh(term, ".venv/bin/nbgrader", "export", "--exporter",
+                         "autograder.records.plugins.CanvasExportPlugin", "--to", "grading/canvas-b.csv")
+    out["plain_b"] = sh(term, ".venv/bin/nbgrader", "export", "--to", "grading/plain-b.csv")
+    return out
+
+
+def test_slip36_grading_folders_are_refused_as_submissions(slipped36):
+    for proc in slipped36["own_folders"]:
+        assert proc.returncode != 0 and "one of the grading folder's own folders" in proc.stderr, proc.stderr[-2000:]
+        assert "grading/submitted" in proc.stderr and "Nothing was graded" in proc.stderr
+    assert slipped36["own_folders_after"]  # no student re-graded as "no notebook submitted"
+    one = slipped36["one_student"]
+    assert "an assignment's folder, not a student's" in one.stderr and "student add" not in one.stderr
+
+
+def test_slip36_a_negative_extension_is_refused(slipped36):
+    proc = slipped36["negative_extension"]
+    assert proc.returncode == 2 and "--days -2" in proc.stderr and "zero or more" in proc.stderr
+    assert slipped36["after_negative_extension"]
+
+
+def test_slip36_exports_hold_the_course_assignments_and_refuse_any_stale_total(slipped36):
+    assert slipped36["phantom"].returncode == 0
+    for name in ("stale_canvas", "stale_plain"):
+        proc = slipped36[name]
+        said = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and "alice" in said and f"python -m autograder feedback --assignment {A}" in said
+    assert slipped36["feedback"].returncode == 0, slipped36["feedback"].stderr[-3000:]
+    assert f"nbgrader release_feedback {A}" in slipped36["feedback"].stderr  # alice's released page is stale
+    for name in ("canvas", "plain"):
+        assert slipped36[name].returncode == 0, slipped36[name].stderr[-3000:]
+    grading = slipped36["term"]["grading"]
+    canvas = list(csv.reader(open(grading / "canvas-36.csv", newline="")))
+    assert "01_single_haed" not in canvas[0] and A in canvas[0]
+    assert "01_single_haed" in slipped36["canvas"].stderr  # named as left out
+    plain = list(csv.DictReader(open(grading / "plain-36.csv", newline="")))
+    assert {r["assignment"] for r in plain} == {A}
+    alice = {r[3]: r for r in canvas[2:]}["alice"]
+    assert float(alice[5]) == pytest.approx(float(slipped36["rows_at_export"]["alice"]["score"]))
+
+
+def test_slip36_released_feedback_out_of_date_names_the_command(slipped):
+    said = slipped["feedback"].stderr  # bob's hand grade changed after his feedback went out (exchange and zip)
+    assert f"nbgrader release_feedback {A}" in said and "bob" in said
+    assert f"python -m autograder lms-feedback --assignment {A}" in said
+
+
+def test_slip36_nothing_done_leaves_no_empty_zip(slipped36):
+    assert slipped36["lms_nothing"].returncode == 2
+    assert not (slipped36["term"]["grading"] / "lms-feedback" / f"{B}.zip").exists()
+
+
+def test_slip36_a_resubmission_not_collected_keeps_its_time_and_names_collect_update(slipped36):
+    before, uncollected = slipped36["rows_before"]["alice"], slipped36["rows_uncollected"]["alice"]
+    proc = slipped36["uncollected"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert uncollected["score"] == before["score"] and uncollected["submitted_at"] == before["submitted_at"]
+    assert uncollected["late_penalty"] == "0"
+    assert f"nbgrader collect --update {A}" in uncollected["time_review"]
+    assert "none graded in this run" in proc.stdout  # nothing changed in grading/submitted
+    if os.geteuid() == 0:  # the folder another account made in her name: flagged, its time never used
+        assert "not by alice" in uncollected["time_review"]
+    assert "symbolic link" in uncollected["time_review"]
+    assert slipped36["collect"].returncode == 0, slipped36["collect"].stderr[-3000:]
+    collected = slipped36["rows_collected"]["alice"]
+    assert float(collected["score"]) < float(before["score"])  # the unscaled re-submission, graded
+    assert collected["submitted_at"] >= f"{slipped36['resubmitted_at']:%Y-%m-%d %H:%M}"
+    assert "collect --update" not in collected["time_review"]
+    assert "1 graded in this run" in slipped36["collected"].stdout
+
+
+def test_slip36_no_folder_for_an_assignment_is_no_record(slipped36):
+    proc = slipped36["grade_b"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "nothing recorded for them" in proc.stderr and "bob" in proc.stderr
+    grading = slipped36["term"]["grading"]
+    term_rows = {r[0]: r for r in csv.reader(open(grading / "grades-term.csv", newline=""))}
+    header = term_rows["student"]
+    assert B in header and term_rows["bob"][header.index(B)] == ""  # an empty cell, not a 0
+    assert slipped36["canvas_b"].returncode == 0, slipped36["canvas_b"].stderr[-3000:]
+    canvas = list(csv.reader(open(grading / "canvas-b.csv", newline="")))
+    assert canvas[{r[3]: i for i, r in enumerate(canvas)}["bob"]][canvas[0].index(B)] == ""
+    plain = list(csv.DictReader(open(grading / "plain-b.csv", newline="")))
+    assert not any(r["assignment"] == B and r["student_id"] == "bob" for r in plain)
+    with __import__("nbgrader.api", fromlist=["Gradebook"]).Gradebook(f"sqlite:///{grading / 'gradebook.db'}") as gb:
+        assert [s.student.id for s in gb.find_assignment(B).submissions] == ["alice"]
+
+
+def test_the_hub_path_releases_the_assignment(term):
+    assert (term["grading"] / "exchange" / "attention-course" / "outbound" / A).is_dir()
+
+
+def test_the_readme_keeps_grades_out_of_git():
+    readme = (course.ROOT / "README.md").read_text()
+    for out in re.findall(r"-m autograder [^\n]*--out\s+(\S+)", readme):  # the grader's own outputs
+        assert out.startswith("grading/"), out
+    ignored = subprocess.run(["git", "check-ignore", "-q", "grading/grades-01_single_head.csv"], cwd=course.ROOT)
+    assert ignored.returncode == 0

@@ -327,9 +327,11 @@ class Sandbox:
         os.chmod(self.root, 0o755)
         tools = self.root / "harness"
         tools.mkdir()
+        tools.chmod(0o755)  # modes set, not left to the instructor's umask (077 in the guide)
         for module in IN_SANDBOX.glob("*.py"):  # the whole subpackage, as flat modules
             if module.name != "__init__.py":
                 shutil.copy2(module, tools / module.name)
+                (tools / module.name).chmod(0o644)
         work = self.root / "work"
         if self.files is not None and self.files.is_dir():
             shutil.copytree(self.files, work, ignore=shutil.ignore_patterns("*.ipynb", ".*", "__pycache__"))

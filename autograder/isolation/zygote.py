@@ -264,6 +264,10 @@ def main() -> None:
     # If the grading process dies (even by SIGKILL), the zygote follows, then every reporter, then every
     # sandboxed process: parent-death signals all the way down, so no student code outlives the grader.
     LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    # What the zygote and its children create (the mount points of every exposed folder, made inside the hidden
+    # tmpfs mounts) must be reachable by the sandbox's own user, whatever the instructor's umask: under the guide's
+    # `umask 077` they were made 0700, and student code could import no module that was not loaded in advance.
+    os.umask(0o022)
     sock = socket.socket(fileno=int(sys.argv[1]))
     os.environ.setdefault("MPLBACKEND", "Agg")
     import torch  # noqa: F401 - the point of the zygote: imported once, inherited by every child

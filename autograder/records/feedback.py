@@ -199,9 +199,28 @@ def lms_feedback(workdir: Path, assignment: str, dest: Path) -> tuple[list[str],
 
     The names come from the collector's record (``GRADING/collected/<assignment>/<student>.json``), never from
     the roster alone. Files in the zip are the rendered pages as they are (0644 when extracted)."""
+    import zipfile
+
+    entries, zipped, missing = _lms_entries(workdir, assignment)
+    if not entries:  # nothing to hand back: no zip, not an empty one
+        return zipped, missing
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, page in entries:
+            info = zipfile.ZipInfo(name, date_time=datetime.datetime.now().timetuple()[:6])
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(info, page.read_bytes())
+    tmp.chmod(0o600)
+    tmp.replace(dest)
+    return zipped, missing
+
+
+def _lms_entries(workdir: Path, assignment: str) -> tuple[list[tuple[str, Path]], list[str], list[str]]:
+    """``(zip entry name -> page, students zipped, students whose page is missing)`` of :func:`lms_feedback`."""
     import json
     import re
-    import zipfile
 
     zipped, missing = [], []
     collected = workdir / "collected" / assignment
@@ -230,17 +249,61 @@ def lms_feedback(workdir: Path, assignment: str, dest: Path) -> tuple[list[str],
                 name = f"{prefix}_{page.name}"
             entries.append((name, page))
         zipped.append(student)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.tmp")
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
-        for name, page in entries:
-            info = zipfile.ZipInfo(name, date_time=datetime.datetime.now().timetuple()[:6])
-            info.external_attr = 0o644 << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            z.writestr(info, page.read_bytes())
-    tmp.chmod(0o600)
-    tmp.replace(dest)
-    return zipped, missing
+    return entries, zipped, missing
 
 
-__all__ = ["TIMESTAMP_FORMAT", "autograded_notebook", "generate_feedback", "lms_feedback", "write_autograded"]
+def lms_zip(workdir: Path, assignment: str) -> Path:
+    """Where ``lms-feedback`` writes the assignment's zip by default."""
+    return workdir / "lms-feedback" / f"{assignment}.zip"
+
+
+def released_out_of_date(config: Any, workdir: Path, assignment: str) -> list[str]:
+    """What feedback already handed back no longer shows the current pages (a penalty change, a regrade, an
+    extension, a hand grade since), each with the command that hands it back again; [] when none.
+
+    * nbgrader's exchange: ``nbgrader release_feedback`` copied each page to the exchange's ``feedback/`` folder
+      under a name made from the submission's secret (nbgrader's ``notebook_hash``); a copy there that differs from
+      the page now is out of date.
+    * the LMS zip (``lms-feedback``, at its default place): an entry that differs from the page now, or a student
+      collected from the LMS with a page the zip lacks."""
+    import zipfile
+
+    from nbgrader.utils import notebook_hash
+
+    said = []
+    outbound = Path(str(config.Exchange.root)) / str(config.CourseDirectory.course_id) / "feedback"
+    stale = []
+    if outbound.is_dir():
+        for folder in sorted((workdir / "feedback").glob(f"*/{assignment}")):
+            secret = _read_small(folder / "submission_secret.txt")
+            for page in sorted(folder.glob("*.html")) if secret else []:
+                released = outbound / f"{notebook_hash(secret=secret, notebook_id=page.stem)}.html"
+                try:
+                    if released.is_file() and released.read_bytes() != page.read_bytes():
+                        stale.append(folder.parent.name)
+                        break
+                except OSError:
+                    continue
+    if stale:
+        said.append(f"feedback released through the exchange is out of date for {', '.join(stale[:30])}"
+                    f"{' ...' if len(stale) > 30 else ''}: run `nbgrader release_feedback {assignment}` to release "
+                    "it again")
+    dest = lms_zip(workdir, assignment)
+    if dest.is_file():
+        entries, _, _ = _lms_entries(workdir, assignment)
+        try:
+            with zipfile.ZipFile(dest) as z:
+                held = {name: z.read(name) for name in z.namelist()}
+        except (OSError, zipfile.BadZipFile, KeyError):
+            held = {}
+        changed = sorted({page.parent.parent.name for name, page in entries
+                          if held.get(name) != page.read_bytes()})
+        if changed:
+            said.append(f"the LMS feedback zip {dest} is out of date for {', '.join(changed[:30])}"
+                        f"{' ...' if len(changed) > 30 else ''}: run `python -m autograder lms-feedback --assignment "
+                        f"{assignment}` and upload it again")
+    return said
+
+
+__all__ = ["TIMESTAMP_FORMAT", "autograded_notebook", "generate_feedback", "lms_feedback", "lms_zip", "released_out_of_date",
+           "write_autograded"]

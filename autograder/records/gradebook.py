@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from autograder import course
-from autograder.records.collector import Collected, SubmissionTime, collected_record, decide, exchange_times
+from autograder.records.collector import (ExchangeFolder, SubmissionTime, collected_record, decide, exchange_collected,
+                                         exchange_folders, folder_fingerprint)
 from autograder.records.results import Result, atomic_write, csv_cell, load_result, save_result
 
 
@@ -74,7 +75,7 @@ class Records:
         self.exchange = configured
         self.config.Exchange.root = str(configured)
         self._times: dict[tuple[str, str, str], SubmissionTime] = {}
-        self._exchange_times: dict[str, Collected] | None = None
+        self._exchange_folders: dict[str, list[ExchangeFolder]] | None = None
         self._due: tuple[Any, dict[str, Any]] | None = None
 
     # -- files ---------------------------------------------------------------------------------------
@@ -122,14 +123,19 @@ class Records:
     def submission_time(self, result: Result) -> SubmissionTime:
         """The time to record for ``result``: the collector's (LMS download or nbgrader's exchange), checked
         against the student's ``timestamp.txt``, with the flags an instructor should see. Decided once per
-        result and run (the exchange is listed once)."""
-        key = (result.student, result.timestamp, result.first_seen)
+        result and run (the exchange is listed once). The exchange's time is that of the folder whose content was
+        graded (matched by the result's fingerprint, :func:`~autograder.records.collector.exchange_collected`),
+        never a newer, a linked or another student's folder."""
+        key = (result.student, result.timestamp, result.first_seen, result.fingerprint)
         if key not in self._times:
-            if self._exchange_times is None:
-                self._exchange_times = exchange_times(self.exchange, str(self.config.CourseDirectory.course_id),
-                                                      self.assignment)
-            collected = collected_record(self.workdir, self.assignment, result.student) or \
-                self._exchange_times.get(result.student)
+            if self._exchange_folders is None:
+                self._exchange_folders = exchange_folders(self.exchange, str(self.config.CourseDirectory.course_id),
+                                                          self.assignment)
+            collected = collected_record(self.workdir, self.assignment, result.student)
+            if collected is None and result.student in self._exchange_folders:
+                secret = self.secret()
+                collected = exchange_collected(self._exchange_folders[result.student], self.assignment,
+                                               result.fingerprint, lambda folder: folder_fingerprint(secret, folder))
             decided = decide(result.timestamp, collected, self.time_policy, result.first_seen)
             due = self.due(result.student)
             if collected and collected.late_marker and decided.when and due and decided.when > due:
@@ -241,19 +247,10 @@ class Records:
     def grades_state(self, student: str) -> str:
         """A hash of everything the student's feedback shows from the gradebook: scores (auto, manual,
         extra credit), comments, late penalties, the timestamp."""
-        import hashlib
-
         from nbgrader.api import Gradebook
 
         with Gradebook(f"sqlite:///{self.db}") as gb:
-            sub = gb.find_submission(self.assignment, student)
-            rows: list[Any] = [str(sub.timestamp), str(sub.extension)]
-            for nb in sorted(sub.notebooks, key=lambda n: n.name):
-                rows.append((nb.name, nb.late_submission_penalty))
-                rows += sorted((g.name, g.auto_score, g.manual_score, g.extra_credit, g.needs_manual_grade)
-                               for g in nb.grades)
-                rows += sorted((c.name, c.auto_comment, c.manual_comment) for c in nb.comments)
-        return hashlib.sha256(repr(rows).encode()).hexdigest()
+            return submission_state(gb.find_submission(self.assignment, student))
 
     def scores(self) -> dict[str, tuple[float, float, float]]:
         """``student -> (score, max_score, late penalty)`` as the gradebook has them (manual grades included)."""
@@ -337,6 +334,53 @@ def roster(db: Path) -> list[str]:
         return sorted(s.id for s in gb.students)
 
 
+def submission_state(sub: Any) -> str:
+    """:meth:`Records.grades_state` of a submission of an open gradebook."""
+    import hashlib
+
+    rows: list[Any] = [str(sub.timestamp), str(sub.extension)]
+    for nb in sorted(sub.notebooks, key=lambda n: n.name):
+        rows.append((nb.name, nb.late_submission_penalty))
+        rows += sorted((g.name, g.auto_score, g.manual_score, g.extra_credit, g.needs_manual_grade)
+                       for g in nb.grades)
+        rows += sorted((c.name, c.auto_comment, c.manual_comment) for c in nb.comments)
+    return hashlib.sha256(repr(rows).encode()).hexdigest()
+
+
+def submitted(sub: Any) -> bool:
+    """Whether a gradebook submission is one the grader recorded (it has a time), not the empty entry that
+    granting an extension makes for a student who has not submitted yet."""
+    return sub.timestamp is not None
+
+
+def course_assignments(gb: Any, names: list[str] | None = None) -> list[Any]:
+    """The gradebook's assignments that belong to the course and were graded (``names``: only those), by name: a
+    typo'd ``nbgrader db assignment add`` or an assignment nobody submitted is no column of any grades file."""
+    known = set(course.assignments())
+    return sorted((a for a in gb.assignments if a.name in known and (names is None or a.name in names)
+                   and any(submitted(s) for s in a.submissions)), key=lambda a: a.name)
+
+
+def stale_totals(gb: Any, workdir: Path, assignments: list[str] | None = None) -> list[tuple[str, str]]:
+    """``(assignment, student)`` for every submission whose gradebook entries (scores, hand grades, comments, late
+    penalty, extension, time) changed since its feedback and the grades files were last written (``grade`` or
+    ``feedback``): a total an export would post that no other place shows. A submission the grader never wrote
+    feedback for is not listed."""
+    out = []
+    for assignment in course_assignments(gb, assignments):
+        states = workdir / "results" / assignment.name / "feedback_state"
+        for sub in assignment.submissions:
+            if not submitted(sub):
+                continue
+            try:
+                recorded = (states / f"{sub.student.id}.txt").read_text().strip()
+            except OSError:
+                continue  # no feedback or grades file was ever written from it: nothing to disagree with
+            if recorded != submission_state(sub):
+                out.append((assignment.name, sub.student.id))
+    return out
+
+
 def stale_penalties(gb: Any, config: Any, assignments: list[str] | None = None) -> list[tuple[str, str]]:
     """``(assignment, "student (recorded -> right)")`` for every submission in the open gradebook ``gb`` whose
     recorded late penalty differs from the one the late-penalty plugin of ``config`` gives its current total
@@ -365,15 +409,28 @@ def stale_penalties(gb: Any, config: Any, assignments: list[str] | None = None) 
 STALE_FIX = "python -m autograder feedback --assignment {}"
 
 
-def stale_message(stale: list[tuple[str, str]]) -> str:
-    """What an export that refuses stale penalties says: whose, and the command that fixes each assignment."""
+def stale_message(stale: list[tuple[str, str]], totals: list[tuple[str, str]] = ()) -> str:
+    """What an export that refuses stale records says: whose late penalties no longer fit their totals, whose
+    totals changed since the feedback and the grades files were written, and the command that fixes each
+    assignment."""
     by: dict[str, list[str]] = {}
     for assignment, line in stale:
         by.setdefault(assignment, []).append(line)
-    return ("late penalties are out of date (a total changed since they were assigned, for example a hand grade "
-            "in formgrader): " + "; ".join(f"{a}: {', '.join(v)}" for a, v in sorted(by.items())) +
-            ". Nothing was exported. Run " + " and ".join(f"`{STALE_FIX.format(a)}`" for a in sorted(by)) +
-            " (it reassigns them and renders the feedback again), then export again.")
+    changed: dict[str, list[str]] = {}
+    for assignment, student in totals:
+        if not any(line.startswith(f"{student} (") for line in by.get(assignment, [])):
+            changed.setdefault(assignment, []).append(student)
+    said = []
+    if by:
+        said.append("late penalties are out of date (a total changed since they were assigned, for example a hand "
+                    "grade in formgrader): " + "; ".join(f"{a}: {', '.join(v)}" for a, v in sorted(by.items())))
+    if changed:
+        said.append("grades changed since the feedback and the grades files were written (a hand grade, a comment, "
+                    "an extension, a late penalty): " + "; ".join(f"{a}: {', '.join(v)}"
+                                                                   for a, v in sorted(changed.items())))
+    fix = sorted(set(by) | set(changed))
+    return (". ".join(said) + ". Nothing was exported. Run " + " and ".join(f"`{STALE_FIX.format(a)}`" for a in fix) +
+            " (it reassigns the penalties, renders the feedback and rewrites the grades files), then export again.")
 
 
 # The CSV's columns (documented in autograder/README.md, "The CSV"):
@@ -450,11 +507,13 @@ def write_term(db: Path, path: Path) -> list[str]:
     from nbgrader.api import Gradebook
 
     with Gradebook(f"sqlite:///{db}") as gb:
-        assignments = sorted((a for a in gb.assignments if a.submissions), key=lambda a: a.name)
+        assignments = course_assignments(gb)
         names = [a.name for a in assignments]
         scores: dict[str, dict[str, float]] = {s.id: {} for s in gb.students}
         for a in assignments:
             for sub in a.submissions:
+                if not submitted(sub):
+                    continue
                 scores.setdefault(sub.student.id, {})[a.name] = max(
                     0.0, float(sub.score) - float(sub.late_submission_penalty or 0))
         maxima = [float(a.max_score) for a in assignments]
@@ -466,4 +525,5 @@ def write_term(db: Path, path: Path) -> list[str]:
     return replace_grades(path, rows, ["student"], None)  # each assignment's file lists its changed scores
 
 
-__all__ = ["CSV_COLUMNS", "Records", "replace_grades", "roster", "stale_message", "stale_penalties", "write_csv", "write_term"]
+__all__ = ["CSV_COLUMNS", "Records", "course_assignments", "replace_grades", "roster", "stale_message", "stale_penalties",
+           "stale_totals", "submission_state", "submitted", "write_csv", "write_term"]

@@ -9,15 +9,17 @@ nbgrader's own machinery:
   (``nbgrader zip_collect``), for Canvas's and Moodle's bulk-download names;
 * :class:`CanvasExportPlugin` through ``nbgrader export --exporter
   autograder.records.plugins.CanvasExportPlugin --to canvas.csv``, and
-  :class:`CheckedCsvExportPlugin` through ``ExportApp.plugin_class`` (plain ``nbgrader export``): both refuse
-  stale late penalties and neutralise formula-shaped cells;
+  :class:`CheckedCsvExportPlugin` through ``ExportApp.plugin_class`` (plain ``nbgrader export``): both hold the
+  course's graded assignments and the submissions only, refuse any stale total (a late penalty, a hand grade, an
+  extension changed since the feedback and the CSVs were written) and neutralise formula-shaped cells;
 * :class:`FeedbackGrades` through ``GenerateFeedback.preprocessors`` (``nbgrader
   generate_feedback`` and ``python -m autograder feedback``): the grades as nbgrader's
   ``GetGrades`` reads them, plus which ones still await a hand grade, and the course's
   MathJax for the page (:func:`mathjax_data` gives formgrader's page the same).
 
-Imports: nbgrader, :mod:`autograder.records.results` (``csv_cell``, ``is_number``), and, when an export runs,
-:mod:`autograder.records.gradebook` (``stale_penalties``).
+Imports: nbgrader, :mod:`autograder.records.results` (``csv_cell``, ``is_number``),
+:mod:`autograder.records.gradebook` (``submitted``; when an export runs, the staleness tests), and, when an export
+runs, :mod:`autograder.course` (the course's assignments).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from nbconvert.filters.widgetsdatatypefilter import WidgetsDataTypeFilter
 from nbgrader.preprocessors import GetGrades
 from traitlets import Bool, Dict, Float, List, Unicode
 
+from autograder.records.gradebook import submitted
 from autograder.records.results import csv_cell, is_number
 
 DAY = 86400.0
@@ -211,7 +214,7 @@ class CanvasExportPlugin(ExportPlugin):
     def export(self, gradebook: Gradebook) -> None:
         refuse_stale(self, gradebook, self.assignment or None)
         dest = self.to or "canvas_grades.csv"
-        assignments = [a for a in gradebook.assignments if not self.assignment or a.name in self.assignment]
+        assignments = exported_assignments(self, gradebook)
         students = [s for s in gradebook.students if not self.student or s.id in self.student]
         self.log.info("Exporting grades for Canvas to %s", dest)
         with open(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", newline="") as f:
@@ -227,6 +230,8 @@ class CanvasExportPlugin(ExportPlugin):
                     try:
                         sub = gradebook.find_submission(a.name, student.id)
                     except MissingEntry:
+                        sub = None
+                    if sub is None or not submitted(sub):  # nothing submitted: an empty cell, never a 0
                         row.append("")
                         continue
                     row.append(f"{max(0.0, sub.score - (sub.late_submission_penalty or 0.0)):g}")
@@ -240,23 +245,58 @@ class CheckedCsvExportPlugin(CsvExportPlugin):
 
     def export(self, gradebook: Gradebook) -> None:
         refuse_stale(self, gradebook, self.assignment or None)
-        super().export(gradebook)
+        chosen = exported_assignments(self, gradebook)
+        names = [a.name for a in chosen]
+        if not names:
+            self.log.error("no graded assignment of the course to export: nothing was exported")
+            raise SystemExit(1)
+        wanted = self.assignment
+        self.assignment = names  # the course's graded assignments only
+        try:
+            super().export(gradebook)
+        finally:
+            self.assignment = wanted
+        pairs = {(a.name, sub.student.id) for a in chosen for sub in a.submissions if submitted(sub)}
         dest = self.to or "grades.csv"
         with open(dest, newline="") as f:
             rows = list(csv.reader(f))
+        # nbgrader writes a 0 for every student without a submission: only submissions are exported
+        rows = rows[:1] + [r for r in rows[1:] if len(r) > 3 and (r[0], r[3]) in pairs]
         with open(os.open(dest, os.O_WRONLY | os.O_TRUNC, 0o600), "w", newline="") as f:
             os.chmod(dest, 0o600)
             csv.writer(f).writerows([[cell if is_number(cell) else csv_cell(cell) for cell in row] for row in rows])
 
 
+def exported_assignments(plugin: ExportPlugin, gradebook: Gradebook) -> list[Any]:
+    """The assignments an export holds: the course's graded ones (``--assignment``: only those), saying which
+    of the gradebook's are left out (a typo'd ``nbgrader db assignment add`` is no column)."""
+    from autograder import course
+    from autograder.records.gradebook import course_assignments
+
+    chosen = course_assignments(gradebook, list(plugin.assignment) or None)
+    names = {a.name for a in chosen}
+    others = sorted(a.name for a in gradebook.assignments if a.name not in course.assignments())
+    if others:
+        plugin.log.warning("not exported: %s (not an assignment of the course; remove it with `nbgrader db "
+                           "assignment remove NAME`)", ", ".join(others))
+    asked = sorted(set(plugin.assignment) - names)
+    if asked:
+        plugin.log.warning("not exported: %s (no graded submission of an assignment of the course)", ", ".join(asked))
+    return chosen
+
+
 def refuse_stale(plugin: ExportPlugin, gradebook: Gradebook, assignments: list[str] | None) -> None:
-    """Stop an export (exit 1, nothing written) when a recorded late penalty no longer fits its total, naming
-    the students and the command that reassigns them (:func:`autograder.records.gradebook.stale_penalties`)."""
-    from autograder.records.gradebook import stale_message, stale_penalties
+    """Stop an export (exit 1, nothing written) when a recorded late penalty no longer fits its total
+    (:func:`autograder.records.gradebook.stale_penalties`) or a submission's grades changed since its feedback
+    and the grades files were written (:func:`autograder.records.gradebook.stale_totals`: a hand grade, an
+    extension, a penalty), naming the students and the command that fixes them."""
+    from autograder.records.gradebook import stale_message, stale_penalties, stale_totals
 
     stale = stale_penalties(gradebook, plugin.config, assignments)
-    if stale:
-        plugin.log.error(stale_message(stale))
+    database = gradebook.engine.url.database
+    totals = stale_totals(gradebook, Path(database).resolve().parent, assignments) if database else []
+    if stale or totals:
+        plugin.log.error(stale_message(stale, totals))
         raise SystemExit(1)
 
 
