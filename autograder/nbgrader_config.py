@@ -53,14 +53,14 @@ if c.Exchange.root == str(ROOT / "grading" / "exchange"):
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", ".*"]
 # Feedback and formgrader pages render students' text: nbconvert's sanitiser on, and the course's feedback
 # template (autograder/records/templates/feedback: "awaiting a hand grade", "unanswered", a strict HTML allow-list,
-# MathJax embedded for offline reading) in front of nbgrader's (formgrader keeps its own).
+# MathJax from one shared copy for offline reading) in front of nbgrader's (formgrader keeps its own).
 import nbgrader  # noqa: E402
 
 c.HTMLExporter.sanitize_html = True
 # The same exporter without nbconvert's second parse of every finished page (see the class).
 c.GenerateFeedback.exporter_class = "autograder.records.plugins.FeedbackHTMLExporter"
 # Formgrader's submission page is the course's too (autograder/records/templates/formgrade: nbgrader's, with the
-# course's MathJax embedded, as the feedback page has it: the shared templates/attn).
+# course's MathJax embedded, configured as the feedback page's: the shared templates/attn).
 c.HTMLExporter.extra_template_basedirs = [
     str(ROOT / "autograder" / "records" / "templates"),
     str(Path(nbgrader.__file__).parent / "server_extensions" / "formgrader" / "templates")]

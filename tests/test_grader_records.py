@@ -170,9 +170,17 @@ def test_late_penalty_and_extension(graded):
     assert float(row["late_penalty"]) == 0 and float(row["score"]) == AUTO
     html = (graded["work"] / "feedback" / "late" / A / "single_head.html").read_text()
     assert "Late submission penalty" not in html or "-0" in html or "(0" in html
-    # the math renders offline: the course's MathJax is in the page (make install vendors it), no CDN's
+    # the math renders offline: the page loads the course's MathJax (make install vendors it) from the shared
+    # copy two folders up, written by the course's preprocessor, not nbconvert's CDN copy; the CDN's tex-svg.js
+    # only as a fallback, checked against the course's copy (tests/test_feedback_mathjax.py opens the pages)
     if (course.ROOT / "_vendor" / "mathjax" / "tex-svg.js").exists():
-        assert 'id="attn-mathjax"' in html and "cdnjs.cloudflare.com" not in html and "jsdelivr" not in html
+        from autograder.records.plugins import MATHJAX, shared_mathjax
+
+        shared = graded["work"] / "feedback" / "attn-mathjax.js"
+        assert shared.read_bytes() == MATHJAX.read_bytes() and shared.stat().st_mode & 0o777 == 0o644
+        assert "'../../attn-mathjax.js'" in html and shared_mathjax()["integrity"] in html
+        assert "cdnjs.cloudflare.com" not in html and 'type="application/octet-stream"' not in html
+        assert len(html.encode()) < 350_000  # 1,089,961 bytes with MathJax embedded
 
 
 def test_manual_grades_and_comments_survive_rerun_regrade_and_resubmission(graded):

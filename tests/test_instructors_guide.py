@@ -368,7 +368,8 @@ def test_feedback_is_released_and_says_what_is_missing(term):
     assert (term["grading"] / "similarity-01.html").read_text().count("alice") >= 1
     # bob came from Canvas: his page is in the zip for Canvas, named with his downloaded prefix (user id 4343)
     with zipfile.ZipFile(term["grading"] / "lms-feedback" / f"{A}.zip") as z:
-        assert z.namelist() == ["smithbob_LATE_4343_99210_single_head.html"]
+        assert z.namelist()[:1] == ["smithbob_LATE_4343_99210_single_head.html"]
+        assert z.namelist()[1:] in ([], ["attn-mathjax.js"])  # the pages' MathJax, when vendored
         assert "Score:" in z.read(z.namelist()[0]).decode()
 
 

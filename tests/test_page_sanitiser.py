@@ -169,9 +169,10 @@ def test_no_script_runs_in_the_browser_for_any_spelling(template, browser, tmp_p
     text = "\n\n".join(f"{name}: {source}" for name, source in SPELLINGS.items())
     nb = notebook_with(text + "\n\nThe scores grow with $\\sqrt{d_k}$.")
     if template == "feedback":
-        from autograder.records.plugins import embedded_mathjax
+        from autograder.records.plugins import share_mathjax, shared_mathjax
 
-        page_html = render_feedback(nb, embedded_mathjax())
+        page_html = render_feedback(nb, shared_mathjax())
+        share_mathjax(tmp_path)  # the shared copy beside the page (as at the root of the LMS zip)
     else:
         page_html = render(nb, template)
     path = tmp_path / "page.html"
@@ -204,8 +205,9 @@ def test_no_script_runs_in_the_browser_for_any_spelling(template, browser, tmp_p
         assert name in state["shown"], (template, name)
 
 
-def render_feedback(nb: dict, mathjax: str) -> str:
-    """``nb`` through the feedback template (as ``nbgrader generate_feedback`` renders it, less the gradebook)."""
+def render_feedback(nb: dict, mathjax: dict) -> str:
+    """``nb`` through the feedback template (as ``nbgrader generate_feedback`` renders it, less the gradebook),
+    loading MathJax as ``mathjax`` says (``plugins.shared_mathjax()``)."""
     import nbformat
     from nbconvert.exporters import HTMLExporter
 
@@ -217,7 +219,7 @@ def render_feedback(nb: dict, mathjax: str) -> str:
         str(Path(nbgrader.__file__).parent / "server_extensions" / "formgrader" / "static" / "node_modules" /
             "bootstrap" / "dist" / "css")]
     resources = {"nbgrader": {"notebook": "single_head", "score": 0.0, "max_score": 1.0, "late_penalty": 0.0,
-                              "awaiting": 0.0}, "attn_mathjax": mathjax}
+                              "awaiting": 0.0}, "attn_mathjax_shared": mathjax}
     for cell in nb["cells"]:
         meta = cell.get("metadata", {}).get("nbgrader")
         if meta and meta.get("grade"):

@@ -198,7 +198,10 @@ def lms_feedback(workdir: Path, assignment: str, dest: Path) -> tuple[list[str],
       download (``Ann Lee_5151_assignsubmission_file_``), holding ``single_head.html``.
 
     The names come from the collector's record (``GRADING/collected/<assignment>/<student>.json``), never from
-    the roster alone. Files in the zip are the rendered pages as they are (0644 when extracted)."""
+    the roster alone. Files in the zip are the rendered pages as they are (0644 when extracted), and at its root
+    the pages' MathJax, ``attn-mathjax.js`` (beside Canvas's pages, one folder up from Moodle's), so that the
+    unzipped pages render their math offline; the LMS hands each student their page only, which then loads
+    MathJax from the CDN, or shows its TeX with a note (``records/templates/attn/attn_mathjax.html.j2``)."""
     import zipfile
 
     entries, zipped, missing = _lms_entries(workdir, assignment)
@@ -207,7 +210,7 @@ def lms_feedback(workdir: Path, assignment: str, dest: Path) -> tuple[list[str],
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.tmp")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
-        for name, page in entries:
+        for name, page in entries + _shared_mathjax(entries):
             info = zipfile.ZipInfo(name, date_time=datetime.datetime.now().timetuple()[:6])
             info.external_attr = 0o644 << 16
             info.compress_type = zipfile.ZIP_DEFLATED
@@ -250,6 +253,13 @@ def _lms_entries(workdir: Path, assignment: str) -> tuple[list[tuple[str, Path]]
             entries.append((name, page))
         zipped.append(student)
     return entries, zipped, missing
+
+
+def _shared_mathjax(entries: list[tuple[str, Path]]) -> list[tuple[str, Path]]:
+    """The zip's copy of the pages' MathJax (the vendored file), if there are pages and it is vendored."""
+    from autograder.records.plugins import MATHJAX, SHARED_MATHJAX
+
+    return [(SHARED_MATHJAX, MATHJAX)] if entries and MATHJAX.is_file() else []
 
 
 def lms_zip(workdir: Path, assignment: str) -> Path:

@@ -14,8 +14,9 @@ nbgrader's own machinery:
   extension changed since the feedback and the CSVs were written) and neutralise formula-shaped cells;
 * :class:`FeedbackGrades` through ``GenerateFeedback.preprocessors`` (``nbgrader
   generate_feedback`` and ``python -m autograder feedback``): the grades as nbgrader's
-  ``GetGrades`` reads them, plus which ones still await a hand grade, and the course's
-  MathJax for the page (:func:`mathjax_data` gives formgrader's page the same).
+  ``GetGrades`` reads them, plus which ones still await a hand grade, and where the page finds the course's
+  MathJax: one shared copy, ``attn-mathjax.js`` in the feedback folder (:func:`share_mathjax`), not one
+  embedded in every page (:func:`mathjax_data` embeds it in formgrader's page).
 
 Imports: nbgrader, :mod:`autograder.records.results` (``csv_cell``, ``is_number``),
 :mod:`autograder.records.gradebook` (``submitted``; when an export runs, the staleness tests), and, when an export
@@ -28,6 +29,7 @@ import base64
 import csv
 import functools
 import gzip
+import hashlib
 import json
 import math
 import os
@@ -313,6 +315,47 @@ def embedded_mathjax() -> str:
         return ""
 
 
+SHARED_MATHJAX = "attn-mathjax.js"  # the feedback pages' MathJax, one copy per feedback tree and per LMS zip
+
+
+@functools.cache
+def shared_mathjax() -> dict[str, str]:
+    """What a feedback page needs to load the course's MathJax from a shared copy (``attn/attn_mathjax.html.j2``,
+    ``attn_mathjax_shared``): the copy's file name, and the same file on the npm CDN with its Subresource
+    Integrity hash (the browser runs it only if its bytes are the course's); {} without ``_vendor/mathjax``."""
+    try:
+        data = MATHJAX.read_bytes()
+    except OSError:
+        return {}
+    m = re.search(rb'VERSION="(\d+\.\d+\.\d+)"', data)
+    return {"file": SHARED_MATHJAX,
+            "cdn": f"https://cdn.jsdelivr.net/npm/mathjax@{m[1].decode()}/es5/{MATHJAX.name}" if m else "",
+            "integrity": "sha384-" + base64.b64encode(hashlib.sha384(data).digest()).decode("ascii")}
+
+
+def share_mathjax(folder: Path) -> Path | None:
+    """Write the course's MathJax to ``folder/attn-mathjax.js`` (0644), unless the same bytes are there: the copy
+    the feedback pages below it load (``../../attn-mathjax.js`` from ``<student>/<assignment>/``). ``None``
+    without ``_vendor/mathjax`` or when it cannot be written (the pages then fall back to the CDN, else show
+    their TeX with a note)."""
+    try:
+        data = MATHJAX.read_bytes()
+        dest = folder / SHARED_MATHJAX
+        if dest.is_symlink() or dest.is_dir():
+            return None
+        if not (dest.is_file() and dest.stat().st_size == len(data) and dest.read_bytes() == data):
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = folder / f".{SHARED_MATHJAX}.{os.getpid()}.tmp"
+            tmp.write_bytes(data)
+            tmp.chmod(0o644)
+            os.replace(tmp, dest)
+        elif dest.stat().st_mode & 0o777 != 0o644:
+            dest.chmod(0o644)
+        return dest
+    except OSError:
+        return None
+
+
 def mathjax_data(_: object = "") -> str:
     """The template filter ``attn_mathjax_data``: :func:`embedded_mathjax`, for pages rendered without the
     feedback's preprocessor (formgrader's submission page)."""
@@ -322,12 +365,19 @@ def mathjax_data(_: object = "") -> str:
 class FeedbackGrades(GetGrades):
     """nbgrader's ``GetGrades`` for the feedback page, plus: a grade neither the judge nor an instructor has
     given is marked ``awaiting`` (the page says "awaiting a hand grade", not "Score: 0"), the notebook's
-    awaiting points are in ``resources["nbgrader"]["awaiting"]``, and the course's MathJax is in
-    ``resources["attn_mathjax"]``."""
+    awaiting points are in ``resources["nbgrader"]["awaiting"]``, and where the page loads the course's MathJax
+    from is in ``resources["attn_mathjax_shared"]`` (:func:`shared_mathjax`), the shared copy written at the
+    top of the feedback folder (:func:`share_mathjax`; whichever door renders the page: ``grade``,
+    ``feedback``, ``nbgrader generate_feedback``)."""
 
     def preprocess(self, nb: Any, resources: Any) -> Any:
+        from nbgrader.coursedir import CourseDirectory
+
         resources["nbgrader"]["awaiting"] = 0.0
-        resources["attn_mathjax"] = embedded_mathjax()
+        resources["attn_mathjax_shared"] = shared_mathjax()
+        if resources["attn_mathjax_shared"]:
+            coursedir = CourseDirectory(config=self.config)
+            _share_once(str(Path(coursedir.root) / coursedir.feedback_directory))
         return super().preprocess(nb, resources)
 
     def _get_score(self, cell: Any, resources: Any) -> None:
@@ -338,6 +388,18 @@ class FeedbackGrades(GetGrades):
         cell.metadata.nbgrader["awaiting"] = awaiting
         if awaiting:
             resources["nbgrader"]["awaiting"] += float(grade.max_score or 0)
+
+
+_shared: set[str] = set()
+
+
+def _share_once(folder: str) -> None:
+    """:func:`share_mathjax` once per feedback folder and process (a run renders many pages), again if the copy
+    has gone since."""
+    if folder in _shared and (Path(folder) / SHARED_MATHJAX).is_file():
+        return
+    if share_mathjax(Path(folder)):
+        _shared.add(folder)
 
 
 class FeedbackHTMLExporter(HTMLExporter):
@@ -365,4 +427,4 @@ _IMG_WITHOUT_ALT = re.compile(r"<img(?![^>]*\balt=)")
 
 
 __all__ = ["CanvasExportPlugin", "CheckedCsvExportPlugin", "FeedbackGrades", "FeedbackHTMLExporter", "LmsFileNameCollector", "PercentPerDayLatePenalty",
-           "embedded_mathjax", "mathjax_data"]
+           "SHARED_MATHJAX", "embedded_mathjax", "mathjax_data", "share_mathjax", "shared_mathjax"]
