@@ -298,3 +298,14 @@ def test_a_cross_attention_that_ignores_q_and_k_earns_nothing():
     results = assert_earns_only(A, code, "TransformerDecoderBlock")
     assert all("cross-attention weights" in results[g] and "do not follow the keys" in results[g]
                for g in ("test_decoder_block_masks", "test_blocks_dropout")), results
+
+
+def test_a_block_whose_output_computes_nothing_earns_nothing():
+    """Honest attention weights with an output that is x itself: padding never reaches x, so the mask checks' output
+    half held; the block's unmasked output must first be the block's (or a classic mistake the value checks name)."""
+    code = REF.replace("        return x, weights\n", "        return x0, weights\n").replace(
+        '        """x (B, n, E), mask broadcastable to (B, n, n) (True = may attend).', '        x0 = x\n        """x')
+    code = code.replace("        return x, self_weights, cross_weights", "        return x0, self_weights, cross_weights").replace(
+        '        """x (B, n, E), memory (B, m, E).', '        x0 = x\n        """x')
+    results = assert_earns_only(A, code, {"TransformerEncoderBlock", "TransformerDecoderBlock"})
+    assert all("output" in results[g] for g in ("test_encoder_block_mask", "test_decoder_block_masks")), results

@@ -242,6 +242,22 @@ def _anchor(p: dict[str, Tensor], x: Tensor, memory: Tensor | None, ws: tuple, w
         raise CheckFailed(f"the cross-attention weights{what} {NOT_CROSS_ATTENTION}{COMPARES_ITSELF}")
 
 
+def _anchor_output(obj: Obj, ref: RefEncoder | RefDecoder, name: str, out: Tensor, x: Tensor, memory: Tensor | None,
+                   pre: bool, what: str) -> None:
+    """The anchor of the output half of the mask checks (padding must not reach it): the block's unmasked output is
+    the block's with these weights, or one of the classic mistakes the value checks name (a misplaced norm, say), so
+    an output that computes nothing (x itself, which padding never reaches) earns nothing."""
+    run = partial(_block, ref, x, memory, pre=pre, student=obj)
+    with torch.no_grad():
+        if close(out, run()) or any(close(out, wrong) for wrong in _mistakes(
+                name, pre, run, memory is None or memory.shape[1] == x.shape[1]).values()):
+            return
+    raise CheckFailed(f"the output{what} without masks is not the block's output (nor a classic mistake the block "
+                      "checks name): it must be the block's sublayers, each with its residual and norm, applied to x; "
+                      "an output that ignores the attention (x itself, say) earns nothing here, because this check "
+                      "compares your block's output with itself on related inputs")
+
+
 @SUITE.check(_FF, parts=[FF])
 def feed_forward(t: Trial) -> None:
     """linear1 (ff_dim, E), linear2 (E, ff_dim); output linear2(relu(linear1(x))) for any leading dimensions."""
@@ -308,11 +324,13 @@ def encoder_mask(t: Trial) -> None:
     """A (B, 1, n) padding mask reaches the self-attention (both norm orders); padding never reaches a real token."""
     for kw in ({}, {"norm_first": True}):
         b, n, e, h, f = 3, 6, 8, 2, 16
-        obj, _ = _build(t, ENC, e, h, f, **kw)
+        obj, ref = _build(t, ENC, e, h, f, **kw)
         x, mask = t.randn(b, n, e), _padding(t, b, n, n - 2)
         what = f" of {label(ENC, e, h, f, **kw)}"
-        w0 = expect_tensor(_returns(obj, ENC, x)[1], (b, h, n, n), f"the self-attention weights{what}")
+        out0, w0 = _returns(obj, ENC, x)
+        w0 = expect_tensor(w0, (b, h, n, n), f"the self-attention weights{what}")
         _anchor(obj.weights, x, None, (w0,), what)
+        _anchor_output(obj, ref, ENC, out0, x, None, bool(kw), what)
         what += " with a padding mask"
         out, w = _returns(obj, ENC, x, mask, empty="an example that is all padding (mask all False)")
         full = mask[:, None].expand(b, h, n, n)
@@ -334,7 +352,7 @@ def decoder_masks(t: Trial) -> None:
     """self_mask reaches self-attention, memory_mask cross-attention; hidden positions never reach the output."""
     for kw in ({}, {"norm_first": True}):
         for b, n, m, e, h, f in [(3, 5, 5, 8, 2, 16), (2, 4, 7, 8, 4, 16)]:
-            obj, _ = _build(t, DEC, e, h, f, **kw)
+            obj, ref = _build(t, DEC, e, h, f, **kw)
             x, memory, sm, mm = t.randn(b, n, e), t.randn(b, m, e), causal_mask(n), _padding(t, b, m, m - 1)
             what = f" of {label(DEC, e, h, f, **kw)} for x {(b, n, e)}, memory {(b, m, e)}"
 
@@ -351,6 +369,7 @@ def decoder_masks(t: Trial) -> None:
             (_, ws0, _), (_, _, wc0) = run(sm=None), run(mm=None)  # each unmasked in turn
             swapped = (memory_full,) if n == m else ()  # masks swapped: the other mask reaches each unmasked call
             _anchor(obj.weights, x, memory, (ws0, wc0), what, (None, *swapped), (None, *(self_full,) * (n == m)))
+            _anchor_output(obj, ref, DEC, run(sm=None, mm=None)[0], x, memory, bool(kw), what)
             expect_masked(ws, ws0, self_full, f"the self-attention weights{what} with a causal self_mask",
                           {MASKS_SWAPPED: mm[:, None].expand(b, h, n, n)} if n == m else {}, "self_mask")
             expect_masked(wc, wc0, memory_full, f"the cross-attention weights{what} with a memory "
