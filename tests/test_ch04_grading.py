@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from autograder.judging.checks.ch04_masked_attention import STATED_REQUIREMENTS
-from chapter_checking import (assert_answer_named, assert_questions_pass, assert_requirement_broken_alone, grade_answer,
-                              question_answers)
+from chapter_checking import (assert_answer_named, assert_earns_only, assert_questions_pass, assert_requirement_broken_alone,
+                              grade_answer, question_answers)
 from checking import assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 A = "04_masked_attention"
@@ -197,3 +197,24 @@ def test_other_wrong_answers_fail_without_giving_the_answer_away(gid, value):
     message = grade_answer(A, gid, **{gid.removeprefix("test_"): value})
     assert message and "(1, 2, 3, 4, 4, 4)" not in message and "0.25" not in message \
         and "(2, 3)" not in message and "'b'" not in message.split("should be one of")[0], message
+
+
+# -- issue 34: every check anchored to the reference ------------------------------------------------------
+
+UNIFORM = REF + '''
+def masked_attention(query, key, value, mask):
+    """Weights uniform over the allowed keys, whatever the queries and keys are; zero rows where none is allowed."""
+    allowed = torch.ones(*query.shape[:-1], key.shape[-2], dtype=torch.bool) & mask
+    w = allowed.to(query.dtype) / allowed.sum(-1, keepdim=True).clamp_min(1).to(query.dtype)
+    return w @ value, w
+'''
+ZERO_OUTPUT = mutate(REF, "return weights @ value, weights", "return torch.zeros_like(weights @ value), weights")
+
+
+@pytest.mark.parametrize("code", [UNIFORM, ZERO_OUTPUT], ids=["uniform-weights", "zero-output"])
+def test_an_attention_that_ignores_its_inputs_earns_nothing(code):
+    """Issue 34: the fully-masked check compares the other rows with the student's own answer on those rows alone, so
+    weights uniform over the allowed keys (zero on a fully masked row) earned it: it first anchors that answer."""
+    results = assert_earns_only(A, code, "masked_attention")
+    assert any(words in results["test_masked_attention_fully_masked"]
+               for words in ("do not follow the scores", "weights times the values")), results

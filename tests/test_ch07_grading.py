@@ -7,7 +7,7 @@ import torch
 
 import checking
 from autograder.judging.checks.ch07_transformer_block import STATED_REQUIREMENTS
-from chapter_checking import assert_requirement_broken_alone
+from chapter_checking import UNIFORM_LAYER, assert_earns_only, assert_requirement_broken_alone
 from checking import assert_full_marks, assert_mistake_named, mutate, run_suite, source_code
 
 
@@ -274,3 +274,38 @@ def test_question_wrong_answer_is_named(name, wrong, words):
     if name == "q_block_params":  # Q3's reference answer divides by Q1's: keep it independent of Q1's mutation
         code = code.replace("/ q_block_params", f"/ {ATTN + FFN + NORMS}")
     checking.assert_only_question_named(A, code, name, QUESTIONS, words)
+
+
+# -- issue 34: every check anchored to the reference ------------------------------------------------------
+
+UNIFORM = (REF.replace("self.self_attn(", "_uniform(self.self_attn, ").replace("self.cross_attn(", "_uniform(self.cross_attn, ")
+           + UNIFORM_LAYER)
+
+
+def test_a_block_whose_attention_ignores_q_and_k_earns_nothing():
+    """Issue 34: attention uniform over the allowed keys, whatever the queries and keys, earned the mask checks (its
+    own weights renormalised; padding never reaches a mean over the real tokens) and the dropout check (its own block
+    without dropout): they compare the block with itself, so they first anchor its attention weights."""
+    results = assert_earns_only(A, UNIFORM, {"TransformerEncoderBlock", "TransformerDecoderBlock"})
+    assert all("do not follow" in results[g] for g in
+               ("test_encoder_block_mask", "test_decoder_block_masks", "test_blocks_dropout")), results
+
+
+def test_a_cross_attention_that_ignores_q_and_k_earns_nothing():
+    """The cross-attention's queries depend on the sublayers before it (wherever the norms are), so its anchor is the
+    row-space test on the keys of memory: uniform cross weights with an honest self-attention fail it."""
+    code = REF.replace("self.cross_attn(", "_uniform(self.cross_attn, ") + UNIFORM_LAYER
+    results = assert_earns_only(A, code, "TransformerDecoderBlock")
+    assert all("cross-attention weights" in results[g] and "do not follow the keys" in results[g]
+               for g in ("test_decoder_block_masks", "test_blocks_dropout")), results
+
+
+def test_a_block_whose_output_computes_nothing_earns_nothing():
+    """Honest attention weights with an output that is x itself: padding never reaches x, so the mask checks' output
+    half held; the block's unmasked output must first be the block's (or a classic mistake the value checks name)."""
+    code = REF.replace("        return x, weights\n", "        return x0, weights\n").replace(
+        '        """x (B, n, E), mask broadcastable to (B, n, n) (True = may attend).', '        x0 = x\n        """x')
+    code = code.replace("        return x, self_weights, cross_weights", "        return x0, self_weights, cross_weights").replace(
+        '        """x (B, n, E), memory (B, m, E).', '        x0 = x\n        """x')
+    results = assert_earns_only(A, code, {"TransformerEncoderBlock", "TransformerDecoderBlock"})
+    assert all("output" in results[g] for g in ("test_encoder_block_mask", "test_decoder_block_masks")), results

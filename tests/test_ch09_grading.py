@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from autograder.judging.checks.ch09_tiny_gpt import STATED_REQUIREMENTS
-from chapter_checking import assert_requirement_broken_alone
+from chapter_checking import assert_earns_only, assert_requirement_broken_alone
 from corpus import FIXTURES_REDEFINED, FORGED_LOG_GENERATE
 from checking import (assert_delegation_named, assert_full_marks, assert_mistake_named, mutate, run_suite, source_code,
                       with_answer)
@@ -407,3 +407,46 @@ def test_a_stated_requirement_broken_alone_fails_a_visible_test(name):
 def test_a_visible_close_check_keeps_torchs_values_and_adds_the_hint():
     message = visible_failures(REQUIREMENTS["loss: in nats"])["test_lm_loss"]
     assert "Expected" in message and "ln 7" in message, message
+
+
+# -- issue 34: every check anchored to the reference ------------------------------------------------------
+
+# A sampler that ignores the logits but draws with the generator: reproducible, other seeds other tokens,
+# independent rows (and one that is greedy at temperature 0 only).
+SAMPLE_IGNORES_LOGITS = mutate(REF, SAMPLE_REF, '''def sample_next(logits, temperature=1.0, top_k=None, generator=None):
+    return torch.randint(0, logits.shape[-1], (logits.shape[0],), generator=generator)
+
+''')
+SAMPLE_GREEDY_ONLY = mutate(REF, SAMPLE_REF, '''def sample_next(logits, temperature=1.0, top_k=None, generator=None):
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    return torch.randint(0, logits.shape[-1], (logits.shape[0],), generator=generator)
+
+''')
+# A generate that never calls the model: the student's own sampler on fixed logits (it passes the generator, the
+# temperature and top_k on), or the prompt followed by zeros.
+GENERATE_IGNORES_MODEL = mutate(REF, GENERATE_REF, '''def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None,
+             generator=None):
+    flat = torch.zeros(prompt.shape[0], 12)
+    new = [sample_next(flat + 0.01 * i, temperature, top_k, generator)[:, None] for i in range(max_new_tokens)]
+    return torch.cat([prompt, *new], dim=1)
+
+''')
+GENERATE_ZEROS = mutate(REF, GENERATE_REF, '''def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None,
+             generator=None):
+    return torch.cat([prompt, torch.zeros(prompt.shape[0], max_new_tokens, dtype=torch.long)], dim=1)
+
+''')
+SCORES_OF_ZEROS = mutate(mutate(REF, SCORE, "return torch.zeros(weights.shape[1])"),
+                         IND, "    return torch.zeros(weights.shape[1])")
+
+
+@pytest.mark.parametrize("code, part", [
+    (SAMPLE_IGNORES_LOGITS, "sample_next"), (SAMPLE_GREEDY_ONLY, "sample_next"), (GENERATE_IGNORES_MODEL, "generate"),
+    (GENERATE_ZEROS, "generate"), (SCORES_OF_ZEROS, {"previous_token_score", "induction_score"})],
+    ids=["sampler-ignores-logits", "sampler-greedy-only", "generate-ignores-model", "generate-zeros", "scores-zeros"])
+def test_a_part_that_ignores_its_inputs_earns_nothing(code, part):
+    """Issue 34: the sampling checks compare the student's draws with each other (the same seed, another seed,
+    neighbouring rows) only after their frequencies match softmax(logits / T); generate's tokens are compared with
+    the grader's model; the scores are values. A part that ignores its inputs earns none of them."""
+    assert_earns_only(A, code, part)

@@ -2,7 +2,8 @@
 and the device of padding_mask's result). test_masked_attention tests the formula; the checks through the setup's
 ``MultiHeadAttention`` and ``SelfAttention`` (weights drawn here; causality by perturbing future inputs and by
 gradients, with the student's own causal mask) compare at the student's own scale (``common.scaled_reference``) or
-with the student's own rows, so an unscaled attention costs test_masked_attention alone.
+with the student's own rows, anchored to attention of the inputs at the student's own scale (issue 34), so an unscaled
+attention costs test_masked_attention alone.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from attnkit import softmax as ref_softmax
 from autograder.judging.checks import (CheckFailed, StudentError, Suite, Trial, choice, close, expect_close,
                                        expect_pair, expect_tensor, explained, fail_if_named, listed, mistakes,
                                        named_mistake, number, requirements, row_set, twin)
-from autograder.judging.checks.common import (ATTENTION_MISTAKES, UNIFORM_ROWS, expect_distributions, head_mistakes,
-                                              random_weights, scaled_reference)
+from autograder.judging.checks.common import (ATTENTION_MISTAKES, UNIFORM_ROWS, expect_attention_of, expect_distributions,
+                                              head_mistakes, random_weights, scaled_reference)
 
 SUITE = Suite("04_masked_attention")
 _CAUSAL_CHECK, _PADDING_CHECK, _VALUES = "test_causal_mask", "test_padding_mask", "test_masked_attention"
@@ -212,6 +213,9 @@ def fully_masked_check(t: Trial) -> None:
     rest = torch.tensor([0, 2, 3])
     expect_distributions(w[:1, rest], "the weights of the other rows")
     out2, w2, _, _ = _against_reference(t, q[:1, rest], k[:1], v[:1], mask[:1, rest], "attention on the other rows")
+    # the anchor (issue 34): the other rows are compared with the student's own answer on them alone, which an answer
+    # that ignores q and k (uniform weights) or computes no output satisfies; it must first be attention of its inputs
+    expect_attention_of(q[:1, rest], k[:1], v[:1], out2, w2, "attention on the other rows", allowed=mask[:1, rest])
     expect_close(w[:1, rest], w2, "the weights of the other rows (a fully masked row must not change them)")
     expect_close(out[:1, rest], out2, "the output of the other rows (a fully masked row must not change them)")
 

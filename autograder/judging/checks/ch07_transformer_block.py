@@ -1,7 +1,8 @@
 """Graded checks for exercise 07_transformer_block (its requirements: ``STATED_REQUIREMENTS``). The copied-weights
 twin: the expected values come from :mod:`attnkit.transformer` (equal to torch's layers in both norm orders,
 ``tests/test_transformer.py``) with fresh weights, layer norms included so that a misplaced norm shows; the mask and
-dropout checks test the masks and the dropout alone, so a misplaced norm costs the norm checks alone."""
+dropout checks test the masks and the dropout alone, so a misplaced norm costs the norm checks alone; they compare the
+block with itself, so they first anchor its attention weights to its inputs (``_anchor``, issue 34)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from attnkit import TransformerEncoderBlock as RefEncoder
 from attnkit import causal_mask
 from autograder.judging.checks import (CheckFailed, Obj, StudentError, Suite, Trial, choice, close, expect_close,
                                        expect_tensor, label, mistakes, number, requirements, twin)
-from autograder.judging.checks.common import expect_masked, hidden_keys_changed
+from autograder.judging.checks.common import expect_masked, follows_keys, follows_scores, hidden_keys_changed
 
 SUITE = Suite("07_transformer_block")
 _FF, _FF_DROP, _DROP = "test_feed_forward", "test_feed_forward_dropout", "test_blocks_dropout"
@@ -195,6 +196,68 @@ def _returns(obj: Obj, name: str, *args: Tensor | None, hint: str = "", empty: s
     return tuple(value)
 
 
+# -- anchors (issue 34): the mask and dropout checks compare the block with itself, so they first need its attention to
+# be attention of its inputs; which input depends on where the norms are, and a misplaced norm costs the norm checks alone
+
+NOT_SELF_ATTENTION = ("do not follow the scores: they must be softmax(c * Q K^T) of self_attn's projections of the "
+                      "block's input (x in post-norm, norm1(x) in pre-norm), for a scale c > 0")
+NOT_CROSS_ATTENTION = ("do not follow the keys: each query's weights must be softmax(c * q K^T) over the keys "
+                       "K = cross_attn.k_proj(memory), for a scale c > 0")
+COMPARES_ITSELF = ("; weights that ignore the queries or the keys (uniform over the allowed keys, say) earn nothing "
+                   "here, because this check compares your block with itself on related inputs and so first needs its "
+                   "attention to be attention of its inputs")
+
+
+def _inputs(p: dict[str, Tensor], v: Tensor) -> list[Tensor]:
+    """``v`` and each of the block's norms of ``v``: what a sublayer may read, wherever the student put the norms."""
+    v = v.double()
+    return [v, *(F.layer_norm(v, v.shape[-1:], p[f"norm{i}.weight"].double(), p[f"norm{i}.bias"].double())
+                 for i in (1, 2, 3) if f"norm{i}.weight" in p)]
+
+
+def _heads(p: dict[str, Tensor], proj: str, v: Tensor, h: int) -> Tensor:
+    """``proj`` (such as self_attn.q_proj) of ``v`` (B, n, E), split into ``h`` heads: (B, H, n, E // H)."""
+    y = v @ p[f"{proj}.weight"].double().T + (p[f"{proj}.bias"].double() if f"{proj}.bias" in p else 0.0)
+    return y.unflatten(-1, (h, -1)).transpose(1, 2)
+
+
+def _anchor(p: dict[str, Tensor], x: Tensor, memory: Tensor | None, ws: tuple, what: str,
+            self_masks: tuple = (None,), cross_masks: tuple = (None,)) -> None:
+    """The anchor of the checks that compare the block with itself: its self-attention weights ``ws[0]`` are
+    softmax attention of self_attn's projections of x or of a norm of x (:func:`follows_scores`, at the student's own
+    scale), and its cross-attention weights ``ws[1]`` pass the row-space test on the keys of memory (or of x: the
+    cross-attention that attends to x is a mistake the value checks name): their queries depend on the sublayers
+    before them. ``self_masks``/``cross_masks``: the masks each unmasked call may have applied (a swapped mask is a
+    mistake the mask check names). ``p``: the weights loaded into the block."""
+    w = ws[0]
+    h = w.shape[1] if isinstance(w, Tensor) and w.dim() == 4 else 1
+    if not any(follows_scores(_heads(p, "self_attn.q_proj", u, h) @ _heads(p, "self_attn.k_proj", u, h).transpose(
+            -2, -1), w, allowed) for u in _inputs(p, x) for allowed in self_masks):
+        raise CheckFailed(f"the self-attention weights{what} {NOT_SELF_ATTENTION}{COMPARES_ITSELF}")
+    if memory is None:
+        return
+    sources = _inputs(p, memory) + _inputs(p, x)
+    if not any(follows_keys(_heads(p, f"{attn}.k_proj", u, h), ws[1], allowed) for attn in ("cross_attn", "self_attn")
+               for u in sources for allowed in cross_masks):
+        raise CheckFailed(f"the cross-attention weights{what} {NOT_CROSS_ATTENTION}{COMPARES_ITSELF}")
+
+
+def _anchor_output(obj: Obj, ref: RefEncoder | RefDecoder, name: str, out: Tensor, x: Tensor, memory: Tensor | None,
+                   pre: bool, what: str) -> None:
+    """The anchor of the output half of the mask checks (padding must not reach it): the block's unmasked output is
+    the block's with these weights, or one of the classic mistakes the value checks name (a misplaced norm, say), so
+    an output that computes nothing (x itself, which padding never reaches) earns nothing."""
+    run = partial(_block, ref, x, memory, pre=pre, student=obj)
+    with torch.no_grad():
+        if close(out, run()) or any(close(out, wrong) for wrong in _mistakes(
+                name, pre, run, memory is None or memory.shape[1] == x.shape[1]).values()):
+            return
+    raise CheckFailed(f"the output{what} without masks is not the block's output (nor a classic mistake the block "
+                      "checks name): it must be the block's sublayers, each with its residual and norm, applied to x; "
+                      "an output that ignores the attention (x itself, say) earns nothing here, because this check "
+                      "compares your block's output with itself on related inputs")
+
+
 @SUITE.check(_FF, parts=[FF])
 def feed_forward(t: Trial) -> None:
     """linear1 (ff_dim, E), linear2 (E, ff_dim); output linear2(relu(linear1(x))) for any leading dimensions."""
@@ -261,10 +324,13 @@ def encoder_mask(t: Trial) -> None:
     """A (B, 1, n) padding mask reaches the self-attention (both norm orders); padding never reaches a real token."""
     for kw in ({}, {"norm_first": True}):
         b, n, e, h, f = 3, 6, 8, 2, 16
-        obj, _ = _build(t, ENC, e, h, f, **kw)
+        obj, ref = _build(t, ENC, e, h, f, **kw)
         x, mask = t.randn(b, n, e), _padding(t, b, n, n - 2)
         what = f" of {label(ENC, e, h, f, **kw)}"
-        w0 = expect_tensor(_returns(obj, ENC, x)[1], (b, h, n, n), f"the self-attention weights{what}")
+        out0, w0 = _returns(obj, ENC, x)
+        w0 = expect_tensor(w0, (b, h, n, n), f"the self-attention weights{what}")
+        _anchor(obj.weights, x, None, (w0,), what)
+        _anchor_output(obj, ref, ENC, out0, x, None, bool(kw), what)
         what += " with a padding mask"
         out, w = _returns(obj, ENC, x, mask, empty="an example that is all padding (mask all False)")
         full = mask[:, None].expand(b, h, n, n)
@@ -286,7 +352,7 @@ def decoder_masks(t: Trial) -> None:
     """self_mask reaches self-attention, memory_mask cross-attention; hidden positions never reach the output."""
     for kw in ({}, {"norm_first": True}):
         for b, n, m, e, h, f in [(3, 5, 5, 8, 2, 16), (2, 4, 7, 8, 4, 16)]:
-            obj, _ = _build(t, DEC, e, h, f, **kw)
+            obj, ref = _build(t, DEC, e, h, f, **kw)
             x, memory, sm, mm = t.randn(b, n, e), t.randn(b, m, e), causal_mask(n), _padding(t, b, m, m - 1)
             what = f" of {label(DEC, e, h, f, **kw)} for x {(b, n, e)}, memory {(b, m, e)}"
 
@@ -300,9 +366,13 @@ def decoder_masks(t: Trial) -> None:
 
             out, ws, wc = run()
             self_full, memory_full = sm.expand(b, h, n, n), mm[:, None].expand(b, h, n, m)
-            expect_masked(ws, run(sm=None)[1], self_full, f"the self-attention weights{what} with a causal self_mask",
+            (_, ws0, _), (_, _, wc0) = run(sm=None), run(mm=None)  # each unmasked in turn
+            swapped = (memory_full,) if n == m else ()  # masks swapped: the other mask reaches each unmasked call
+            _anchor(obj.weights, x, memory, (ws0, wc0), what, (None, *swapped), (None, *(self_full,) * (n == m)))
+            _anchor_output(obj, ref, DEC, run(sm=None, mm=None)[0], x, memory, bool(kw), what)
+            expect_masked(ws, ws0, self_full, f"the self-attention weights{what} with a causal self_mask",
                           {MASKS_SWAPPED: mm[:, None].expand(b, h, n, n)} if n == m else {}, "self_mask")
-            expect_masked(wc, run(mm=None)[2], memory_full, f"the cross-attention weights{what} with a memory "
+            expect_masked(wc, wc0, memory_full, f"the cross-attention weights{what} with a memory "
                           "padding mask", name="memory_mask")
             expect_close(run(memory=hidden_keys_changed(memory, memory_full))[0], out, f"the output{what} when only "
                          "padded memory positions change (they must not reach the output)")
@@ -349,8 +419,9 @@ def blocks_dropout(t: Trial) -> None:
         for name, args in [(ENC, (x,)), (DEC, (x, memory))]:
             obj, ref = _build(t, name, 8, 2, 16, 1.0, **kw)
             plain = twin(t, name, 8, 2, 16, 0.0, **kw, reference=obj.weights)[0]
-            clean = _returns(plain, name, *args)[0]
+            clean, *ws = _returns(plain, name, *args)
             called = label(name, 8, 2, 16, dropout=1.0, **kw)
+            _anchor(obj.weights, x, args[1] if name == DEC else None, ws, f" of {label(name, 8, 2, 16, **kw)}")
             with torch.no_grad():  # pre-norm: x itself; post-norm: the norms of x
                 dropped = [x, torch.nn.Sequential(*(getattr(ref, f"norm{i}") for i in range(1, len(args) + 2)))(x)]
             _train(obj, True)

@@ -331,3 +331,31 @@ def expect_layer_of(out, w, p: Params, q: Tensor, k: Tensor, v: Tensor, h: int, 
     candidates = [right, *mha_mistakes(p, q, k, v, h).values(), *(also or {}).values()]
     if not any(close(out, o) and close(w, ww) for o, ww in candidates):
         raise CheckFailed(f"{what}: {NOT_LAYER}")
+
+
+def follows_keys(keys: Tensor, w: Tensor, allowed: Tensor | None = None, atol: float = 1e-4) -> bool:
+    """Whether each row of ``w`` (..., n, m) is ``softmax(q_i . keys^T)`` over the ``allowed`` keys (zeros elsewhere)
+    for some query ``q_i`` of its own, and no row with two allowed keys or more is uniform: the row-space test, for
+    weights whose queries the judge cannot rebuild (a block's cross-attention reads the output of the sublayers before
+    it, wherever the student put the norms). ``keys`` (..., m, d), broadcastable against ``w``'s leading axes. A row's
+    log-weights must lie in the span of the keys' columns and the constant: a test with teeth where more keys are
+    allowed than d + 1, and the uniform rows (a query ignored, or keys ignored) are refused everywhere."""
+    if not isinstance(w, Tensor) or not w.is_floating_point() or w.dim() < 2 or keys.shape[-2] != w.shape[-1]:
+        return False
+    wd = w.double()
+    full = torch.ones_like(wd, dtype=torch.bool) if allowed is None else allowed.expand(wd.shape)
+    if not bool(torch.isfinite(wd).all()) or bool((wd[~full].abs() > atol).any()):
+        return False
+    keep = full & (wd > 1e-12)
+    k = keys.double().unsqueeze(-3).expand(*wd.shape, keys.shape[-1])  # (..., n, m, d): row i's keys
+    count = keep.sum(-1, keepdim=True).clamp_min(1)
+    kc = torch.where(keep[..., None], k - (k * keep[..., None]).sum(-2, keepdim=True) / count[..., None], 0.0)
+    lw = torch.where(keep, wd.clamp_min(1e-300).log(), 0.0)
+    yc = torch.where(keep, lw - lw.sum(-1, keepdim=True) / count, 0.0)
+    beta = torch.linalg.lstsq(kc, yc[..., None], driver="gelsd").solution  # (..., n, d, 1): the row's c * q_i
+    rebuilt = ref_softmax((kc @ beta)[..., 0].masked_fill(~keep, float("-inf")), dim=-1).nan_to_num(0.0)
+    if not close(wd * keep, rebuilt * (keep.sum(-1, keepdim=True) > 0), atol, atol):
+        return False
+    on = torch.where(full, wd, float("nan"))
+    spread = on.nan_to_num(-1.0).amax(-1) - on.nan_to_num(2.0).amin(-1)  # max - min over the allowed keys
+    return not bool(((full.sum(-1) >= 2) & (spread <= 1e-7)).any())
