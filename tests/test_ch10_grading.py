@@ -7,6 +7,7 @@ Every kernel launch here runs in Triton's interpreter (~0.1-0.3 s each); the sui
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import pytest
 
@@ -257,3 +258,44 @@ def test_the_released_stubs_are_named_not_implemented():
     gids = [*KERNEL_CHECKS, "test_wrapper_shapes", "test_wrapper_blocks"]
     results = run_checks(A, code, gids)
     assert all(msg.startswith("not implemented yet") for msg in results.values()), results
+
+
+# -- matrix products as a class of operators (the run-time rule of both parts' process) -------------------------------
+
+# Operators whose names look like a product's and are not one: a reduction of one tensor, elementwise arithmetic, a
+# resampling, a conversion or packing of indices, a loss. Any other operator whose name looks like a product must be
+# in the class: a product torch adds later is refused, or this test says which one to sort.
+LOOKS_LIKE_A_PRODUCT = re.compile(r"mm|mv|dot|matmul|linear|einsum|tensordot|kron|outer|inner|ger|conv|dist|bag|"
+                                  r"similar|addr|gemm|product")
+NOT_A_PRODUCT = re.compile(r"^(_foreach_)?(cummax|cummin|_cummax_helper|_cummin_helper|cummaxmin_backward|lgamma|"
+                           r"mvlgamma|digamma|polygamma|special_\w*gamma\w*|igammac?|_standard_gamma(_grad)?|"
+                           r"_convert_\w+|upsample_\w+|_upsample_\w+|dist|pairwise_distance|is_distributed|"
+                           r"_nested_get_jagged_dummy|hamming_window|multinomial|multi_margin_loss\w*|"
+                           r"multilabel_margin_loss\w*|_test_\w+|linalg_householder_product|addcmul_?|"
+                           r"_unsafe_masked_index_put_accumulate|fbgemm_pack_quantized_matrix)_?$")
+
+
+def test_every_operator_that_looks_like_a_product_is_sorted():
+    import torch
+
+    from autograder.in_sandbox import torch_names
+
+    bases = sorted({op[len("aten::"):].split(".")[0] for op in torch._C._dispatch_get_all_op_names()
+                    if op.startswith("aten::")})
+    unsorted = [b for b in bases if LOOKS_LIKE_A_PRODUCT.search(b) and not torch_names.op_class(b)
+                and not torch_names.is_torch_attention(b) and not NOT_A_PRODUCT.match(b)]
+    assert not unsorted, f"sort these into torch_names.CONTRACTION_TOKENS or NOT_A_PRODUCT: {unsorted}"
+    wrongly = [b for b in bases if torch_names.op_class(b) and NOT_A_PRODUCT.match(b)]
+    assert not wrongly, wrongly
+    for product in ("mm", "_int_mm", "_scaled_mm", "_grouped_mm", "addmm", "baddbmm", "mv", "dot", "vdot", "inner",
+                    "outer", "matmul", "linear", "bilinear", "_trilinear", "einsum", "tensordot", "kron",
+                    "linalg_multi_dot", "linalg_vecdot", "conv1d", "convolution", "cdist", "embedding_bag"):
+        assert torch_names.op_class(product) == "contraction", product
+
+
+def test_an_unknown_class_of_operators_is_an_error():
+    from autograder.in_sandbox.torch_names import runtime_fragments
+
+    assert "class:contraction" in runtime_fragments(["class:contraction", "softmax"])
+    with pytest.raises(ValueError, match="unknown class of operators 'class:products'.*class:contraction"):
+        runtime_fragments(["class:products"])
