@@ -233,7 +233,9 @@ def test_question_answers_pass():
 
 @pytest.mark.parametrize("gid, value, words", [
     ("test_q_programs", 224, "partial tile"),
-    ("test_q_state_floats", 8192, "accumulator alone"),
+    ("test_q_state_floats", 128 + 128 + 128 * 128, "state alone"),
+    ("test_q_state_floats", 2 * 128 + 2 * 128 * 128, "tile of scores"),
+    ("test_q_state_floats", 2 * 128 + 128 * 128 + 128 * 64, "query tile"),
     ("test_q_qk_scale", 0.125, "log2(e)"),
     ("test_q_alpha", 0.1353352832366127, "base-2"),
     ("test_q_tile_bytes", 16384, "one tile"),
@@ -299,3 +301,62 @@ def test_an_unknown_class_of_operators_is_an_error():
     assert "class:contraction" in runtime_fragments(["class:contraction", "softmax"])
     with pytest.raises(ValueError, match="unknown class of operators 'class:products'.*class:contraction"):
         runtime_fragments(["class:products"])
+
+
+# -- the visible tests teach what the grade checks (issue 35) ----------------------------------------------------------
+
+def _visible(code: str, gids: list[str]) -> dict[str, str]:
+    """grade_id -> '' when the released notebook's visible test passes on ``code`` (run as a notebook would: setup
+    and answers, then the test cell), else the message it raised."""
+    import json
+
+    from autograder.course import RELEASE
+    from checking import namespace
+
+    cells = {c["metadata"]["nbgrader"].get("grade_id"): "".join(c["source"])
+             for c in json.loads((RELEASE / A / "flash_triton.ipynb").read_text())["cells"]}
+    ns = namespace(code)
+    out = {}
+    for gid in gids:
+        try:
+            exec(compile(cells[gid], f"<{gid}>", "exec"), ns)
+            out[gid] = ""
+        except AssertionError as e:
+            out[gid] = str(e)
+    return out
+
+
+VISIBLE = ["test_kernel_tiles", "test_kernel_ragged", "test_kernel_causal", "test_kernel_lse", "test_wrapper_shapes",
+           "test_wrapper_launch", "test_wrapper_strides", "test_wrapper_blocks"]
+
+
+@pytest.mark.parametrize("code", [REF, TWO_STAGE, BROADCAST], ids=["reference", "two-stage", "broadcast"])
+def test_the_visible_tests_pass_correct_answers(code):
+    assert _visible(code, VISIBLE) == {gid: "" for gid in VISIBLE}
+
+
+@pytest.mark.parametrize("old, new, gid, words", [
+    ("keys[None, :] <= rows[:, None]", "keys[None, :] < rows[:, None]", "test_kernel_causal", "causal mask is strict"),
+    ("acc = acc * alpha[:, None] + pv", "acc = acc + pv", "test_kernel_tiles", "does not rescale the accumulator"),
+    ("lse = (m_i + tl.log2(l_i)) * 0.6931471805599453", "lse = m_i + tl.log2(l_i)", "test_kernel_lse",
+     "base-2 log-sum-exp"),
+    ("alpha = tl.exp2(m_i - m_new)\n        p = tl.exp2(s - m_new[:, None])",
+     "alpha = tl.exp(m_i - m_new)\n        p = tl.exp(s - m_new[:, None])", "test_kernel_tiles", "use tl.exp2"),
+    ("grid = (triton.cdiv(n, block_m), B * H)", "grid = (n // block_m, B * H)", "test_wrapper_launch",
+     "not n // block_m"),
+    ("q, k, v = q.contiguous(), k.contiguous(), v.contiguous()\n", "", "test_wrapper_strides", "call .contiguous()"),
+    ("tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=rows[:, None] < n)", "tl.store(o_ptrs, acc.to(O.dtype.element_ty))",
+     "test_kernel_ragged", "tl.store without a mask"),
+    ("tl.store(LSE + bh * n + rows, lse, mask=rows < n)", "tl.store(LSE + bh * n + rows, lse)", "test_kernel_ragged",
+     "tl.store without a mask"),
+    (V_LOAD, "v = tl.load(v_ptrs)", "test_kernel_ragged", "tl.load without a mask"),
+    ("qk_scale = LOG2_E / math.sqrt(d)", "qk_scale = 1 / math.sqrt(d)", "test_wrapper_launch", "lacks log2(e)"),
+], ids=["strict-mask", "no-rescale", "base-2-lse", "exp-with-base-2-scale", "n//block_m", "no-contiguous",
+        "unmasked-o-store", "unmasked-lse-store", "unmasked-v-load", "scale-without-log2e"])
+def test_the_visible_tests_name_the_graders_mistakes(old, new, gid, words):
+    """Each classic mistake fails its visible test with the grader's own message (not assert_close's "Tensor-likes
+    are not close! ... nan at index"), and the grader's check says the same."""
+    code = mutate(REF, old, new)
+    message = _visible(code, [gid])[gid]
+    assert words in message and "Tensor-likes" not in message, message
+    assert words in run_checks(A, code, [gid])[gid], run_checks(A, code, [gid])
