@@ -176,7 +176,8 @@ def output_mistake(got: Tensor, q: Tensor, k: Tensor, v: Tensor, causal: bool, b
     expected = emulate(q, k, v, causal, bm, bn)[0]
     if same(got, expected):
         return None
-    dist = (got.double()[..., :, None, :] - v.double()[..., None, :, :]).abs().amax(-1).amin(-1)  # (B, H, n)
+    got, v64 = got.detach().cpu(), v.detach().cpu().double()
+    dist = (got.double()[..., :, None, :] - v64[..., None, :, :]).abs().amax(-1).amin(-1)  # (B, H, n)
     if bool((dist < 1e-5).double().mean() > 0.9):  # most rows are one row of v: one-hot weights
         return (f"{what}: each output row is one row of v, as if every query put all its weight on one key: the "
                 "scores are enormous, what Triton's interpreter computes for bfloat16 operands of tl.dot (their bits "
@@ -194,6 +195,7 @@ def output_mistake(got: Tensor, q: Tensor, k: Tensor, v: Tensor, causal: bool, b
 
 def lse_mistake(lse: Tensor, q: Tensor, k: Tensor, v: Tensor, bm: int, bn: int, what: str) -> str | None:
     """None when ``lse`` (B, H, n) is the natural log-sum-exp of the scaled scores (no mask); else what is wrong."""
+    lse = lse.detach().cpu()
     d = q.shape[-1]
     s = q.detach().cpu().double() @ k.detach().cpu().double().transpose(-2, -1) / math.sqrt(d)
     expected, natural_exp = torch.logsumexp(s, -1), emulate(q, k, v, False, bm, bn, natural_exp=True)[1]
