@@ -7,6 +7,7 @@ Every kernel launch here runs in Triton's interpreter (~0.1-0.3 s each); the sui
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import pytest
 
@@ -232,7 +233,9 @@ def test_question_answers_pass():
 
 @pytest.mark.parametrize("gid, value, words", [
     ("test_q_programs", 224, "partial tile"),
-    ("test_q_state_floats", 8192, "accumulator alone"),
+    ("test_q_state_floats", 128 + 128 + 128 * 128, "state alone"),
+    ("test_q_state_floats", 2 * 128 + 2 * 128 * 128, "tile of scores"),
+    ("test_q_state_floats", 2 * 128 + 128 * 128 + 128 * 64, "query tile"),
     ("test_q_qk_scale", 0.125, "log2(e)"),
     ("test_q_alpha", 0.1353352832366127, "base-2"),
     ("test_q_tile_bytes", 16384, "one tile"),
@@ -257,3 +260,103 @@ def test_the_released_stubs_are_named_not_implemented():
     gids = [*KERNEL_CHECKS, "test_wrapper_shapes", "test_wrapper_blocks"]
     results = run_checks(A, code, gids)
     assert all(msg.startswith("not implemented yet") for msg in results.values()), results
+
+
+# -- matrix products as a class of operators (the run-time rule of both parts' process) -------------------------------
+
+# Operators whose names look like a product's and are not one: a reduction of one tensor, elementwise arithmetic, a
+# resampling, a conversion or packing of indices, a loss. Any other operator whose name looks like a product must be
+# in the class: a product torch adds later is refused, or this test says which one to sort.
+LOOKS_LIKE_A_PRODUCT = re.compile(r"mm|mv|dot|matmul|linear|einsum|tensordot|kron|outer|inner|ger|conv|dist|bag|"
+                                  r"similar|addr|gemm|product")
+NOT_A_PRODUCT = re.compile(r"^(_foreach_)?(cummax|cummin|_cummax_helper|_cummin_helper|cummaxmin_backward|lgamma|"
+                           r"mvlgamma|digamma|polygamma|special_\w*gamma\w*|igammac?|_standard_gamma(_grad)?|"
+                           r"_convert_\w+|upsample_\w+|_upsample_\w+|dist|pairwise_distance|is_distributed|"
+                           r"_nested_get_jagged_dummy|hamming_window|multinomial|multi_margin_loss\w*|"
+                           r"multilabel_margin_loss\w*|_test_\w+|linalg_householder_product|addcmul_?|"
+                           r"_unsafe_masked_index_put_accumulate|fbgemm_pack_quantized_matrix)_?$")
+
+
+def test_every_operator_that_looks_like_a_product_is_sorted():
+    import torch
+
+    from autograder.in_sandbox import torch_names
+
+    bases = sorted({op[len("aten::"):].split(".")[0] for op in torch._C._dispatch_get_all_op_names()
+                    if op.startswith("aten::")})
+    unsorted = [b for b in bases if LOOKS_LIKE_A_PRODUCT.search(b) and not torch_names.op_class(b)
+                and not torch_names.is_torch_attention(b) and not NOT_A_PRODUCT.match(b)]
+    assert not unsorted, f"sort these into torch_names.CONTRACTION_TOKENS or NOT_A_PRODUCT: {unsorted}"
+    wrongly = [b for b in bases if torch_names.op_class(b) and NOT_A_PRODUCT.match(b)]
+    assert not wrongly, wrongly
+    for product in ("mm", "_int_mm", "_scaled_mm", "_grouped_mm", "addmm", "baddbmm", "mv", "dot", "vdot", "inner",
+                    "outer", "matmul", "linear", "bilinear", "_trilinear", "einsum", "tensordot", "kron",
+                    "linalg_multi_dot", "linalg_vecdot", "conv1d", "convolution", "cdist", "embedding_bag"):
+        assert torch_names.op_class(product) == "contraction", product
+
+
+def test_an_unknown_class_of_operators_is_an_error():
+    from autograder.in_sandbox.torch_names import runtime_fragments
+
+    assert "class:contraction" in runtime_fragments(["class:contraction", "softmax"])
+    with pytest.raises(ValueError, match="unknown class of operators 'class:products'.*class:contraction"):
+        runtime_fragments(["class:products"])
+
+
+# -- the visible tests teach what the grade checks (issue 35) ----------------------------------------------------------
+
+def _visible(code: str, gids: list[str]) -> dict[str, str]:
+    """grade_id -> '' when the released notebook's visible test passes on ``code`` (run as a notebook would: setup
+    and answers, then the test cell), else the message it raised."""
+    import json
+
+    from autograder.course import RELEASE
+    from checking import namespace
+
+    cells = {c["metadata"]["nbgrader"].get("grade_id"): "".join(c["source"])
+             for c in json.loads((RELEASE / A / "flash_triton.ipynb").read_text())["cells"]}
+    ns = namespace(code)
+    out = {}
+    for gid in gids:
+        try:
+            exec(compile(cells[gid], f"<{gid}>", "exec"), ns)
+            out[gid] = ""
+        except AssertionError as e:
+            out[gid] = str(e)
+    return out
+
+
+VISIBLE = ["test_kernel_tiles", "test_kernel_ragged", "test_kernel_causal", "test_kernel_lse", "test_wrapper_shapes",
+           "test_wrapper_launch", "test_wrapper_strides", "test_wrapper_blocks"]
+
+
+@pytest.mark.parametrize("code", [REF, TWO_STAGE, BROADCAST], ids=["reference", "two-stage", "broadcast"])
+def test_the_visible_tests_pass_correct_answers(code):
+    assert _visible(code, VISIBLE) == {gid: "" for gid in VISIBLE}
+
+
+@pytest.mark.parametrize("old, new, gid, words", [
+    ("keys[None, :] <= rows[:, None]", "keys[None, :] < rows[:, None]", "test_kernel_causal", "causal mask is strict"),
+    ("acc = acc * alpha[:, None] + pv", "acc = acc + pv", "test_kernel_tiles", "does not rescale the accumulator"),
+    ("lse = (m_i + tl.log2(l_i)) * 0.6931471805599453", "lse = m_i + tl.log2(l_i)", "test_kernel_lse",
+     "base-2 log-sum-exp"),
+    ("alpha = tl.exp2(m_i - m_new)\n        p = tl.exp2(s - m_new[:, None])",
+     "alpha = tl.exp(m_i - m_new)\n        p = tl.exp(s - m_new[:, None])", "test_kernel_tiles", "use tl.exp2"),
+    ("grid = (triton.cdiv(n, block_m), B * H)", "grid = (n // block_m, B * H)", "test_wrapper_launch",
+     "not n // block_m"),
+    ("q, k, v = q.contiguous(), k.contiguous(), v.contiguous()\n", "", "test_wrapper_strides", "call .contiguous()"),
+    ("tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=rows[:, None] < n)", "tl.store(o_ptrs, acc.to(O.dtype.element_ty))",
+     "test_kernel_ragged", "tl.store without a mask"),
+    ("tl.store(LSE + bh * n + rows, lse, mask=rows < n)", "tl.store(LSE + bh * n + rows, lse)", "test_kernel_ragged",
+     "tl.store without a mask"),
+    (V_LOAD, "v = tl.load(v_ptrs)", "test_kernel_ragged", "tl.load without a mask"),
+    ("qk_scale = LOG2_E / math.sqrt(d)", "qk_scale = 1 / math.sqrt(d)", "test_wrapper_launch", "lacks log2(e)"),
+], ids=["strict-mask", "no-rescale", "base-2-lse", "exp-with-base-2-scale", "n//block_m", "no-contiguous",
+        "unmasked-o-store", "unmasked-lse-store", "unmasked-v-load", "scale-without-log2e"])
+def test_the_visible_tests_name_the_graders_mistakes(old, new, gid, words):
+    """Each classic mistake fails its visible test with the grader's own message (not assert_close's "Tensor-likes
+    are not close! ... nan at index"), and the grader's check says the same."""
+    code = mutate(REF, old, new)
+    message = _visible(code, [gid])[gid]
+    assert words in message and "Tensor-likes" not in message, message
+    assert words in run_checks(A, code, [gid])[gid], run_checks(A, code, [gid])

@@ -116,7 +116,8 @@ NEVER_LAUNCHES = {"test_wrapper_shapes": "never launched", "test_wrapper_launch"
 
 def test_an_object_with_getitem_is_not_a_kernel(tmp_path):
     results, points, _ = grade(tmp_path, flash_forward_kernel=NOT_A_KERNEL)
-    expect(results, **{g: "not a Triton kernel" for g in KERNEL_CHECKS}, **NEVER_LAUNCHES)
+    # the wrapper's launch runs the object's torch.mm, a matrix product the chapter's process refuses
+    expect(results, **{g: "not a Triton kernel" for g in KERNEL_CHECKS}, **{g: "matrix product" for g in WRAPPER_CHECKS})
     assert points == 5  # the questions
 
 
@@ -126,10 +127,13 @@ def test_a_jit_function_calling_a_python_helper_does_not_compile(tmp_path):
     assert "_end" in results["test_kernel_tiles"], results["test_kernel_tiles"]  # the compiler's own message
 
 
-@pytest.mark.parametrize("wrapper", [MM_PER_HEAD, ELEMENTWISE_PER_HEAD], ids=["torch.mm", "elementwise"])
-def test_a_wrapper_that_never_launches_earns_nothing(tmp_path, wrapper):
+@pytest.mark.parametrize("wrapper, words", [(MM_PER_HEAD, "outside its vocabulary"),
+                                            (ELEMENTWISE_PER_HEAD, "never launched")], ids=["torch.mm", "elementwise"])
+def test_a_wrapper_that_never_launches_earns_nothing(tmp_path, wrapper, words):
+    """torch.mm is outside the wrapper's vocabulary (it earns nothing before it runs); elementwise products are
+    inside, and a wrapper that never launches its kernel earns no launch point."""
     results, _, _ = grade(tmp_path, flash_attention_forward=wrapper)
-    expect(results, **NEVER_LAUNCHES)
+    expect(results, **{g: words for g in NEVER_LAUNCHES})
 
 
 def test_a_wrong_scale_loses_the_launch_point_whatever_the_kernel_does(tmp_path):
@@ -195,3 +199,97 @@ def test_a_swapped_grid_is_named(tmp_path):
 def test_a_kernel_bug_costs_only_kernel_checks(tmp_path, kernel, words):
     results, _, _ = grade(tmp_path, flash_forward_kernel=kernel)
     expect(results, **words)
+
+
+# -- matrix products, refused as a class in the chapter's process ------------------------------------------------------
+
+# Every public route to a matrix product in torch (the class is what the operators compute, not these names): each
+# is tried in a cell; the cell prints which ran, which the grader refused, which failed otherwise.
+PRODUCTS = r'''
+import torch, torch.nn as nn, torch.nn.functional as F
+a, b, v, w = torch.randn(3, 4), torch.randn(4, 5), torch.randn(4), torch.randn(4)
+sq, x = torch.randn(4, 4), torch.randn(1, 2, 8)
+def in_place():
+    c = a.clone()
+    c @= sq
+routes = {
+    "torch.mm": lambda: torch.mm(a, b), "Tensor.mm": lambda: a.mm(b), "torch.matmul": lambda: torch.matmul(a, b),
+    "Tensor.matmul": lambda: a.matmul(b), "a @ b": lambda: a @ b, "Tensor.__rmatmul__": lambda: b.__rmatmul__(a),
+    "a @= b": in_place, "torch.bmm": lambda: torch.bmm(a[None], b[None]),
+    "torch.baddbmm": lambda: torch.baddbmm(torch.zeros(1, 3, 5), a[None], b[None]),
+    "torch.addbmm": lambda: torch.addbmm(torch.zeros(3, 5), a[None], b[None]),
+    "torch.addmm": lambda: torch.addmm(torch.zeros(3, 5), a, b),
+    "torch.addmv": lambda: torch.addmv(torch.zeros(3), a, v), "torch.mv": lambda: torch.mv(a, v),
+    "torch.dot": lambda: torch.dot(v, w), "Tensor.dot": lambda: v.dot(w), "torch.vdot": lambda: torch.vdot(v, w),
+    "torch.inner": lambda: torch.inner(a, a), "torch.outer": lambda: torch.outer(v, w),
+    "torch.ger": lambda: torch.ger(v, w), "torch.addr": lambda: torch.addr(sq, v, w),
+    "torch.einsum": lambda: torch.einsum("ij,jk->ik", a, b), "torch.einsum (vectors)": lambda: torch.einsum("i,i->", v, w),
+    "torch.tensordot": lambda: torch.tensordot(a, b, dims=1), "torch.kron": lambda: torch.kron(v, w),
+    "torch.chain_matmul": lambda: torch.chain_matmul(a, b),
+    "torch.linalg.multi_dot": lambda: torch.linalg.multi_dot([a, b]), "torch.linalg.matmul": lambda: torch.linalg.matmul(a, b),
+    "torch.linalg.vecdot": lambda: torch.linalg.vecdot(v, w), "torch.linalg.matrix_power": lambda: torch.linalg.matrix_power(sq, 2),
+    "torch.matrix_exp": lambda: torch.matrix_exp(sq), "torch.cov": lambda: torch.cov(a), "torch.corrcoef": lambda: torch.corrcoef(a),
+    "F.linear": lambda: F.linear(a, b.T), "nn.Linear": lambda: nn.Linear(4, 5)(a),
+    "F.bilinear": lambda: F.bilinear(a, a, torch.randn(2, 4, 4)), "nn.Bilinear": lambda: nn.Bilinear(4, 4, 2)(a, a),
+    "F.conv1d": lambda: F.conv1d(x, torch.randn(1, 2, 3)), "F.conv2d": lambda: F.conv2d(x[None], torch.randn(1, 1, 2, 3)),
+    "F.conv3d": lambda: F.conv3d(x[None, None], torch.randn(1, 1, 1, 2, 3)),
+    "F.conv_transpose1d": lambda: F.conv_transpose1d(x, torch.randn(2, 1, 3)), "nn.Conv1d": lambda: nn.Conv1d(2, 1, 3)(x),
+    "torch.cdist": lambda: torch.cdist(a, a),
+    "torch.cdist (no mm)": lambda: torch.cdist(a, a, compute_mode="donot_use_mm_for_euclid_dist"),
+    "F.pdist": lambda: F.pdist(a), "F.cosine_similarity": lambda: F.cosine_similarity(a[:, None], a[None], dim=-1),
+    "F.embedding_bag (weighted)": lambda: F.embedding_bag(torch.tensor([[0, 1, 2]]), sq, mode="sum",
+                                                          per_sample_weights=torch.rand(1, 3)),
+    "nn.EmbeddingBag": lambda: nn.EmbeddingBag(4, 4, mode="sum")(torch.tensor([[0, 1]]), per_sample_weights=torch.rand(1, 2)),
+}
+refused, failed, ran = [], [], []
+for name, f in routes.items():
+    try:
+        f()
+        ran.append(name)
+    except Exception as e:
+        (refused if "matrix product" in str(e) and "refused by the grader" in str(e) else failed).append(
+            f"{name}: {type(e).__name__}: {str(e)[:200]}")
+print(repr((len(routes), ran, refused, failed)))
+'''
+
+
+def test_every_public_matrix_product_is_refused_in_the_chapters_process():
+    """Issue 35: the kernel's and the wrapper's process (one process: the same bans) refuses matrix products as a
+    class at run time, however reached (the static rule names only some); a process without the class runs every
+    route (so each route is a real product, not an error)."""
+    import ast
+
+    from autograder.isolation.sandbox import Sandbox
+    from autograder.judging.checks import load_suite
+
+    suite = load_suite(A)
+    bans = suite.bans(["flash_forward_kernel"])
+    assert bans == suite.bans(["flash_attention_forward"]) and "class:contraction" in bans, bans
+    for banned in (bans, ()):
+        with Sandbox(bans=banned) as box:
+            reply = box.request({"op": "exec", "code": PRODUCTS, "label": "<products>"}, timeout=60)
+        assert reply["ok"], reply
+        count, ran, refused, failed = ast.literal_eval(reply["output"].strip().splitlines()[-1])
+        assert not failed, failed
+        if banned:
+            assert not ran and len(refused) == count, ran
+        else:
+            assert len(ran) == count, (ran, refused)
+
+
+# A wrapper that launches its kernel as stated, and also reaches a matrix product the static rule does not name
+# (F.conv1d, nn.Linear, torch.linalg.vecdot): the exercise says the wrapper computes no product.
+PRODUCT_ON_THE_SIDE = {
+    "F.conv1d": "torch.nn.functional.conv1d(q.reshape(1, -1, d), torch.ones(1, q.reshape(1, -1, d).shape[1], 1))",
+    "nn.Linear": "torch.nn.Linear(d, 1)(q)",
+    "torch.linalg.vecdot": "torch.linalg.vecdot(q, q)",
+}
+
+
+@pytest.mark.parametrize("route", list(PRODUCT_ON_THE_SIDE))
+def test_a_wrapper_that_reaches_a_matrix_product_loses_its_points(tmp_path, route):
+    wrapper = mutate(WRAPPER, "    grid = (triton.cdiv(n, block_m), B * H)\n",
+                     f"    check = {PRODUCT_ON_THE_SIDE[route]}  # a product on the side\n"
+                     "    grid = (triton.cdiv(n, block_m), B * H)\n")
+    results, _, _ = grade(tmp_path, flash_attention_forward=wrapper)
+    expect(results, **{g: "matrix product" for g in WRAPPER_CHECKS})

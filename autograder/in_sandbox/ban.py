@@ -299,6 +299,10 @@ def _guarded_get_code(original: Any, torch: types.ModuleType) -> Any:
 
 
 def refusal_message(op: str, namespace: str = "aten") -> str:
+    if namespace == "aten" and torch_names.op_class(op) == "contraction" and not torch_names.is_torch_attention(op):
+        return (f"torch.ops.aten.{op} is a matrix product (a contraction), refused by the grader's guard in this "
+                "exercise's process (by any route: torch.mm, matmul, @, einsum, tensordot, F.linear, a convolution, "
+                "...): the exercise's products are computed in your kernel, with tl.dot")
     return (f"torch.ops.{namespace}.{op} is torch's own implementation, refused by the grader's guard (a part's answer "
             "may not reach it, by any route); the exercise asks you to compute it yourself")
 
@@ -348,7 +352,8 @@ def prepare(torch: types.ModuleType) -> None:
     list and the plans of the bans parts use. The zygote does it once before it forks."""
     import torch.onnx  # noqa: F401 - its operators (rotary embedding, attention) exist before any ban names them
     guard_loaded(torch)  # (after: torch.onnx's Python attention is guarded in place like the rest)
-    plan(torch, ("softmax", "softmin", "logsumexp", "logcumsumexp", "crossentropy", "rotary", "namespace:onnx"))
+    plan(torch, ("softmax", "softmin", "logsumexp", "logcumsumexp", "crossentropy", "rotary", "namespace:onnx",
+                 *(torch_names.CLASS + c for c in torch_names.CLASSES)))
 
 
 def _audit(event: str, args: tuple, _missing: Any = None, _torch: str = "\0", _own: str = "\0", _function: Any = None,
@@ -500,6 +505,8 @@ class Guard:
         probes = [("scaled_dot_product_attention", lambda: torch.ops.aten._scaled_dot_product_attention_math(x, x, x))]
         if "softmax" in fragments:
             probes.append(("softmax", lambda: torch.ops.aten._softmax(x, -1, False)))
+        if torch_names.CLASS + "contraction" in fragments:
+            probes.append(("matrix products", lambda: torch.ops.aten.mm(x[0], x[0])))
         for what, probe in probes:
             before = self.hits
             try:

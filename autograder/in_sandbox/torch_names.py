@@ -74,10 +74,50 @@ IMPORT = "import:"  # a ban ``import:LIB`` refuses importing LIB and its submodu
 NAMESPACE = "namespace:"  # a ban ``namespace:NS`` refuses every operator of the dispatcher's namespace NS (``onnx``)
 
 
+CLASS = "class:"  # a ban ``class:NAME`` refuses every aten operator of a class of :data:`CLASSES` (what it computes)
+
+# The aten operators that contract (each output element a sum of products of two operands' elements over a shared
+# dimension, in one kernel), named by the tokens of their names (split at underscores): every public product of torch
+# ends in one of them (torch.mm, matmul, ``@``, einsum, tensordot, inner, outer, kron, linalg.multi_dot, linalg.vecdot,
+# F.linear, F.bilinear, the convolutions, cdist, embedding bags with weights, the quantized, sparse and scaled
+# products). Tokens, not fragments: "mm" as a fragment would also refuse cummax, "dot" the attention's names.
+# ``tests/test_ch10_grading.py`` proves each public product refused and sorts every operator whose name looks like a
+# product into this class or a short list of the operators that only look like one.
+CONTRACTION_TOKENS = frozenset({
+    # matrix and vector products, plain, batched, fused with an addition, sparse, quantized, scaled, grouped
+    "mm", "bmm", "addmm", "addbmm", "baddbmm", "addmv", "mv", "dot", "vdot", "vecdot", "addr", "ger", "outer",
+    "inner", "matmul", "gemm", "smm", "spmm", "hspmm", "sspaddmm", "einsum", "tensordot", "kron",
+    # linear maps: y = x W^T + b and its kinds (F.linear, F.bilinear's _trilinear, linear combinations)
+    "linear", "bilinear", "trilinear",
+    # convolutions (a product with a sliding window of the weights), of every backend
+    "conv", "conv1d", "conv2d", "conv3d", "convolution", "depthwise2d", "depthwise3d",
+    # pairwise distances (|q|^2 + |k|^2 - 2 q.k) and similarities, and weighted sums of rows (p @ V as a bag)
+    "cdist", "pdist", "euclidean", "similarity", "bag",
+})
+CLASSES = {"contraction": CONTRACTION_TOKENS}
+
+
+def op_tokens(base: str) -> set[str]:
+    """The tokens of an operator's base name: lower-cased, split at underscores (``_int_mm`` -> {"int", "mm"})."""
+    return {t for t in base.lower().split("_") if t}
+
+
+def op_class(base: str) -> str:
+    """The class of :data:`CLASSES` an aten operator (its base name, ``mm``, ``_scaled_mm``) belongs to, or ''."""
+    tokens = op_tokens(base)
+    return next((name for name, members in CLASSES.items() if tokens & members), "")
+
+
 def runtime_fragments(banned: Iterable[str]) -> list[str]:
     """The squashed fragments an operator's name must contain to be refused, for a part's banned names; a ban
-    ``import:LIB`` (a library outside the part's vocabulary) is kept as it is."""
-    return sorted({b if b.startswith((IMPORT, NAMESPACE)) else RUNTIME_FRAGMENTS.get(squash(b), squash(b))
+    ``import:LIB`` (a library outside the part's vocabulary), ``namespace:NS`` (a dispatcher namespace) or
+    ``class:NAME`` (a class of operators) is kept as it is. An unknown class is an error, not a ban that refuses
+    nothing."""
+    for b in banned:
+        if b.startswith(CLASS) and b[len(CLASS):] not in CLASSES:
+            raise ValueError(f"unknown class of operators {b!r}: the classes are "
+                             f"{', '.join(CLASS + c for c in CLASSES)}")
+    return sorted({b if b.startswith((IMPORT, NAMESPACE, CLASS)) else RUNTIME_FRAGMENTS.get(squash(b), squash(b))
                    for b in banned if squash(b)})
 
 
@@ -88,10 +128,12 @@ def refused_imports(fragments: Iterable[str]) -> tuple[str, ...]:
 
 def matching_ops(op_names: Iterable[str], fragments: Iterable[str]) -> list[str]:
     """The aten operators (``aten::name.overload``, as the dispatcher lists them) a guard refuses:
-    those whose base name contains one of ``fragments`` (squashed) or an attention fragment (raw)."""
+    those whose base name contains one of ``fragments`` (squashed) or an attention fragment (raw), those of a
+    class ``class:NAME`` and every operator of a namespace ``namespace:NS`` among ``fragments``."""
     fragments = list(fragments)
     namespaces = tuple(f[len(NAMESPACE):] + "::" for f in fragments if f.startswith(NAMESPACE))
-    fragments = [f for f in fragments if not f.startswith((IMPORT, NAMESPACE))]
+    classes = [CLASSES[f[len(CLASS):]] for f in fragments if f.startswith(CLASS)]
+    fragments = [f for f in fragments if not f.startswith((IMPORT, NAMESPACE, CLASS))]
     found = []
     for full in op_names:
         if namespaces and full.startswith(namespaces):
@@ -100,6 +142,7 @@ def matching_ops(op_names: Iterable[str], fragments: Iterable[str]) -> list[str]
         if not full.startswith("aten::"):
             continue
         base = full[len("aten::"):].split(".")[0]
-        if any(f in squash(base) for f in fragments) or any(s in base for s in ATEN_ATTENTION):
+        if any(f in squash(base) for f in fragments) or any(s in base for s in ATEN_ATTENTION) or \
+                any(op_tokens(base) & members for members in classes):
             found.append(full)
     return sorted(found)

@@ -69,6 +69,13 @@ CONTRACTION_NAMES = ("matmul", "mm", "bmm", "addmm", "addbmm", "baddbmm", "addmv
                      "multi_dot", "kron", "__matmul__", "__rmatmul__", "__imatmul__")
 
 
+# What each run-time class of operators is, as the exercise's text says it (the grader's operator sets:
+# autograder/in_sandbox/torch_names.py, CLASSES).
+RUNTIME_CLASSES = {"contraction": "every matrix product of torch, however it is reached (`torch.mm`, `mv`, `dot`, "
+                                  "`inner`, `outer`, `matmul`, `@`, `einsum`, `tensordot`, `kron`, `F.linear`, "
+                                  "`F.bilinear`, the convolutions, `cdist`, a weighted `embedding_bag`, ...)"}
+
+
 def squash(name: str) -> str:
     """``name`` lower-cased without underscores: the form in which names are compared with words."""
     return name.lower().replace("_", "")
@@ -81,7 +88,9 @@ class Vocabulary:
     ``words``: a name that contains one of them (squashed) is outside, on top of torch's attention;
     ``names``: exact names outside (a setup helper the part must not call, the matrix products of chapter 10);
     ``operators``: Python operators outside (``"@"``); ``modules``: torch's modules inside (``libraries``: others
-    inside, such as ``triton.language``); ``topic``: what the part computes itself, for the messages."""
+    inside, such as ``triton.language``); ``topic``: what the part computes itself, for the messages;
+    ``runtime_classes``: classes of torch's operators its process refuses at run time, by what they compute
+    (``"contraction"``: every matrix product, however reached; see :data:`RUNTIME_CLASSES`)."""
 
     topic: str = "attention is yours to write"
     words: tuple[str, ...] = ()
@@ -92,6 +101,7 @@ class Vocabulary:
     outside_libraries: tuple[str, ...] = field(default=("triton", "torch.onnx"))
     # torch's operators outside every part, by dispatcher namespace: ONNX's attention and rotary embedding
     outside_namespaces: tuple[str, ...] = ("onnx",)
+    runtime_classes: tuple[str, ...] = ()
 
     @property
     def all_words(self) -> tuple[str, ...]:
@@ -126,10 +136,11 @@ class Vocabulary:
 
     def runtime_words(self) -> tuple[str, ...]:
         """What the grader refuses at run time for this part: the aten operators whose names contain these words
-        (the part's topic done by torch's kernels, however reached), ``import:LIB`` for the libraries outside
-        (refused when the process imports them; torch's own modules are not refused as imports, since torch imports
-        them itself, but their operators are: ``namespace:onnx``)."""
-        return tuple(sorted(set(self.words))) + tuple(
+        (the part's topic done by torch's kernels, however reached), ``class:NAME`` for its classes of operators
+        (refused by what they compute), ``import:LIB`` for the libraries outside (refused when the process imports
+        them; torch's own modules are not refused as imports, since torch imports them itself, but their operators
+        are: ``namespace:onnx``)."""
+        return tuple(sorted(set(self.words))) + tuple(f"class:{c}" for c in self.runtime_classes) + tuple(
             f"import:{lib}" for lib in self.outside_libraries if lib.split(".")[0] != "torch") + tuple(
             f"namespace:{ns}" for ns in self.outside_namespaces)
 
@@ -151,12 +162,13 @@ VOCABULARIES: dict[str, dict[str, Vocabulary]] = {
                                                             words=("rotary",))},
     "10_flash_triton": {
         "flash_forward_kernel": Vocabulary(topic="the kernel's online softmax is yours to write",
-                                           words=SOFTMAX_WORDS,
+                                           words=SOFTMAX_WORDS, runtime_classes=("contraction",),
                                            libraries=PYTHON_MODULES + ("triton", "triton.language"),
                                            outside_libraries=("torch.onnx",)),
         "flash_attention_forward": Vocabulary(topic="the wrapper launches your kernel, which does "
                                               "the arithmetic: no softmax or matrix product here", words=SOFTMAX_WORDS,
                                               names=CONTRACTION_NAMES, operators=("@",),
+                                              runtime_classes=("contraction",),
                                               libraries=PYTHON_MODULES + ("triton",),
                                               outside_libraries=("torch.onnx",)),
     },
@@ -193,7 +205,8 @@ def describe(assignment: str, parts: Iterable[str]) -> str:
             out.append("the operator " + ", ".join(f"`{o}`" for o in v.operators))
         libs = [lib for lib in v.libraries if lib not in PYTHON_MODULES]
         extra = f" It may also use `{'`, `'.join(libs)}`." if libs else ""
-        lines.append(f"* `{part}`: {v.topic}, so these are outside too: {'; '.join(out)}.{extra}")
+        runtime = "".join(f" At run time its process refuses {RUNTIME_CLASSES[c]}." for c in v.runtime_classes)
+        lines.append(f"* `{part}`: {v.topic}, so these are outside too: {'; '.join(out)}.{extra}{runtime}")
     lines += ["", "The first visible test of each part checks this (`check_vocabulary`); the grader enforces the same "
               "rule, and a part that calls something outside earns no points. At run time the grader's process "
               "also refuses torch's kernels for a part's topic however they are reached (a distribution built from "

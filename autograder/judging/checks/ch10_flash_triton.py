@@ -3,7 +3,8 @@ launches a check at most; the judge never imports Triton). The kernel's checks l
 (a wrong wrapper costs no kernel check): inputs in buffers that go on with NaN (a load without a mask reads them),
 outputs in buffers of a marker (a row never written keeps it, a store past the end changes the tail). The wrapper is
 judged against that launch of the student's own kernel (a wrong kernel costs no wrapper check). The references come
-from a float64 emulation of the tiled loop whose switches make the classic mistakes. What a GPU refuses but the
+from a float64 emulation of the tiled loop whose switches make the classic mistakes (attnkit.flash_diagnose: the same
+messages reach the student in the exercise's visible tests). What a GPU refuses but the
 interpreter runs is tested by its effect: tile sizes (a ValueError), masks (the NaN), bfloat16 in tl.dot (one-hot rows).
 """
 
@@ -17,12 +18,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from autograder.judging.checks import (PLACEHOLDER, CheckFailed, Obj, StudentError, Suite, Trial, close,
-                                       expect_value_error, explained, fail_if_named, number, requirements)
+from attnkit.flash_diagnose import (LN_2, LOG2_E, UNWRITTEN, causal_mistake, grid_mistake, lse_mistake,
+                                    not_row_after_row, output_mistake, scale_mistake, stores_past_the_end,
+                                    unwritten_or_nan)
+from autograder.judging.checks import (PLACEHOLDER, CheckFailed, Obj, StudentError, Suite, Trial, expect_value_error,
+                                       explained, number, requirements)
 
 SUITE = Suite("10_flash_triton")
 KERNEL, WRAPPER = "flash_forward_kernel", "flash_attention_forward"
-LOG2_E, LN_2 = math.log2(math.e), math.log(2.0)
 KERNEL_CHECKS = _TILES, _RAGGED, _CAUSAL, _LSE = ("test_kernel_tiles", "test_kernel_ragged", "test_kernel_causal",
                                                   "test_kernel_lse")
 _LAUNCH, _SHAPES, _STRIDES = "test_wrapper_launch", "test_wrapper_shapes", "test_wrapper_strides"
@@ -49,12 +52,11 @@ STATED_REQUIREMENTS = requirements({  # name -> (check(s), words of the message,
 
 # The exercise asks for the kernel and the launch: what each may call is its vocabulary (attnkit.vocabulary, printed
 # in the exercise): no softmax in either, no matrix product (nor `@`) in the wrapper; the kernel may use triton.language.
-_same = partial(close, atol=1e-5, rtol=1e-5)  # equal up to float32 rounding
+# The classic mistakes and their messages are attnkit.flash_diagnose's, which the exercise's visible tests call too.
 
 
 # -- the grader's tools in the student's process, built from this source (lower, launch, record) ------------------
 
-UNWRITTEN = -7777.0  # what the output buffers hold before the kernel writes them (exact in float32)
 TOOLS = '''"""The grader's tools for chapter 10, built from this source in the student's process (never a name of the
 student's): lower a kernel to Triton IR for a GPU target (no GPU needed), launch it on padded buffers, record the
 launches a wrapper makes. What they return is data (text, numbers, copies of memory); the judge decides."""
@@ -407,98 +409,16 @@ def _launch(t: Trial, tools: Obj, q: Tensor, k: Tensor, v: Tensor, causal: bool,
         raise CheckFailed(f"{KERNEL} raised {str(error)[:600]}")
     where = "the row offsets are wrong: row i of head bh of O starts at (bh * n + i) * HEAD_DIM, of LSE at bh * n + i" \
         if ir and not unmasked(ir) else "a tl.store without a mask"
-    if tails and not bool((o_buf[q.numel():] == UNWRITTEN).all()):
-        raise CheckFailed(f"the kernel stores past the end of O ({where}): rows past n belong to another tensor (or "
-                          "to none, on a GPU: an illegal memory access). Store with mask=rows[:, None] < n")
-    if tails and not bool((lse_buf[B * H * n:] == UNWRITTEN).all()):
-        raise CheckFailed(f"the kernel stores past the end of LSE ({where}): store with mask=rows < n")
+    message = stores_past_the_end(o_buf, lse_buf, q.numel(), B * H * n, where) if tails else None
+    if message:
+        raise CheckFailed(message)
     return o_buf[: q.numel()].view(q.shape), lse_buf[: B * H * n].view(B, H, n)
 
 
-# -- the reference: the tiled loop in float64, with switches for the classic mistakes ------------------------------
-
-
-def emulate(q: Tensor, k: Tensor, v: Tensor, causal: bool, block_m: int, block_n: int, *, natural_exp: bool = False,
-            rescale_acc: bool = True, rescale_sum: bool = True, mask_past_m: bool = True,
-            tile_causal: bool = False, straddle: bool = False) -> tuple[Tensor, Tensor]:
-    """(output, lse in natural log) of the kernel's loop on (B, H, n, d) inputs, in float64.
-
-    ``natural_exp``: ``exp`` where the kernel has ``exp2`` (the base-2 scale used with the natural exponential);
-    ``rescale_acc`` / ``rescale_sum``: multiply by alpha; ``mask_past_m``: keys past m get -inf (else they are
-    loaded as zeros and scored 0); ``tile_causal``: causal by whole tiles only; ``straddle``: the loop of Triton's
-    tutorial, key tiles before the query tile unmasked, then the query tile's keys masked (wrong when BLOCK_N >
-    BLOCK_M: a tile of the first stage straddles the diagonal)."""
-    B, H, n, d = q.shape
-    m = k.shape[2]
-    q, k, v = q.double(), k.double(), v.double()
-    qk_scale = LOG2_E / math.sqrt(d)
-    exp = torch.exp if natural_exp else torch.exp2
-    out = torch.empty(B, H, n, d, dtype=torch.float64)
-    lse2 = torch.empty(B, H, n, dtype=torch.float64)
-    pad = -(-m // block_n) * block_n
-    kp = torch.zeros(B, H, pad, d, dtype=torch.float64)
-    vp = torch.zeros(B, H, pad, d, dtype=torch.float64)
-    kp[:, :, :m], vp[:, :, :m] = k, v
-    for start in range(0, n, block_m):
-        rows = torch.arange(start, min(start + block_m, n))
-        qi = q[:, :, rows]  # (B, H, r, d)
-        m_i = torch.full((B, H, len(rows)), -math.inf, dtype=torch.float64)
-        l_i = torch.zeros(B, H, len(rows), dtype=torch.float64)
-        acc = torch.zeros(B, H, len(rows), d, dtype=torch.float64)
-        end = min(start + block_m, m) if causal else m
-        tiles = [(s0, causal) for s0 in range(0, end, block_n)]
-        if causal and straddle:
-            tiles = [(s0, False) for s0 in range(0, start, block_n)] + [(s0, True) for s0 in range(start, end, block_n)]
-        for s0, masked in tiles:
-            keys = torch.arange(s0, s0 + block_n)
-            kp_, vp_ = kp, vp
-            if s0 + block_n > pad:  # a tile past the padded keys (the straddling loop): zeros
-                kp_, vp_ = (torch.cat([x, torch.zeros(B, H, s0 + block_n - pad, d, dtype=torch.float64)], 2)
-                            for x in (kp, vp))
-            s = qi @ kp_[:, :, keys].transpose(-2, -1) * qk_scale  # (B, H, r, block_n)
-            visible = (keys < m)[None, :] if mask_past_m else torch.ones(1, block_n, dtype=torch.bool)
-            if masked:
-                visible = visible & (keys[None, :] < start + block_m if tile_causal else keys[None, :] <= rows[:, None])
-            s = s.masked_fill(~visible, -math.inf)
-            m_new = torch.maximum(m_i, s.amax(-1))
-            alpha = exp(m_i - m_new)
-            p = exp(s - m_new[..., None])
-            l_i = (l_i * alpha if rescale_sum else l_i) + p.sum(-1)
-            acc = (acc * alpha[..., None] if rescale_acc else acc) + p @ vp_[:, :, keys]
-            m_i = m_new
-        out[:, :, rows] = acc / l_i[..., None]
-        lse2[:, :, rows] = m_i + torch.log2(l_i)
-    return out, lse2 * LN_2
-
-
-RESCALE = ("the online softmax does not rescale {what} when the running max grows: multiply the running sum and "
-           "the accumulator by alpha = exp2(m_i - m_new) before adding the new tile's p and p @ v")
-EXP = ("the softmax comes out at scale log2(e)/sqrt(d) instead of 1/sqrt(d): qk_scale already holds log2(e), so "
-       "use tl.exp2 (not tl.exp) and do not multiply by log2(e) again")
-SEES = "query i sees the keys j <= i"
-
-
 def _written_and_finite(got: Tensor, causal: bool, what: str) -> None:
-    """Rows the kernel never wrote (still the grader's ``UNWRITTEN``), then NaN, named: query 0 with no key (a strict
-    causal mask), or NaN in the last head only of several, whose inputs go on with NaN (a load past the end)."""
-    unwritten = (got == UNWRITTEN).flatten(0, 1)  # (B·H, n[, d])
-    rows = unwritten.all(-1) if got.dim() == 4 else unwritten
-    if bool(rows.any()):
-        raise CheckFailed(f"{what}: {int(rows.sum())} output rows were never written (they still hold what the grader "
-                          "filled the buffer with): the program (tl.program_id(0), tl.program_id(1)) computes query "
-                          "tile tl.program_id(0) of head tl.program_id(1), and stores all its rows below n")
-    nan = torch.isnan(got).flatten(0, 1)
-    rows = nan.any(-1) if got.dim() == 4 else nan  # (B·H, n)
-    if not bool(rows.any()):
-        return
-    if causal and bool(rows[:, 0].all()) and not bool(rows[:, 1:].any()):
-        raise CheckFailed(f"{what} is NaN for query 0 of every head: the causal mask is strict (j < i): {SEES}, "
-                          "itself included")
-    if len(rows) > 1 and bool(rows[-1].any()) and not bool(rows[:-1].any()):
-        raise CheckFailed(f"{what} holds NaN in the last head only, where the grader's buffers go on with NaN: the "
-                          "kernel reads past the end of k or v, a tl.load without a mask (a GPU reads garbage there, "
-                          "or stops with an illegal memory access). Load tiles with mask=keys < m and other=0.0")
-    raise CheckFailed(f"{what} contains NaN in {int(rows.sum())} rows")
+    message = unwritten_or_nan(got, causal, what)
+    if message:
+        raise CheckFailed(message)
 
 
 def _kernel_cases(t: Trial, causal: bool, cases: list[tuple[int, ...]], masks: bool = False) -> None:
@@ -518,41 +438,9 @@ def _kernel_cases(t: Trial, causal: bool, cases: list[tuple[int, ...]], masks: b
         what = (f"the output of {KERNEL} for q {(B, H, n, d)}, k and v {(B, H, m, d)}, BLOCK_M={bm}, BLOCK_N={bn}"
                 + (", CAUSAL" if causal else ""))
         _written_and_finite(got, causal, what)
-        e = partial(emulate, q, k, v, causal, bm, bn)
-        expected = e()[0]
-        if _same(got, expected):
-            continue
-        dist = (got.double()[..., :, None, :] - v.double()[..., None, :, :]).abs().amax(-1).amin(-1)  # (B, H, n)
-        if bool((dist < 1e-5).double().mean() > 0.9):  # most rows are one row of v: one-hot weights
-            raise CheckFailed(f"{what}: each output row is one row of v, as if every query put all its weight on one "
-                              "key: the scores are enormous, what Triton's interpreter computes for bfloat16 operands "
-                              "of tl.dot (their bits multiplied as integers); keep tl.dot's operands in the dtype of "
-                              "the inputs")
-        if close(got, expected, 3e-2, 3e-2):
-            raise CheckFailed(f"{what} matches softmax(q k^T / sqrt(d)) v only to about 1e-2: the products lose "
-                              "precision (operands cast to float16 or bfloat16, or TF32 on a GPU); keep tl.dot's "
-                              "operands in the dtype of the inputs, with input_precision=\"ieee\"")
-        named = {RESCALE.format(what="the sum or the accumulator"): e(rescale_acc=False, rescale_sum=False)[0],
-                 RESCALE.format(what="the accumulator"): e(rescale_acc=False)[0],
-                 RESCALE.format(what="the running sum"): e(rescale_sum=False)[0], EXP: e(natural_exp=True)[0]}
-        if m % bn and not causal:
-            named["keys past the end (positions >= m) are not masked: give their scores -inf (tl.where(keys < m, s, "
-                  "-inf)); loaded as zeros they still score 0 and take weight"] = e(mask_past_m=False)[0]
-        if causal:
-            named[f"inside the diagonal tile, later keys are not masked: with CAUSAL, {SEES} (stopping the loop after "
-                  "the diagonal tile skips whole tiles only)"] = e(tile_causal=True)[0]
-            named[f"CAUSAL is ignored: with CAUSAL, {SEES}"] = emulate(q, k, v, False, bm, bn)[0]
-            if m % bn:
-                named[f"keys past the end (positions >= m) are not masked (with CAUSAL, the causal mask replaces the "
-                      f"length mask?): queries after position m still see them, loaded as zeros; {SEES} and j < m, "
-                      "both masks together"] = e(mask_past_m=False)[0]
-            if bn > bm:
-                named[f"with BLOCK_N > BLOCK_M, the key tile that straddles the diagonal is not masked (tiles before "
-                      f"the diagonal tile are not all wholly below it): {SEES}; mask every key tile that can hold a "
-                      "key j > i"] = e(straddle=True)[0]
-        fail_if_named(got, named, what, _same)
-        err = (got.double() - expected).abs().max().item()
-        raise CheckFailed(f"{what} does not match softmax(q k^T / sqrt(d)) v (largest difference {err:.3g})")
+        message = output_mistake(got, q, k, v, causal, bm, bn, what)
+        if message:
+            raise CheckFailed(message)
 
 
 for _gid, _causal, _cases, _doc in (
@@ -577,31 +465,9 @@ def kernel_lse(t: Trial) -> None:
     _, lse = _launch(t, tools, q, k, v, False, 64, 64, tails=True, ir=ir)
     what = f"the LSE of {KERNEL} for q, k, v {tuple(q.shape)}"
     _written_and_finite(lse, False, what)
-    s = q.double() @ k.double().transpose(-2, -1) / math.sqrt(16)
-    expected, natural_exp = torch.logsumexp(s, -1), emulate(q, k, v, False, 64, 64, natural_exp=True)[1]
-    if bool(torch.isinf(lse).any()):
-        sign = "-inf" if bool((lse == -math.inf).any()) else "inf"
-        raise CheckFailed(f"{what} is {sign} in {int(torch.isinf(lse).sum())} rows: the log of a running sum l_i of "
-                          + ("0 (no key's p was added to it)" if sign == "-inf" else "inf (p or l_i overflowed: "
-                             "subtract the running max before exp2)")
-                          + "; LSE = (m_i + log2(l_i)) * ln 2 with l_i the rescaled sum of p over every key")
-    impossible = (lse.double() > s.amax(-1) + math.log(128) + 1e-3) | (lse.double() < s.amax(-1) - 1e-3)
-    if bool(impossible.any()) and not _same(lse, expected / LN_2) and not _same(lse, natural_exp) and \
-            bool((lse.double() - s.amax(-1)).abs().max() > 1e3):
-        raise CheckFailed(f"{what} holds values no log-sum-exp of these scores can take (the scores are enormous): "
-                          "Triton's interpreter computes bfloat16 operands of tl.dot wrongly (their bits multiplied "
-                          "as integers); keep tl.dot's operands in the dtype of the inputs")
-    if _same(lse, expected):
-        return
-    fail_if_named(lse, {
-        "it is a base-2 log-sum-exp, m_i + log2(l_i); store it as a natural log, (m_i + log2(l_i)) * ln 2":
-            expected / LN_2,
-        EXP: natural_exp,
-        RESCALE.format(what="the running sum"): emulate(q, k, v, False, 64, 64, rescale_sum=False)[1],
-        "it is the running max alone; the log-sum-exp adds the log of the running sum: (m_i + log2(l_i)) * ln 2":
-            s.amax(-1)}, what, _same)
-    err = (lse.double() - expected).abs().max().item()
-    raise CheckFailed(f"{what} does not match the natural log-sum-exp of the scores (largest difference {err:.3g})")
+    message = lse_mistake(lse, q, k, v, 64, 64, what)
+    if message:
+        raise CheckFailed(message)
 
 
 # -- the wrapper, judged by the launch it makes ------------------------------------------------------------------------
@@ -701,30 +567,17 @@ def wrapper_shapes(t: Trial) -> None:
 def _arguments(launch: dict, what: str, q: Tensor, k: Tensor, v: Tensor, causal: bool, bm: int, bn: int) -> None:
     """The recorded launch against the stated one: grid, sizes, qk_scale, CAUSAL, tiles."""
     (B, H, n, d), m = q.shape, k.shape[2]
-    grid, want = launch["grid"], (-(-n // bm), B * H, 1)
-    if grid != want:
-        why = ("the last, partial tile of queries is not computed: the grid needs triton.cdiv(n, block_m) query "
-               "tiles, not n // block_m" if grid == (n // bm, B * H, 1) else
-               "its axes are swapped: axis 0 counts the query tiles (tl.program_id(0)), axis 1 the heads"
-               if grid[:2] == want[1::-1] and grid[2] == 1 else "")
-        raise CheckFailed(f"mistake in {what}: it launches the grid {grid[:2] if grid[2] == 1 else grid}; the stated "
-                          f"grid is (triton.cdiv(n, block_m), B * H) = {want[:2]}" + (f": {why}" if why else ""))
+    message = grid_mistake(launch["grid"], n, bm, B * H, what)
+    if message:
+        raise CheckFailed(message)
     for name, expected in (("n", n), ("m", m), ("BLOCK_M", bm), ("BLOCK_N", bn), ("HEAD_DIM", d)):
         got = _scalar(launch, name)
         if type(got) not in (int, bool) or got != expected:
             raise CheckFailed(f"mistake in {what}: it passes {name} = {got!r}; expected {expected}")
-    got = _scalar(launch, "CAUSAL")
-    if type(got) not in (int, bool) or bool(got) != causal:
-        raise CheckFailed(f"mistake in {what}: it passes CAUSAL = {got!r}: causal is not passed to the kernel: launch "
-                          "it with CAUSAL = causal")
-    scale, want_scale = _scalar(launch, "qk_scale"), LOG2_E / math.sqrt(d)
-    if type(scale) not in (int, float) or not math.isclose(scale, want_scale, rel_tol=1e-6):
-        named = {1 / math.sqrt(d): "qk_scale lacks log2(e): the kernel uses exp2, so pass qk_scale = log2(e) / sqrt(d)",
-                 LOG2_E / d: "qk_scale divides by d: pass qk_scale = log2(e) / sqrt(d)"}
-        why = next((w for s, w in named.items() if type(scale) in (int, float) and math.isclose(scale, s,
-                                                                                                 rel_tol=1e-6)), "")
-        raise CheckFailed(f"mistake in {what}: it passes qk_scale = {scale!r}; the stated scale is "
-                          f"log2(e) / sqrt(d) = {want_scale:.6g}" + (f": {why}" if why else ""))
+    message = causal_mistake(_scalar(launch, "CAUSAL"), causal, what) or scale_mistake(_scalar(launch, "qk_scale"), d,
+                                                                                       what)
+    if message:
+        raise CheckFailed(message)
     for name, x in (("Q", q), ("K", k), ("V", v)):
         if not identical(_tensor_arg(launch, name, what, x.numel()), x.contiguous().flatten()):
             raise CheckFailed(f"mistake in {what}: what {KERNEL} reads at {name} is not {name.lower()} row after row: "
@@ -764,9 +617,7 @@ def wrapper_strides(t: Trial) -> None:
     _pair(result, what)
     for name, xi in zip(("Q", "K", "V"), x):
         if not identical(_tensor_arg(launch, name, what, xi.numel()), xi.transpose(1, 2).contiguous().flatten()):
-            raise CheckFailed(f"{what}: what {KERNEL} reads at {name} is not {name.lower()} row after row: the kernel "
-                              "reads rows at (bh * n + i) * d, which holds only for contiguous tensors; call "
-                              ".contiguous() on q, k, v first")
+            raise CheckFailed(not_row_after_row(name, what))
 
 
 @SUITE.check("test_wrapper_blocks", parts=[WRAPPER])
@@ -806,11 +657,14 @@ SUITE.questions({
                                 "queries: the grid has cdiv(n, BLOCK_M) tiles"),
         (32, "= B·H is one program per (batch, head); each also splits its queries into tiles of BLOCK_M"),
         (8, "is the number of query tiles of one (batch, head); the grid has one such row per (batch, head)")]}),
-    "q_state_floats": number(128 + 128 + 128 * 64, "Q2: float32 numbers in one program's online-softmax state",
-                             {f"{wrong} {why}": wrong for wrong, why in [
-        (128 * 64, "counts the accumulator alone; the running max and the running sum hold one number per query too"),
-        (128 * 64 + 128, "counts one of the two per-query vectors; there are two, the running max and sum"),
-        (2 * 128 * 64 + 256, "counts the query tile too, an input loaded once, not the state it updates")]}),
+    "q_state_floats": number(2 * 128 + 2 * 128 * 128 + 128 * 64, "Q2: float32 numbers live in one program during its "
+                             "loop (BLOCK_M=128, BLOCK_N=64, HEAD_DIM=128)", {f"{wrong} {why}": wrong for wrong, why in [
+        (128 + 128 + 128 * 128, "counts the online-softmax state alone (m_i, l_i, acc); the query tile and the tile of "
+                                "scores are live in registers too: 2·BLOCK_M + 2·BLOCK_M·HEAD_DIM + BLOCK_M·BLOCK_N"),
+        (2 * 128 + 2 * 128 * 128, "leaves out the tile of scores s, BLOCK_M·BLOCK_N numbers live while p is formed"),
+        (2 * 128 + 128 * 128 + 128 * 64, "leaves out the query tile, BLOCK_M·HEAD_DIM numbers loaded once and live for "
+                                         "the whole loop"),
+        (128 * 128, "counts the accumulator alone; the running max and sum, the query tile and the scores are live too")]}),
     "q_qk_scale": number(LOG2_E / 8, "Q3: qk_scale for d = 64", {
         "0.125 = 1/sqrt(64) leaves out log2(e): exp2(s/8) is 2^(s/8), not e^(s/8)": 0.125,
         f"{LN_2 / 8:.4f} uses ln 2; exp(x) = exp2(x · log2(e)), so the factor is log2(e) ≈ 1.4427": LN_2 / 8,
