@@ -671,9 +671,11 @@ def _cases_34() -> list[Case]:
                                            outside={"outside_helpers.py": HELPERS}), QUESTION_POINTS),
         Case("run_symlink", with_files(notebook(softmax="%run helpers.py\n" + USES_HELPER), {},
                                        links={"helpers.py": "/etc/hostname"}), QUESTION_POINTS),
-        # A one-process torch.compile backend that decomposes the student's own softmax.
+        # A one-process torch.compile backend that decomposes the student's own softmax (dynamic shapes and a first
+        # call in the cell: one compilation, not one per shape inside the corpus's 4 s per call).
         Case("torch_compile_decomp_partition", write_nb(notebook(
-            softmax=SOFTMAX + "\nsoftmax = torch.compile(softmax, backend='aot_eager_decomp_partition')\n")), FULL),
+            softmax=SOFTMAX + "\nsoftmax = torch.compile(softmax, backend='aot_eager_decomp_partition', dynamic=True)\n"
+                              "softmax(torch.zeros(2, 3))\n")), FULL),
         # Question answers in the form a reader calls the same.
         Case("questions_as_tensors", write_nb(notebook(questions={
             "q_output_shape": "q_output_shape = torch.tensor([[8, 3, 5, 32]])\n",
