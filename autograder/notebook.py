@@ -22,6 +22,7 @@ from autograder.in_sandbox.magics import cell_magic
 
 MAX_NOTEBOOK_BYTES = 32 << 20
 MAX_RUN_BYTES = 1 << 20  # a file a notebook runs with %run: read at most this much
+INSTALL_CELL = "install"  # grade_id of an exercise's first cell that installs the course package (tools/install_cell.py)
 
 
 class BadNotebook(ValueError):
@@ -94,7 +95,7 @@ def defined_names(code: str) -> set[str]:
 
 @dataclass
 class SourceCell:
-    kind: str  # "solution", "test", "setup" (read-only code), "markdown"
+    kind: str  # "solution", "test", "setup" (read-only code), "install" (the package's install cell), "markdown"
     grade_id: str
     code: str
     points: float = 0.0
@@ -125,6 +126,8 @@ class SourceNotebook:
             elif meta.get("grade"):
                 kind = "test"
                 code = visible.get(gid, code)  # the version students see: hidden tests stripped
+            elif gid == INSTALL_CELL:
+                kind = "install"  # installs the course package where it is missing: the student's setting, not run
             else:
                 kind = "setup"
             cells.append(SourceCell(kind, gid, code, float(meta.get("points", 0) or 0), str(c.get("id", ""))))
@@ -267,6 +270,7 @@ def plan_cells(source: SourceNotebook, student: dict, folder: Path | None = None
     tests = {c.grade_id: c for c in source.tests()}
     test_texts = {canonical_text(c.code) for c in tests.values()}
     setups = {c.grade_id: c for c in source.cells if c.kind == "setup"}
+    installs = {canonical_text(c.code) for c in source.cells if c.kind == "install"}
     setup_texts = {canonical_text(c.code): c for c in setups.values()}
     parts = {c.grade_id for c in source.solutions()}
     plan = Plan()
@@ -281,6 +285,8 @@ def plan_cells(source: SourceNotebook, student: dict, folder: Path | None = None
         gid = meta.get("grade_id") if isinstance(meta.get("grade_id"), str) else ""
         if gid in tests or canonical_text(code) in test_texts:
             continue
+        if gid == INSTALL_CELL or canonical_text(code) in installs:
+            continue  # the install cell (tools/install_cell.py) is for the student's own kernel: never run here
         setup = setups.get(gid) or setup_texts.get(canonical_text(code))
         if setup is not None and gid not in parts:
             if setup.grade_id not in used_setup:

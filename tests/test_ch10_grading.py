@@ -255,7 +255,7 @@ def test_the_released_stubs_are_named_not_implemented():
     cells = json.loads((RELEASE / A / "flash_triton.ipynb").read_text())["cells"]
     code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code"
                      and not c["metadata"]["nbgrader"].get("grade") and not c["metadata"]["nbgrader"]["grade_id"]
-                     .startswith("q_"))
+                     .startswith("q_") and c["metadata"]["nbgrader"]["grade_id"] != "install")  # (the grader's plan too)
     assert "raise NotImplementedError" in code and callable(namespace(code)["flash_attention_forward"])
     gids = [*KERNEL_CHECKS, "test_wrapper_shapes", "test_wrapper_blocks"]
     results = run_checks(A, code, gids)

@@ -3,7 +3,7 @@
 The repository URL and the release tag live in one place, _config.yml
 (`repository.url` and `course.release`); this script writes them into the chapters:
 
-    .venv/bin/python -m tools.install_cell          # rewrite book/NN_*.ipynb
+    .venv/bin/python -m tools.install_cell          # rewrite book/NN_*.ipynb (and exercises' install cells)
     .venv/bin/python -m tools.install_cell --check  # exit 1 if a chapter is stale
 
 The install pins the release tag, not the moving branch, so a reader on Colab gets
@@ -15,6 +15,7 @@ the requirement written in requirements.txt. tests/test_book.py checks the cells
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -75,6 +76,17 @@ def chapters() -> list[Path]:
     return sorted((ROOT / "book").glob("[0-9][0-9]_*.ipynb"))
 
 
+def exercise_sources() -> list[Path]:
+    """The source notebooks whose first code cell is an install cell (grade_id ``install``: an exercise whose visible
+    tests use attnkit); ``python -m autograder release`` carries it into the exercise, the grader never runs it."""
+    found = []
+    for path in sorted((ROOT / "solutions" / "assignments").glob("*/*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        if any(c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "install" for c in cells):
+            found.append(path)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="report stale chapters, write nothing")
@@ -89,6 +101,16 @@ def main(argv: list[str] | None = None) -> int:
             if not args.check:
                 cell.source = want
                 nbformat.write(nb, path)
+    for path in exercise_sources():
+        text = path.read_text()
+        nb = json.loads(text)
+        cell = next(c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "install")
+        cell["source"] = install_cell_source(chapter=path.parent.name).splitlines(keepends=True)
+        new = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+        if new != text:
+            stale.append(path.relative_to(ROOT))
+            if not args.check:
+                path.write_text(new)
     for path in stale:
         print(("stale: " if args.check else "rewrote: ") + str(path))
     return 1 if args.check and stale else 0

@@ -18,11 +18,31 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CELL_ID = "vocabulary"
-IMPORT = "from attnkit.vocabulary import check_vocabulary  # the rule in 'What your code may call'\n"
+IMPORT = "from attnkit.vocabulary import check_vocabulary  # the rule in 'What your code may call'\n"  # (older form)
 
 
-def check_line(assignment: str, part: str) -> str:
-    return f"check_vocabulary({assignment!r}, {part!r}, globals())\n"
+def check_block(assignment: str, part: str) -> list[str]:
+    """The visible check's lines: the rule checked where the course package is installed, a note where it is not
+    (the grader checks it all the same)."""
+    return ["try:  # the rule in 'What your code may call' (checked with the course package, attnkit)\n",
+            "    from attnkit.vocabulary import check_vocabulary\n",
+            *((f"    check_vocabulary({assignment!r}, {part!r}, globals())\n",)
+              if len(f"    check_vocabulary({assignment!r}, {part!r}, globals())") <= 88 else
+              (f"    check_vocabulary({assignment!r}, {part!r},\n", "                     globals())\n")),
+            "except ImportError:\n",
+            "    print(\"attnkit is not installed here: the grader checks 'What your code may call'\")\n"]
+
+
+def _without_check(lines: list[str]) -> list[str]:
+    """A test cell's lines without the visible check (either form)."""
+    text = "".join(lines)
+    for start in ("try:  # the rule in 'What your code may call'",):
+        at = text.find(start)
+        if at >= 0:
+            end = text.index("'What your code may call'\")\n", at + len(start)) + len("'What your code may call'\")\n")
+            text = text[:at] + text[end:]
+    return [line for line in text.splitlines(keepends=True)
+            if line != IMPORT and not line.startswith("check_vocabulary(")]
 
 
 def _meta(cell: dict) -> dict:
@@ -67,18 +87,16 @@ def updated(path: Path) -> tuple[str, str]:
         cells[at] = cell
     for part, gid in first_tests(assignment, cells).items():
         test = next(c for c in cells if _meta(c).get("grade_id") == gid)
-        lines = [line for line in "".join(test["source"]).splitlines(keepends=True)
-                 if line != IMPORT and not line.startswith("check_vocabulary(")]
+        lines = _without_check("".join(test["source"]).splitlines(keepends=True))
         doc_end = 0
         if lines and lines[0].startswith('"""'):  # after the test's one-line docstring
             doc_end = next((i + 1 for i, line in enumerate(lines) if i and line.rstrip().endswith('"""')), 1) \
                 if not (lines[0].rstrip().endswith('"""') and len(lines[0].strip()) > 3) else 1
-        test["source"] = lines[:doc_end] + [IMPORT, check_line(assignment, part)] + lines[doc_end:]
+        test["source"] = lines[:doc_end] + check_block(assignment, part) + lines[doc_end:]
     for c in cells:  # a test cell that is no longer a part's first loses its check
         if c["cell_type"] == "code" and _meta(c).get("grade") and _meta(c).get("grade_id") not in \
                 first_tests(assignment, cells).values():
-            c["source"] = [line for line in "".join(c["source"]).splitlines(keepends=True)
-                           if line != IMPORT and not line.startswith("check_vocabulary(")]
+            c["source"] = _without_check("".join(c["source"]).splitlines(keepends=True))
     return text, json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
 
 
