@@ -232,3 +232,23 @@ def test_the_sandbox_and_a_notebook_kernel_run_student_code_the_same_way():
     finally:
         for b in boxes.values():
             b.__exit__(None, None, None)
+
+
+def test_the_install_cell_is_the_students_setting_never_run_by_the_grader():
+    """Exercise 10's first code cell installs the course package where it is missing (tools/install_cell.py): the
+    plan never runs it in the sandbox (it would fail there, where attnkit is hidden), whatever the student did to it."""
+    import json
+
+    from autograder.course import RELEASE, SOURCE
+    from autograder.notebook import INSTALL_CELL, SourceNotebook, plan_cells
+
+    source = SourceNotebook.load(SOURCE / "10_flash_triton" / "flash_triton.ipynb",
+                                 RELEASE / "10_flash_triton" / "flash_triton.ipynb")
+    assert any(c.kind == "install" for c in source.cells)
+    release = json.loads((RELEASE / "10_flash_triton" / "flash_triton.ipynb").read_text())
+    plan = plan_cells(source, release)
+    assert not any("%pip install" in code for _, code in plan.cells), [label for label, _ in plan.cells]
+    for cell in release["cells"]:  # renamed, or its grade_id removed: still not run
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == INSTALL_CELL:
+            cell["metadata"] = {}
+    assert not any("%pip install" in code for _, code in plan_cells(source, release).cells)
