@@ -38,7 +38,7 @@ IMPORTS: dict[str, frozenset[str]] = {
     "isolation": frozenset({"isolation", "in_sandbox"}),
     "judging": frozenset({"judging", "in_sandbox", "isolation", "records"}) | _FOUNDATIONS,
     "records": frozenset({"records"}) | _FOUNDATIONS,
-    "notebook": frozenset(),
+    "notebook": frozenset({"in_sandbox"}),  # the magics, read as the harness reads them (%run)
     "course": frozenset(),
     "nbgrader_config": frozenset({"course", "records"}),  # records.doors: nbgrader's own doors
     "batch": _EVERYTHING - {"cli"},

@@ -68,8 +68,9 @@ def test_dask_cluster_grades_like_the_local_run(tmp_path):
     distributed = pytest.importorskip("distributed")
     ref = reference_answers(course.SOURCE / A / NB)
     # This answer is wrong whenever it runs inside a process that has Dask loaded (a worker's own process).
-    spy = dict(ref, softmax="import sys\nIN_DASK = 'distributed' in sys.modules\n" + ref["softmax"].replace(
-        "    x_max = x.amax", "    if IN_DASK:\n        return x\n    x_max = x.amax", 1))
+    # (the flag is set by a statement the part does not reach, so its own vocabulary stays clean)
+    spy = dict(ref, softmax="import sys\nFLAGS = {}\nFLAGS['dask'] = 'distributed' in sys.modules\n" + ref["softmax"].replace(
+        "    x_max = x.amax", "    if FLAGS['dask']:\n        return x\n    x_max = x.amax", 1))
     variants = {
         "reference": ref,
         "unscaled": dict(ref, scaled_dot_product_attention=mutate(ref["scaled_dot_product_attention"], "/ math.sqrt(d_k)", "")),
